@@ -1,0 +1,157 @@
+"""What every scheduling policy shares: GRPO batch accounting and the staleness rule.
+
+A policy is a state machine. `on_event` takes one event and returns the decisions to apply, in
+order. It tracks which prompt groups are in flight or finished, which step trains next, which
+policy version each resource holds, and what each resource is doing; it never sees time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from core.errors import UserError
+from core.events import Decision, Event, Refresh, StartTrain, Submit
+from core.tags import Resource, Tag
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Knobs shared by the policies.
+
+    batch_groups: prompt groups consumed by one training step.
+    num_steps: training steps in the run; the policy is done after the last one.
+    max_staleness: largest allowed policy-version lag of a trained token (`async` and `tag`; the
+        strictly on-policy policies ignore it and always train at lag 0).
+    window_batches: how many batches' worth of groups `tag` keeps in flight or finished
+        (None: 1 + max_staleness).
+    """
+
+    batch_groups: int
+    num_steps: int
+    max_staleness: int = 1
+    window_batches: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch_groups", "num_steps"):
+            if getattr(self, name) < 1:
+                raise UserError(f"policy.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_staleness < 0:
+            raise UserError(f"policy.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.window_batches is not None and self.window_batches < 1:
+            raise UserError(f"policy.window_batches must be >= 1, got {self.window_batches}")
+
+
+class Policy(Protocol):
+    """The seam both executors drive."""
+
+    name: str
+
+    def on_event(self, event: Event) -> list[Decision]: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def initial_active(self, resource: str) -> Tag: ...
+
+
+def split_pools(num_resources: int, train_fraction: float, devices: int) -> tuple[list[Resource], list[Resource]]:
+    """Disjoint pools: (rollout resources, train resources), train pool rounded to whole resources."""
+    if num_resources < 2:
+        raise UserError(f"separate pools need at least 2 resources, got {num_resources}")
+    if not 0.0 < train_fraction < 1.0:
+        raise UserError(f"pools.train_fraction must be in (0, 1), got {train_fraction}")
+    n_train = min(num_resources - 1, max(1, round(num_resources * train_fraction)))
+    rollout = [Resource(f"R{i:02d}", frozenset({Tag.ROLLOUT}), devices) for i in range(num_resources - n_train)]
+    train = [Resource(f"T{i:02d}", frozenset({Tag.TRAIN}), devices) for i in range(n_train)]
+    return rollout, train
+
+
+class BasePolicy:
+    """Batch bookkeeping shared by all four policies."""
+
+    name: ClassVar[str]
+    strictly_on_policy: ClassVar[bool] = False
+
+    def __init__(self, resources: Sequence[Resource], config: PolicyConfig) -> None:
+        self.config = config
+        self.resources = {r.name: r for r in resources}
+        self.rollout_only = tuple(r.name for r in resources if r.capabilities == {Tag.ROLLOUT})
+        self.trainers = tuple(r.name for r in resources if r.can(Tag.TRAIN))
+        if not self.trainers:
+            raise UserError(f"policy {self.name!r} needs at least one train-capable resource")
+        self.version = 0  # completed training steps == newest policy version
+        self.step = 0  # next training step to run
+        self.in_flight = 0  # submitted groups not yet finished
+        self.submitted = 0
+        self.consumed = 0
+        self.ready: deque[tuple[int, int]] = deque()  # (group_id, min_version), oldest first
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.config.num_steps
+
+    @property
+    def staleness_bound(self) -> int:
+        return 0 if self.strictly_on_policy else self.config.max_staleness
+
+    def initial_active(self, resource: str) -> Tag:
+        return Tag.ROLLOUT if self.resources[resource].can(Tag.ROLLOUT) else Tag.TRAIN
+
+    # -- group accounting --
+
+    def note_finished(self, group_id: int, min_version: int) -> None:
+        if self.in_flight <= 0:
+            raise RuntimeError(f"group {group_id} finished but no group was in flight")
+        self.in_flight -= 1
+        self.ready.append((group_id, min_version))
+
+    def submit(self, outstanding: int) -> list[Decision]:
+        """Submit groups until `outstanding` are in flight or finished-but-untrained.
+
+        A run measures `num_steps` steps of a longer training run, so pipelined policies keep
+        generating past the last measured step instead of draining (no end-of-run artefact)."""
+        n = outstanding - self.in_flight - len(self.ready)
+        if n <= 0:
+            return []
+        self.in_flight += n
+        self.submitted += n
+        return [Submit(n)]
+
+    def admissible_ready(self) -> int:
+        floor = self.step - self.staleness_bound
+        return sum(1 for _, v in self.ready if v >= floor)
+
+    def refresh_stale(self) -> list[Decision]:
+        """Finished groups that can no longer be trained within the staleness bound (its floor only
+        rises) go back into flight: their stale samples are regenerated."""
+        floor = self.step - self.staleness_bound
+        stale = tuple(g for g, v in self.ready if v < floor)
+        if not stale:
+            return []
+        self.ready = deque((g, v) for g, v in self.ready if v >= floor)
+        self.in_flight += len(stale)
+        return [Refresh(stale, floor)]
+
+    def take_batch(self, resources: tuple[str, ...]) -> list[Decision]:
+        """Refresh groups too stale for this step, then start it on the oldest admissible groups."""
+        decisions = self.refresh_stale()
+        batch_size = self.config.batch_groups
+        if len(self.ready) < batch_size:
+            raise RuntimeError(f"step {self.step}: {len(self.ready)} admissible groups < batch {batch_size}")
+        # Oldest version first: those groups are the next to fall out of the staleness bound.
+        order = sorted(range(len(self.ready)), key=lambda i: (self.ready[i][1], i))
+        chosen = set(order[:batch_size])
+        batch = tuple(self.ready[i][0] for i in sorted(chosen))
+        self.ready = deque(item for i, item in enumerate(self.ready) if i not in chosen)
+        self.consumed += batch_size
+        decisions.append(StartTrain(self.step, batch, resources))
+        return decisions
+
+    def finish_step(self, step: int) -> None:
+        if step != self.step:
+            raise RuntimeError(f"train step {step} finished but step {self.step} was running")
+        self.step += 1
+        self.version = self.step

@@ -1,0 +1,173 @@
+"""The simulator's config: one frozen dataclass per component, loaded from YAML.
+
+`load_config` starts from `configs/default.yaml` (the documented paper-like setup: Qwen3-32B, math,
+64 H800 GPUs), merges a user file on top, then dotted `--set` overrides. Every physical constant
+and efficiency lives in those files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from core import config as cfgio
+from core import specs
+from core.errors import UserError
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
+WORKLOADS = ("math", "swe")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A capped log-normal: median * exp(sigma * N(0, 1)), clipped to [min, max]. sigma 0 = constant."""
+
+    median: float
+    sigma: float
+    min: float
+    max: float
+
+    def validate(self, path: str) -> None:
+        if self.median <= 0 or self.sigma < 0 or not 0 <= self.min <= self.median <= self.max:
+            raise UserError(f"{path} needs median > 0, sigma >= 0 and 0 <= min <= median <= max, got {self}")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    device: str
+    num_gpus: int
+
+
+@dataclass(frozen=True)
+class PoolsConfig:
+    """How disaggregated policies split resources (colocated ignores it)."""
+
+    train_fraction: float
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    tensor_parallel: int  # GPUs per inference engine; one engine per resource
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    workspace_gb: float  # per GPU, kept free for activations and CUDA graphs
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    grad_bytes_per_param: int
+    optimizer_bytes_per_param: int  # fp32 master weights + Adam moments
+    activation_gb: float  # per GPU, with activation checkpointing
+    recompute_logprobs: bool  # forward pass of the behaviour policy before the update
+    reference_model: bool  # forward pass of a frozen reference for a KL term
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    kind: str
+    prompts_per_step: int
+    group_size: int
+    prompt_tokens: Dist
+    response_tokens: Dist  # math: the whole answer; swe: one turn's reply
+    turns: Dist  # swe: agent turns per episode
+    tool_output_tokens: Dist  # swe: tokens a tool call appends to the context
+    tool_latency_s: Dist  # swe: sandbox time per tool call
+    test_run_s: Dist  # swe: the final test run that computes the reward
+    prefix_cache_hit: float  # swe: fraction of a returning turn's history found in the engine's cache
+    max_context_tokens: int  # swe: an episode ends when its context would exceed this
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    max_staleness: int
+    window_batches: int | None
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """Achieved fractions of the device peaks, and fixed overheads (seconds)."""
+
+    prefill_mfu: float
+    decode_mfu: float
+    hbm_efficiency: float
+    decode_step_overhead_s: float
+    train_mfu: float
+    logprob_mfu: float
+    train_step_overhead_s: float
+    nvlink_efficiency: float
+    network_efficiency: float
+    pcie_efficiency: float
+    sync_fixed_s: float
+    broadcast_hop_s: float
+    switch_fixed_s: float
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    seed: int
+    num_steps: int
+    model: str
+    cluster: ClusterConfig
+    pools: PoolsConfig
+    rollout: RolloutConfig
+    train: TrainConfig
+    workload: WorkloadConfig
+    policy: PolicySettings
+    costs: CostConfig
+
+    def __post_init__(self) -> None:
+        specs.model(self.model)
+        dev = specs.device(self.cluster.device)
+        if self.workload.kind not in WORKLOADS:
+            raise UserError(f"unknown workload {self.workload.kind!r}; valid choices: {', '.join(WORKLOADS)}")
+        self._check_positive()
+        tp = self.rollout.tensor_parallel
+        if self.cluster.num_gpus % tp:
+            raise UserError(
+                f"cluster.num_gpus={self.cluster.num_gpus} is not a multiple of rollout.tensor_parallel={tp}"
+            )
+        if tp > dev.gpus_per_node or dev.gpus_per_node % tp:
+            raise UserError(f"rollout.tensor_parallel={tp} must divide the {dev.gpus_per_node} GPUs of a node")
+        for name in ("prompt_tokens", "response_tokens", "turns", "tool_output_tokens", "tool_latency_s", "test_run_s"):
+            getattr(self.workload, name).validate(f"workload.{name}")
+        fractions = {
+            "rollout.gpu_memory_utilization": self.rollout.gpu_memory_utilization,
+            "workload.prefix_cache_hit": self.workload.prefix_cache_hit,
+            **{f"costs.{k}": v for k, v in vars(self.costs).items() if k.endswith(("_mfu", "_efficiency"))},
+        }
+        for key, value in fractions.items():
+            if not 0.0 <= value <= 1.0:
+                raise UserError(f"{key} must be a fraction in [0, 1], got {value}")
+
+    def _check_positive(self) -> None:
+        checks = {
+            "seed": (self.seed, 0),
+            "num_steps": (self.num_steps, 1),
+            "cluster.num_gpus": (self.cluster.num_gpus, 1),
+            "rollout.tensor_parallel": (self.rollout.tensor_parallel, 1),
+            "rollout.max_num_seqs": (self.rollout.max_num_seqs, 1),
+            "workload.prompts_per_step": (self.workload.prompts_per_step, 1),
+            "workload.group_size": (self.workload.group_size, 1),
+            "workload.max_context_tokens": (self.workload.max_context_tokens, 2),
+        }
+        for key, (value, lowest) in checks.items():
+            if value < lowest:
+                raise UserError(f"{key} must be >= {lowest}, got {value}")
+
+    @property
+    def num_resources(self) -> int:
+        return self.cluster.num_gpus // self.rollout.tensor_parallel
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> SimConfig:
+    """Default config, then the file at `path` merged over it, then `key.path=value` overrides."""
+    data = cfgio.load_yaml(DEFAULT_CONFIG)
+    if path is not None and Path(path).resolve() != DEFAULT_CONFIG.resolve():
+        data = cfgio.merge(data, cfgio.load_yaml(path))
+    data = cfgio.apply_overrides(data, overrides or [])
+    return cfgio.from_dict(SimConfig, data)
+
+
+def config_dict(cfg: SimConfig) -> dict:
+    return cfgio.to_dict(cfg)

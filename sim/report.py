@@ -1,0 +1,80 @@
+"""Writing a run's outputs and printing readable tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from core.metrics import summarize
+from core.plot import draw_timeline
+from core.timeline import Timeline
+from core.trace import write_chrome_trace
+from sim.config import SimConfig, config_dict
+
+
+def write_run(timeline: Timeline, cfg: SimConfig, out: Path, picture: bool = True) -> dict:
+    """summary.json, timeline.json (Chrome trace), timeline.png and config.yaml in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(timeline)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_chrome_trace(timeline, out / "timeline.json")
+    (out / "config.yaml").write_text(yaml.safe_dump(config_dict(cfg), sort_keys=False))
+    if picture:
+        title = f"{summary['policy']}: {cfg.model}, {cfg.workload.kind}, {cfg.cluster.num_gpus} x {cfg.cluster.device}"
+        draw_timeline(timeline, out / "timeline.png", title)
+    return summary
+
+
+ROWS = [
+    ("token throughput (tok/s)", lambda s: f"{s['token_throughput']:,.0f}"),
+    ("step time mean / p50 / p99 (s)",
+     lambda s: "{mean:.1f} / {p50:.1f} / {p99:.1f}".format(**s["step_time_s"])),
+    ("wall time (s)", lambda s: f"{s['wall_s']:,.1f}"),
+    ("bubble fraction", lambda s: f"{s['bubble_fraction']:.1%}"),
+    ("busy: rollout / train / sync / switch",
+     lambda s: " / ".join(f"{s['utilisation'][k]:.1%}" for k in ("rollout", "train", "sync", "switch"))),
+    ("rollout tokens per GPU-second", lambda s: f"{s['rollout_tokens_per_gpu_s']:,.0f}"),
+    ("trained response length (mean tokens)", lambda s: f"{s['trained_response_tokens_mean']:,.0f}"),
+    ("staleness (lag: share of tokens)", lambda s: _staleness(s)),
+    ("weight sync (mean s, count)", lambda s: f"{s['sync_time_s']['mean']:.2f}, {s['sync_time_s']['count']}"),
+    ("wasted tokens (restarted samples)", lambda s: f"{s['counters'].get('wasted_tokens', 0):,.0f}"),
+]
+
+
+def _staleness(s: dict) -> str:
+    hist = s["staleness"]["histogram"]
+    total = sum(hist.values()) or 1
+    return " ".join(f"{lag}:{n / total:.0%}" for lag, n in hist.items())
+
+
+def table(summaries: list[dict]) -> str:
+    """One column per run."""
+    names = [s["policy"] for s in summaries]
+    width = max(len(r[0]) for r in ROWS)
+    cells = [[fmt(s) for s in summaries] for _, fmt in ROWS]
+    col = max([len(n) for n in names] + [len(c) for row in cells for c in row])
+    lines = [" " * width + "  " + "  ".join(n.rjust(col) for n in names)]
+    for (label, _), row in zip(ROWS, cells, strict=True):
+        lines.append(label.ljust(width) + "  " + "  ".join(c.rjust(col) for c in row))
+    return "\n".join(lines)
+
+
+def ratios(summaries: list[dict], baseline: str = "colocated") -> dict[str, dict[str, float]]:
+    """Each policy's throughput and mean step time relative to `baseline`."""
+    base = next(s for s in summaries if s["policy"] == baseline)
+    out = {}
+    for s in summaries:
+        out[s["policy"]] = {
+            "token_throughput": round(s["token_throughput"] / base["token_throughput"], 4),
+            "step_time": round(s["step_time_s"]["mean"] / base["step_time_s"]["mean"], 4),
+        }
+    return out
+
+
+def ratio_table(r: dict[str, dict[str, float]], baseline: str = "colocated") -> str:
+    lines = [f"relative to {baseline}:  throughput  step time"]
+    for name, v in r.items():
+        lines.append(f"  {name:<14} {v['token_throughput']:>9.2f}x  {v['step_time']:>8.2f}x")
+    return "\n".join(lines)

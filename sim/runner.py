@@ -1,0 +1,314 @@
+"""The simulator: SimPy executes a policy's decisions against the cost model and workload.
+
+The control loop is the policy's: every event goes to `policy.on_event`, every decision it returns
+is applied here (`_apply_*`), and completions come back as events. Events raised while a SimPy
+callback runs are queued and handed to the policy only after the callback finishes, so a policy
+never sees the simulator half-way through an update.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, deque
+from collections.abc import Callable
+
+import simpy
+from tqdm import tqdm
+
+from core import events as ev
+from core import specs
+from core.errors import UserError
+from core.policies import PolicyConfig, make_policy
+from core.tags import Phase, Tag
+from core.timeline import StepRecord, Timeline, TimelineRecorder
+from sim.config import SimConfig
+from sim.cost import CostModel
+from sim.engine import EngineState, SimEngine
+from sim.workload import Sample, Workload
+
+
+class Simulation:
+    def __init__(self, cfg: SimConfig, policy: str, progress: bool = False) -> None:
+        self.cfg = cfg
+        self.cost = CostModel(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device))
+        pcfg = PolicyConfig(cfg.workload.prompts_per_step, cfg.num_steps, cfg.policy.max_staleness,
+                            cfg.policy.window_batches)
+        self.policy = make_policy(policy, pcfg, cfg.num_resources, cfg.pools.train_fraction,
+                                  cfg.rollout.tensor_parallel)
+        self.resources = self.policy.resources
+        self.train_gpus = sum(self.resources[r].devices for r in self.policy.trainers)
+        shared = any(r.can(Tag.ROLLOUT) and r.can(Tag.TRAIN) for r in self.resources.values())
+        self.workload = Workload(cfg.workload, cfg.seed)
+        self.cost.check_fits(self.train_gpus, self.workload.max_request_tokens, shared)
+        self.env = simpy.Environment()
+        self.rng = random.Random(cfg.seed + 1)
+        active = {name: self.policy.initial_active(name).value for name in self.resources}
+        self.recorder = TimelineRecorder(list(self.resources.values()), active)
+        self.engines: dict[str, SimEngine] = {}
+        for i, r in enumerate(r for r in self.resources.values() if r.can(Tag.ROLLOUT)):
+            kv = self.cost.kv_capacity_tokens(self.train_gpus if r.can(Tag.TRAIN) else 0)
+            state = EngineState.IDLE if active[r.name] == Tag.ROLLOUT.value else EngineState.OFF
+            self.engines[r.name] = SimEngine(self, r.name, i, kv, cfg.rollout.max_num_seqs, state)
+        self._by_index = list(self.engines.values())
+        self._rr = 0
+        self._idle: dict[str, SimEngine] = {}  # accepting engines with nothing to run, in idle order
+        self.queue: deque[Sample] = deque()
+        self.groups: dict[int, list[Sample]] = {}
+        self._left: dict[int, int] = {}
+        self.counters: Counter[str] = Counter()
+        self._events: deque[ev.Event] = deque()
+        self._draining = False
+        self._done = self.env.event()
+        self._bar = tqdm(total=cfg.num_steps, desc=f"sim {policy}", unit="step", delay=2.0, disable=not progress,
+                         leave=False)
+
+    # ---- the loop ----
+
+    def run(self) -> Timeline:
+        self._emit(ev.Started())
+        try:
+            self.env.run(until=self._done)
+        except RuntimeError as exc:
+            if "No scheduled events left" not in str(exc):
+                raise
+            raise RuntimeError(
+                f"simulation stalled at t={self.env.now:.1f}s after {self.policy.step} steps: the policy "
+                f"{self.policy.name!r} waits for an event that cannot come (in flight {self.policy.in_flight}, "
+                f"ready {len(self.policy.ready)}, queued {len(self.queue)})") from None
+        finally:
+            self._bar.close()
+        meta = {"policy": self.policy.name, "model": self.cfg.model, "device": self.cfg.cluster.device,
+                "num_gpus": self.cfg.cluster.num_gpus, "workload": self.cfg.workload.kind, "seed": self.cfg.seed}
+        return self.recorder.finish(self.env.now, meta, dict(sorted(self.counters.items())))
+
+    def _emit(self, event: ev.Event) -> None:
+        self._events.append(event)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._events:
+                for decision in self.policy.on_event(self._events.popleft()):
+                    getattr(self, f"_apply_{type(decision).__name__}")(decision)
+        finally:
+            self._draining = False
+
+    def wake(self, delay: float, fn: Callable, *args) -> None:
+        """Call fn(*args) after `delay` simulated seconds."""
+        timeout = self.env.timeout(max(0.0, delay))
+        timeout.callbacks.append(lambda _: fn(*args))
+
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    # ---- engine callbacks ----
+
+    def engine_idle(self, engine: SimEngine, now: float) -> None:
+        self.recorder.set(engine.name, Phase.IDLE, now, engine.version)
+        self._idle[engine.name] = engine
+        if not self.queue:
+            self._emit(ev.ResourceIdle(engine.name))
+
+    def engine_busy(self, engine: SimEngine, now: float) -> None:
+        self.recorder.set(engine.name, Phase.ROLLOUT, now, engine.version)
+        self._idle.pop(engine.name, None)
+
+    def cached_prefix(self, engine: SimEngine, sample: Sample) -> int:
+        """Tokens of a returning agent turn still in this engine's prefix cache."""
+        if sample.engine != engine.index or sample.turn == 0 or sample.generated:
+            return 0
+        return int(sample.context * self.cfg.workload.prefix_cache_hit)
+
+    def take_for(self, engine: SimEngine) -> list[Sample]:
+        """Pull queued requests that fit into `engine`, oldest first (FCFS, no skipping)."""
+        taken: list[Sample] = []
+        reserve = 0
+        while self.queue:
+            head = self.queue[0]
+            seqs = len(engine.active) + len(taken)
+            if seqs >= engine.max_seqs or engine.kv_reserved + reserve + head.final_context > engine.kv_capacity:
+                break
+            taken.append(self.queue.popleft())
+            reserve += head.final_context
+        return taken
+
+    def turn_done(self, engine: SimEngine, sample: Sample) -> None:
+        wait = sample.current.wait_s
+        over = sample.finish_turn()
+        then = self._sample_done if over else self._enqueue
+        if wait > 0:
+            sample.where = "wait"
+            self.wake(wait, self._after_wait, then, sample, sample.restarts)
+        else:
+            then(sample)
+
+    def _after_wait(self, then: Callable, sample: Sample, restarts: int) -> None:
+        if sample.restarts == restarts:  # else the sample was restarted while it waited
+            then(sample)
+
+    def _sample_done(self, sample: Sample) -> None:
+        sample.where = "done"
+        gid = sample.group_id
+        self._left[gid] -= 1
+        if self._left[gid] == 0:
+            self._emit(ev.GroupFinished(gid, min(s.min_version for s in self.groups[gid])))
+
+    # ---- routing ----
+
+    def _enqueue(self, sample: Sample) -> None:
+        """Route a request: its previous engine if it fits there, else round-robin; queue if none fits.
+        When requests are already queued the newcomer queues behind them (engines pull in order)."""
+        if not self.queue:
+            engine = self._choose(sample)
+            if engine is not None:
+                engine.offer(sample, self.now)
+                return
+        sample.where = "queue"
+        self.queue.append(sample)
+
+    def _choose(self, sample: Sample) -> SimEngine | None:
+        """Previous engine (prefix cache) if it fits, else an idle engine, else round-robin."""
+        if sample.engine is not None:
+            engine = self._by_index[sample.engine]
+            if engine.accepting and engine.fits(sample):
+                return engine
+        for engine in self._idle.values():
+            if engine.accepting:
+                return engine
+        n = len(self._by_index)
+        for k in range(n):
+            engine = self._by_index[(self._rr + k) % n]
+            if engine.accepting and engine.fits(sample):
+                self._rr = (self._rr + k + 1) % n
+                return engine
+        return None
+
+    def _kick(self, names) -> None:
+        """Let accepting engines pull queued work (after capacity appeared)."""
+        for name in names:
+            engine = self.engines[name]
+            if engine.accepting and self.queue:
+                for sample in self.take_for(engine):
+                    engine.offer(sample, self.now)
+
+    # ---- decisions ----
+
+    def _apply_Submit(self, d: ev.Submit) -> None:
+        for _ in range(d.num_groups):
+            group = self.workload.new_group()
+            self.groups[group[0].group_id] = group
+            self._left[group[0].group_id] = len(group)
+            for sample in group:
+                self._enqueue(sample)
+
+    def _apply_Preempt(self, d: ev.Preempt) -> None:
+        engine = self.engines[d.resource]
+        samples = engine.preempt(self.now)
+        self.recorder.set(d.resource, Phase.IDLE, self.now, engine.version)
+        for sample in reversed(samples):
+            sample.engine, sample.where = None, "queue"
+            self.queue.appendleft(sample)
+        self.counters["preempted_requests"] += len(samples)
+        self._kick([n for n, e in self.engines.items() if e.accepting])
+
+    def _apply_SwitchTag(self, d: ev.SwitchTag) -> None:
+        engine = self.engines.get(d.resource)
+        if engine is not None and d.active is Tag.TRAIN:
+            if engine.active or engine.held:
+                raise RuntimeError(f"{d.resource}: switched to train with requests in flight; preempt first")
+            engine.state = EngineState.OFF
+        step = self.policy.step
+        self.recorder.set(d.resource, Phase.SWITCH, self.now, step, active=d.active.value)
+        duration = self.cost.switch_s(d.active, self.train_gpus)
+        self.wake(duration, self._switch_done, d)
+
+    def _switch_done(self, d: ev.SwitchTag) -> None:
+        self.recorder.set(d.resource, Phase.IDLE, self.now, self.policy.step)
+        self._emit(ev.SwitchFinished(d.resource, d.active))
+
+    def _apply_StartTrain(self, d: ev.StartTrain) -> None:
+        samples = [s for gid in d.group_ids for s in self.groups.pop(gid)]
+        seq_lens = [s.total_tokens for s in samples]
+        gpus = sum(self.resources[r].devices for r in d.resources)
+        duration = self.cost.train_step_s(seq_lens, gpus)
+        lag = Counter()
+        for s in samples:
+            for version, n in s.version_tokens.items():
+                lag[d.step - version] += n
+        tokens = sum(seq_lens)
+        record = StepRecord(d.step, self.now, self.now + duration, tokens, sum(s.generated_tokens for s in samples),
+                            dict(sorted(lag.items())), len(samples))
+        for r in d.resources:
+            self.recorder.set(r, Phase.TRAIN, self.now, d.step)
+            self.recorder.add_tokens(r, tokens * self.resources[r].devices // gpus)
+        self.wake(duration, self._train_done, d, record)
+
+    def _train_done(self, d: ev.StartTrain, record: StepRecord) -> None:
+        for r in d.resources:
+            self.recorder.set(r, Phase.IDLE, self.now, d.step + 1)
+        self.recorder.steps.append(record)
+        self._bar.update(1)
+        self._emit(ev.TrainFinished(d.step))
+        if self.policy.done and not self._done.triggered:
+            self._done.succeed()
+
+    def _apply_Refresh(self, d: ev.Refresh) -> None:
+        self._restart_stale(d.min_keep_version, d.group_ids)
+
+    def _apply_PauseRollout(self, d: ev.PauseRollout) -> None:
+        for name in d.resources:
+            self.engines[name].pause(self.now)
+            self.recorder.set(name, Phase.IDLE, self.now, self.engines[name].version)
+
+    def _apply_SyncWeights(self, d: ev.SyncWeights) -> None:
+        for name in d.resources:
+            self.engines[name].start_sync()
+            self.recorder.set(name, Phase.SYNC, self.now, d.version)
+        self._restart_stale(d.min_keep_version)
+        local = all(self.resources[name].can(Tag.TRAIN) for name in d.resources)
+        self.wake(self.cost.sync_s(local, len(d.resources)), self._sync_done, d)
+
+    def _restart_stale(self, floor: int, refreshed: tuple[int, ...] = ()) -> None:
+        """Restart samples holding tokens older than `floor` in unfinished groups (and in finished
+        groups the policy sent back into flight), unless they are generating right now (they are
+        checked at the next sync)."""
+        for gid in refreshed:
+            self._left[gid] = 0  # finished; each restarted sample below counts back in
+        todo = set(refreshed)
+        stale = [s for gid, group in self.groups.items() if self._left[gid] > 0 or gid in todo for s in group
+                 if s.version_tokens and s.min_version < floor and s.where != "engine"]
+        if not stale:
+            return
+        gone = set(stale)
+        if any(s.where == "queue" for s in stale):
+            self.queue = deque(s for s in self.queue if s not in gone)
+        for engine in self.engines.values():
+            if engine.held and any(s.where == "held" for s in stale):
+                engine.held = [s for s in engine.held if s not in gone]
+        for sample in stale:
+            if sample.where == "done":
+                self._left[sample.group_id] += 1
+            self.counters["wasted_tokens"] += sample.restart(self.workload.redraw(sample))
+            self.counters["restarted_requests"] += 1
+            sample.where = "queue"
+            self.queue.append(sample)
+
+    def _sync_done(self, d: ev.SyncWeights) -> None:
+        for name in d.resources:
+            engine = self.engines[name]
+            engine.finish_sync(d.version, self.now)
+            self.recorder.set(name, Phase.IDLE, self.now, d.version)
+        self._kick([n for n in d.resources if not self.engines[n].held])
+        self._emit(ev.SyncFinished(d.version, d.resources))
+
+    def _apply_ResumeRollout(self, d: ev.ResumeRollout) -> None:
+        for name in d.resources:
+            self.engines[name].resume(self.now)
+
+
+def simulate(cfg: SimConfig, policy: str, progress: bool = False) -> Timeline:
+    """Run one policy on one config; returns the timeline (score it with core.metrics.summarize)."""
+    if cfg.num_resources < 2 and policy != "colocated":
+        raise UserError(f"policy {policy!r} needs at least 2 resources; the cluster has {cfg.num_resources}")
+    return Simulation(cfg, policy, progress).run()

@@ -1,0 +1,148 @@
+"""Workloads: GRPO prompt groups whose samples are sequences of engine requests.
+
+`math`: one request per sample (prompt, then a long-tailed response capped at a maximum).
+`swe`: an agent episode per sample: each turn is a request that appends a tool output to the
+context and generates a reply; between turns the sample waits for its tool call in the sandbox, and
+after the last turn for the test run that computes the reward. Lengths are drawn up front from a
+seeded RNG, so a run is a pure function of its config.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from sim.config import Dist, WorkloadConfig
+
+
+def draw(dist: Dist, rng: random.Random) -> float:
+    value = dist.median * math.exp(dist.sigma * rng.gauss(0.0, 1.0)) if dist.sigma else dist.median
+    return min(dist.max, max(dist.min, value))
+
+
+def draw_int(dist: Dist, rng: random.Random) -> int:
+    return max(1, round(draw(dist, rng)))
+
+
+@dataclass(frozen=True)
+class Turn:
+    input_tokens: int  # tokens appended to the context before this turn (the prompt, or a tool output)
+    output_tokens: int  # tokens the model generates in this turn
+    wait_s: float  # sandbox time after this turn (tool call, or the final test run)
+
+
+@dataclass(eq=False)
+class Sample:
+    """One trajectory of a GRPO group, with its progress and the versions that produced it."""
+
+    group_id: int
+    index: int
+    turns: tuple[Turn, ...]
+    turn: int = 0
+    context: int = 0  # tokens in context before the current turn's generation
+    generated: int = 0  # tokens generated so far in the current turn
+    version_tokens: dict[int, int] = field(default_factory=dict)
+    engine: int | None = None  # affinity: engine that last served this sample (prefix cache)
+    restarts: int = 0
+    where: str = "queue"  # queue | engine | held | wait | done (maintained by the simulator)
+
+    @property
+    def current(self) -> Turn:
+        return self.turns[self.turn]
+
+    @property
+    def remaining(self) -> int:
+        return self.current.output_tokens - self.generated
+
+    @property
+    def prefix_tokens(self) -> int:
+        """Tokens the engine must hold to continue this turn (input so far plus generated)."""
+        return self.context + self.current.input_tokens + self.generated
+
+    @property
+    def final_context(self) -> int:
+        """Context length when the current turn finishes (what KV admission reserves)."""
+        return self.context + self.current.input_tokens + self.current.output_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(t.input_tokens + t.output_tokens for t in self.turns)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(t.output_tokens for t in self.turns)
+
+    @property
+    def min_version(self) -> int:
+        return min(self.version_tokens) if self.version_tokens else 0
+
+    def add_tokens(self, version: int, count: int) -> None:
+        if count:
+            self.generated += count
+            self.version_tokens[version] = self.version_tokens.get(version, 0) + count
+
+    def finish_turn(self) -> bool:
+        """Close the current turn; True when the episode is over."""
+        self.context += self.current.input_tokens + self.current.output_tokens
+        self.generated = 0
+        self.turn += 1
+        return self.turn >= len(self.turns)
+
+    def restart(self, turns: tuple[Turn, ...]) -> int:
+        """Throw away every generated token and sample a fresh trajectory for the same prompt
+        (`turns`, drawn anew: sampling is random); returns the tokens lost."""
+        lost = sum(self.version_tokens.values())
+        self.turns, self.turn, self.context, self.generated, self.engine = turns, 0, 0, 0, None
+        self.version_tokens = {}
+        self.restarts += 1
+        return lost
+
+
+class Workload:
+    """Makes prompt groups on demand, deterministically from the seed."""
+
+    def __init__(self, cfg: WorkloadConfig, seed: int) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(seed)
+        self.next_group = 0
+
+    @property
+    def max_request_tokens(self) -> int:
+        """Largest context one request can reach (for KV-capacity checks)."""
+        c = self.cfg
+        if c.kind == "math":
+            return int(c.prompt_tokens.max + c.response_tokens.max)
+        return c.max_context_tokens
+
+    def new_group(self) -> list[Sample]:
+        gid = self.next_group
+        self.next_group += 1
+        prompt = draw_int(self.cfg.prompt_tokens, self.rng)
+        return [Sample(gid, i, self._episode(prompt)) for i in range(self.cfg.group_size)]
+
+    def redraw(self, sample: Sample) -> tuple[Turn, ...]:
+        """A new trajectory for `sample`'s prompt."""
+        return self._episode(sample.turns[0].input_tokens)
+
+    def _episode(self, prompt: int) -> tuple[Turn, ...]:
+        c, rng = self.cfg, self.rng
+        if c.kind == "math":
+            return (Turn(prompt, draw_int(c.response_tokens, rng), 0.0),)
+        turns: list[Turn] = []
+        context, inp = 0, prompt
+        for _ in range(draw_int(c.turns, rng)):
+            room = c.max_context_tokens - context - inp
+            if room < 1:
+                break
+            out = min(draw_int(c.response_tokens, rng), room)
+            turns.append(Turn(inp, out, draw(c.tool_latency_s, rng)))
+            context += inp + out
+            inp = draw_int(c.tool_output_tokens, rng)
+            if out == room:
+                break
+        if not turns:  # the prompt alone fills the context: one minimal turn
+            turns.append(Turn(min(prompt, c.max_context_tokens - 1), 1, 0.0))
+        last = turns[-1]
+        turns[-1] = Turn(last.input_tokens, last.output_tokens, draw(c.test_run_s, rng))
+        return tuple(turns)
