@@ -1,7 +1,7 @@
 """`python -m sim`: run one policy, or `--compare` all four, and write the outputs.
 
-    python -m sim --policy tag
-    python -m sim --compare --set workload.kind=swe --set cluster.num_gpus=128
+python -m sim --policy tag
+python -m sim --compare --set workload.kind=swe --set cluster.num_gpus=128
 """
 
 from __future__ import annotations
@@ -25,8 +25,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compare", action="store_true", help="run all four policies on the same config and seed")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML merged over the default config")
     p.add_argument("--out", default=None, help="output folder (default: results/sim-<policy>-<time>)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set cluster.num_gpus=128 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set cluster.num_gpus=128 (repeatable)",
+    )
     p.add_argument("--no-picture", action="store_true", help="skip timeline.png (faster for big clusters)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -53,8 +59,10 @@ def _run(args: argparse.Namespace) -> int:
         timeline = simulate(cfg, name, progress=not args.quiet)
         run_dir = out / name if args.compare else out
         summaries.append(write_run(timeline, cfg, run_dir, picture=not args.no_picture))
-    print(f"{cfg.model} | {cfg.workload.kind} | {cfg.cluster.num_gpus} x {cfg.cluster.device} | "
-          f"{cfg.num_steps} steps | seed {cfg.seed}")
+    print(
+        f"{cfg.model} | {cfg.workload.kind} | {cfg.cluster.num_gpus} x {cfg.cluster.device} | "
+        f"{cfg.num_steps} steps | seed {cfg.seed}"
+    )
     print(table(summaries))
     if args.compare:
         r = ratios(summaries)

@@ -47,6 +47,14 @@ class CostModel:
         self._hbm = self.tp * device.hbm_bandwidth_gb_s * GB * c.hbm_efficiency  # bytes/s per engine
         self._decode_flops = self.tp * device.peak_tflops * TFLOP * c.decode_mfu
         self._prefill_flops = self.tp * device.peak_tflops * TFLOP * c.prefill_mfu
+        attn_flops_per_ctx = 4 * model.layers * model.attn_dim
+        self._decode_k = (  # seconds per step: weights, per ctx token (KV), per sequence, per ctx token (attn)
+            model.weight_bytes / self._hbm,
+            model.kv_bytes_per_token / self._hbm,
+            2 * model.matmul_params / self._decode_flops,
+            attn_flops_per_ctx / self._decode_flops,
+            c.decode_step_overhead_s,
+        )
 
     # ---- inference ----
 
@@ -61,43 +69,54 @@ class CostModel:
         return max(0, int(per_gpu * self.tp // self.model.kv_bytes_per_token))
 
     def decode_lines(self, batch: int, sum_ctx: int) -> DecodeLines:
-        m = self.model
-        kv = m.kv_bytes_per_token
-        attn_flops_per_ctx = 4 * m.layers * m.attn_dim
+        k = self._decode_k
         return DecodeLines(
-            p1=(m.weight_bytes + kv * sum_ctx) / self._hbm,
-            q1=kv * batch / self._hbm,
-            p2=(2 * m.matmul_params * batch + attn_flops_per_ctx * sum_ctx) / self._decode_flops,
-            q2=attn_flops_per_ctx * batch / self._decode_flops,
-            overhead=self.cfg.costs.decode_step_overhead_s,
+            p1=k[0] + k[1] * sum_ctx, q1=k[1] * batch, p2=k[2] * batch + k[3] * sum_ctx, q2=k[3] * batch, overhead=k[4]
         )
 
     def decode_step_s(self, batch: int, sum_ctx: int) -> float:
         return self.decode_run_s(batch, sum_ctx, 1)
 
     def decode_run_s(self, batch: int, sum_ctx: int, steps: int) -> float:
-        """Seconds for `steps` decode steps of `batch` sequences whose contexts sum to `sum_ctx`."""
+        """Seconds for `steps` decode steps of `batch` sequences whose contexts sum to `sum_ctx`.
+
+        Hot path (called at every engine event): the lines of `decode_lines` are inlined."""
         if steps <= 0:
             return 0.0
-        d = self.decode_lines(batch, sum_ctx)
-        # line 1 (memory) wins from step `cross` on when it grows faster, line 2 (compute) otherwise.
-        if d.q1 == d.q2:
-            cross = 0 if d.p1 >= d.p2 else steps
-            first, second = ((d.p2, d.q2), (d.p1, d.q1))
-        elif d.q1 > d.q2:
-            cross = min(steps, max(0, math.ceil((d.p2 - d.p1) / (d.q1 - d.q2))))
-            first, second = (d.p2, d.q2), (d.p1, d.q1)
+        w, kv, mm, att, overhead = self._decode_k
+        p1, q1 = w + kv * sum_ctx, kv * batch  # memory: weights + every KV cache, per step
+        p2, q2 = mm * batch + att * sum_ctx, att * batch  # compute: matmuls + attention
+        # The memory line wins from step `cross` on when it grows faster, the compute line otherwise.
+        if q1 == q2:
+            cross = 0 if p1 >= p2 else steps
+            first, second = (p2, q2), (p1, q1)
+        elif q1 > q2:
+            cross = min(steps, max(0, math.ceil((p2 - p1) / (q1 - q2))))
+            first, second = (p2, q2), (p1, q1)
         else:
-            cross = min(steps, max(0, math.ceil((d.p1 - d.p2) / (d.q2 - d.q1))))
-            first, second = (d.p1, d.q1), (d.p2, d.q2)
-        return _sum_line(*first, 0, cross) + _sum_line(*second, cross, steps) + steps * d.overhead
+            cross = min(steps, max(0, math.ceil((p1 - p2) / (q2 - q1))))
+            first, second = (p1, q1), (p2, q2)
+        return _sum_line(*first, 0, cross) + _sum_line(*second, cross, steps) + steps * overhead
 
     def decode_steps_within(self, batch: int, sum_ctx: int, budget_s: float, limit: int) -> int:
-        """Largest m <= limit with decode_run_s(batch, sum_ctx, m) <= budget_s (binary search)."""
-        lo, hi = 0, limit
+        """Largest m <= limit with decode_run_s(batch, sum_ctx, m) <= budget_s.
+
+        Steps only get slower within a stretch, so budget / (first step) bounds m from above and
+        is usually within a step or two of it; a binary search below that bound finishes the job."""
+        if budget_s <= 0 or limit <= 0:
+            return 0
+        run = self.decode_run_s
+        tol = budget_s + 1e-12
+        hi = min(limit, int(budget_s / run(batch, sum_ctx, 1)))
+        for m in (hi, hi - 1):
+            if m <= 0:
+                return 0
+            if run(batch, sum_ctx, m) <= tol:
+                return m
+        lo, hi = 0, hi - 2
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.decode_run_s(batch, sum_ctx, mid) <= budget_s + 1e-12:
+            if run(batch, sum_ctx, mid) <= tol:
                 lo = mid
             else:
                 hi = mid - 1
@@ -162,7 +181,7 @@ class CostModel:
         if weights >= usable:
             raise UserError(
                 f"{self.model.name} does not fit for inference: {weights:.1f} GB of weights per GPU at "
-                f"tensor_parallel={self.tp} exceed the {usable:.1f} GB usable on a {d.name} by "
+                f"tensor_parallel={self.tp} exceed the {usable:.1f} GB usable on one {d.name} by "
                 f"{weights - usable:.1f} GB; raise rollout.tensor_parallel"
             )
         capacity = self.kv_capacity_tokens(train_gpus if colocated else 0)

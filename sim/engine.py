@@ -72,8 +72,11 @@ class SimEngine:
             return
         if steps is None:
             elapsed = now - self._t0
-            steps = 0 if elapsed <= 0 else self.sim.cost.decode_steps_within(
-                len(self.active), self.sum_ctx, elapsed, self._planned)
+            steps = (
+                0
+                if elapsed <= 0
+                else self.sim.cost.decode_steps_within(len(self.active), self.sum_ctx, elapsed, self._planned)
+            )
         if steps:
             self.steps += steps
             self.sim.recorder.add_tokens(self.name, steps * len(self.active))
@@ -184,8 +187,9 @@ class SimEngine:
         self.state = EngineState.PAUSED if self.held else EngineState.IDLE
         self._t0 = now
 
-    def resume(self, now: float) -> None:
-        """Re-prefill every held request under the current weights and continue."""
+    def resume(self, now: float, limit: int | None = None) -> None:
+        """Re-prefill every held request under the current weights, pull up to `limit` queued ones
+        and continue."""
         if self.state is not EngineState.PAUSED and self.state is not EngineState.IDLE:
             return
         held, self.held = self.held, []
@@ -193,5 +197,5 @@ class SimEngine:
         self._t0 = now
         for sample in held:
             sample.engine = None  # the KV cache was computed with old weights: prefill it all again
-        self._admit(now, held + self.sim.take_for(self))
+        self._admit(now, held + self.sim.take_for(self, limit))
         self._plan(now)

@@ -29,12 +29,13 @@ def write_run(timeline: Timeline, cfg: SimConfig, out: Path, picture: bool = Tru
 
 ROWS = [
     ("token throughput (tok/s)", lambda s: f"{s['token_throughput']:,.0f}"),
-    ("step time mean / p50 / p99 (s)",
-     lambda s: "{mean:.1f} / {p50:.1f} / {p99:.1f}".format(**s["step_time_s"])),
+    ("step time mean / p50 / p99 (s)", lambda s: "{mean:.1f} / {p50:.1f} / {p99:.1f}".format(**s["step_time_s"])),
     ("wall time (s)", lambda s: f"{s['wall_s']:,.1f}"),
     ("bubble fraction", lambda s: f"{s['bubble_fraction']:.1%}"),
-    ("busy: rollout / train / sync / switch",
-     lambda s: " / ".join(f"{s['utilisation'][k]:.1%}" for k in ("rollout", "train", "sync", "switch"))),
+    (
+        "busy: rollout / train / sync / switch",
+        lambda s: " / ".join(f"{s['utilisation'][k]:.1%}" for k in ("rollout", "train", "sync", "switch")),
+    ),
     ("rollout tokens per GPU-second", lambda s: f"{s['rollout_tokens_per_gpu_s']:,.0f}"),
     ("trained response length (mean tokens)", lambda s: f"{s['trained_response_tokens_mean']:,.0f}"),
     ("staleness (lag: share of tokens)", lambda s: _staleness(s)),

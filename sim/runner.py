@@ -31,10 +31,12 @@ class Simulation:
     def __init__(self, cfg: SimConfig, policy: str, progress: bool = False) -> None:
         self.cfg = cfg
         self.cost = CostModel(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device))
-        pcfg = PolicyConfig(cfg.workload.prompts_per_step, cfg.num_steps, cfg.policy.max_staleness,
-                            cfg.policy.window_batches)
-        self.policy = make_policy(policy, pcfg, cfg.num_resources, cfg.pools.train_fraction,
-                                  cfg.rollout.tensor_parallel)
+        pcfg = PolicyConfig(
+            cfg.workload.prompts_per_step, cfg.num_steps, cfg.policy.max_staleness, cfg.policy.window_batches
+        )
+        self.policy = make_policy(
+            policy, pcfg, cfg.num_resources, cfg.pools.train_fraction, cfg.rollout.tensor_parallel
+        )
         self.resources = self.policy.resources
         self.train_gpus = sum(self.resources[r].devices for r in self.policy.trainers)
         shared = any(r.can(Tag.ROLLOUT) and r.can(Tag.TRAIN) for r in self.resources.values())
@@ -51,6 +53,7 @@ class Simulation:
             self.engines[r.name] = SimEngine(self, r.name, i, kv, cfg.rollout.max_num_seqs, state)
         self._by_index = list(self.engines.values())
         self._rr = 0
+        self.events_scheduled = 0  # simulated events (for the speed benchmark)
         self._idle: dict[str, SimEngine] = {}  # accepting engines with nothing to run, in idle order
         self.queue: deque[Sample] = deque()
         self.groups: dict[int, list[Sample]] = {}
@@ -59,8 +62,9 @@ class Simulation:
         self._events: deque[ev.Event] = deque()
         self._draining = False
         self._done = self.env.event()
-        self._bar = tqdm(total=cfg.num_steps, desc=f"sim {policy}", unit="step", delay=2.0, disable=not progress,
-                         leave=False)
+        self._bar = tqdm(
+            total=cfg.num_steps, desc=f"sim {policy}", unit="step", delay=2.0, disable=not progress, leave=False
+        )
 
     # ---- the loop ----
 
@@ -74,11 +78,18 @@ class Simulation:
             raise RuntimeError(
                 f"simulation stalled at t={self.env.now:.1f}s after {self.policy.step} steps: the policy "
                 f"{self.policy.name!r} waits for an event that cannot come (in flight {self.policy.in_flight}, "
-                f"ready {len(self.policy.ready)}, queued {len(self.queue)})") from None
+                f"ready {len(self.policy.ready)}, queued {len(self.queue)})"
+            ) from None
         finally:
             self._bar.close()
-        meta = {"policy": self.policy.name, "model": self.cfg.model, "device": self.cfg.cluster.device,
-                "num_gpus": self.cfg.cluster.num_gpus, "workload": self.cfg.workload.kind, "seed": self.cfg.seed}
+        meta = {
+            "policy": self.policy.name,
+            "model": self.cfg.model,
+            "device": self.cfg.cluster.device,
+            "num_gpus": self.cfg.cluster.num_gpus,
+            "workload": self.cfg.workload.kind,
+            "seed": self.cfg.seed,
+        }
         return self.recorder.finish(self.env.now, meta, dict(sorted(self.counters.items())))
 
     def _emit(self, event: ev.Event) -> None:
@@ -95,6 +106,7 @@ class Simulation:
 
     def wake(self, delay: float, fn: Callable, *args) -> None:
         """Call fn(*args) after `delay` simulated seconds."""
+        self.events_scheduled += 1
         timeout = self.env.timeout(max(0.0, delay))
         timeout.callbacks.append(lambda _: fn(*args))
 
@@ -120,11 +132,11 @@ class Simulation:
             return 0
         return int(sample.context * self.cfg.workload.prefix_cache_hit)
 
-    def take_for(self, engine: SimEngine) -> list[Sample]:
-        """Pull queued requests that fit into `engine`, oldest first (FCFS, no skipping)."""
+    def take_for(self, engine: SimEngine, limit: int | None = None) -> list[Sample]:
+        """Pull queued requests that fit into `engine` (at most `limit`), oldest first (FCFS, no skipping)."""
         taken: list[Sample] = []
         reserve = 0
-        while self.queue:
+        while self.queue and (limit is None or len(taken) < limit):
             head = self.queue[0]
             seqs = len(engine.active) + len(taken)
             if seqs >= engine.max_seqs or engine.kv_reserved + reserve + head.final_context > engine.kv_capacity:
@@ -184,13 +196,19 @@ class Simulation:
                 return engine
         return None
 
+    def fair_share(self, engines: int) -> int:
+        """Queued requests each of `engines` engines that take work at once may pull: the first one
+        pulling all that fits would pile the queue onto one engine and leave the others idle."""
+        return -(-len(self.queue) // max(1, engines))
+
     def _kick(self, names) -> None:
-        """Let accepting engines pull queued work (after capacity appeared)."""
+        """Let accepting engines pull queued work (after capacity appeared), an equal share each."""
+        names = [name for name in names if self.engines[name].accepting]
+        share = self.fair_share(len(names))
         for name in names:
             engine = self.engines[name]
-            if engine.accepting and self.queue:
-                for sample in self.take_for(engine):
-                    engine.offer(sample, self.now)
+            for sample in self.take_for(engine, share):
+                engine.offer(sample, self.now)
 
     # ---- decisions ----
 
@@ -237,8 +255,15 @@ class Simulation:
             for version, n in s.version_tokens.items():
                 lag[d.step - version] += n
         tokens = sum(seq_lens)
-        record = StepRecord(d.step, self.now, self.now + duration, tokens, sum(s.generated_tokens for s in samples),
-                            dict(sorted(lag.items())), len(samples))
+        record = StepRecord(
+            d.step,
+            self.now,
+            self.now + duration,
+            tokens,
+            sum(s.generated_tokens for s in samples),
+            dict(sorted(lag.items())),
+            len(samples),
+        )
         for r in d.resources:
             self.recorder.set(r, Phase.TRAIN, self.now, d.step)
             self.recorder.add_tokens(r, tokens * self.resources[r].devices // gpus)
@@ -276,8 +301,13 @@ class Simulation:
         for gid in refreshed:
             self._left[gid] = 0  # finished; each restarted sample below counts back in
         todo = set(refreshed)
-        stale = [s for gid, group in self.groups.items() if self._left[gid] > 0 or gid in todo for s in group
-                 if s.version_tokens and s.min_version < floor and s.where != "engine"]
+        stale = [
+            s
+            for gid, group in self.groups.items()
+            if self._left[gid] > 0 or gid in todo
+            for s in group
+            if s.version_tokens and s.min_version < floor and s.where != "engine"
+        ]
         if not stale:
             return
         gone = set(stale)
@@ -303,8 +333,9 @@ class Simulation:
         self._emit(ev.SyncFinished(d.version, d.resources))
 
     def _apply_ResumeRollout(self, d: ev.ResumeRollout) -> None:
+        share = self.fair_share(len(d.resources))
         for name in d.resources:
-            self.engines[name].resume(self.now)
+            self.engines[name].resume(self.now, share)
 
 
 def simulate(cfg: SimConfig, policy: str, progress: bool = False) -> Timeline:

@@ -25,8 +25,8 @@ class PolicyConfig:
     num_steps: training steps in the run; the policy is done after the last one.
     max_staleness: largest allowed policy-version lag of a trained token (`async` and `tag`; the
         strictly on-policy policies ignore it and always train at lag 0).
-    window_batches: how many batches' worth of groups `tag` keeps in flight or finished
-        (None: 1 + max_staleness).
+    window_batches: how many batches' worth of groups `tag` keeps in flight, finished or training
+        (None: 1 + max_staleness, the most that can still be trained within the bound).
     """
 
     batch_groups: int

@@ -62,10 +62,10 @@ class TagPolicy(BasePolicy):
     def on_event(self, event: Event) -> list[Decision]:
         match event:
             case Started():
-                return self.submit(self.window)
+                return self._top_up()
             case GroupFinished(group_id, min_version):
                 self.note_finished(group_id, min_version)
-                return self.refresh_stale() + self.submit(self.window) + self._maybe_preempt()
+                return self.refresh_stale() + self._top_up() + self._maybe_preempt()
             case SwitchFinished(resource, active):
                 self._switching.discard(resource)
                 if self._switching:
@@ -85,6 +85,12 @@ class TagPolicy(BasePolicy):
                     decisions += self._maybe_preempt()
                 return decisions
         return []
+
+    def _top_up(self) -> list[Decision]:
+        """Keep `window` batches in flight or finished, counting the one being trained: a group
+        generated now can be trained at most `max_staleness` steps after the current one."""
+        training = self.config.batch_groups if self._mode is _Mode.TRAIN else 0
+        return self.submit(self.window - training)
 
     def _fill(self, resource: str) -> list[Decision]:
         """A rollout resource ran dry: start its share of a batch beyond the window, so no
@@ -109,7 +115,7 @@ class TagPolicy(BasePolicy):
         if not self._batch_ready():  # the batch went stale while switching: go back to rollout
             return self._switch_back()
         self._mode = _Mode.TRAIN
-        return self.take_batch(self.trainers) + self.submit(self.window)
+        return self.take_batch(self.trainers) + self._top_up()
 
     def _after_step(self, step: int) -> list[Decision]:
         self.finish_step(step)
@@ -120,8 +126,9 @@ class TagPolicy(BasePolicy):
         if self.done:
             return decisions
         if self._batch_ready():
-            return decisions + self.take_batch(self.trainers) + self.submit(self.window)
-        return decisions + self.submit(self.window) + self._switch_back()
+            return decisions + self.take_batch(self.trainers) + self._top_up()
+        switch = self._switch_back()  # leave TRAIN mode first, so the top-up counts no training batch
+        return decisions + self._top_up() + switch
 
     def _switch_back(self) -> list[Decision]:
         self._mode = _Mode.TO_ROLLOUT

@@ -7,7 +7,7 @@ architecture, never typed in, so a new model is one line in `models.yaml`.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 
 import yaml
@@ -44,33 +44,33 @@ class ModelSpec:
     tie_embeddings: bool
     max_context: int
 
-    @property
+    @cached_property
     def attn_dim(self) -> int:
         """Width of the query projection: heads x head_dim (not always `hidden`, e.g. Qwen3-32B)."""
         return self.heads * self.head_dim
 
-    @property
+    @cached_property
     def layer_params(self) -> int:
         attn = self.hidden * self.attn_dim * 2 + self.hidden * self.kv_heads * self.head_dim * 2
         mlp = 3 * self.hidden * self.intermediate
         norms = 2 * self.hidden + 2 * self.head_dim
         return attn + mlp + norms
 
-    @property
+    @cached_property
     def params(self) -> int:
         embeddings = self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
         return self.layers * self.layer_params + embeddings + self.hidden
 
-    @property
+    @cached_property
     def matmul_params(self) -> int:
         """Parameters that take part in a matmul per token (the input embedding is a lookup)."""
         return self.layers * self.layer_params + self.vocab * self.hidden
 
-    @property
+    @cached_property
     def weight_bytes(self) -> int:
         return self.params * BF16_BYTES
 
-    @property
+    @cached_property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * BF16_BYTES
 

@@ -1,0 +1,55 @@
+# SeamlessFlow testbed. Every target creates and uses the project virtual environment on its own.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+POLICY ?= tag
+CONFIG ?= sim/configs/default.yaml
+SET ?=
+OUT ?=
+comma := ,
+SET_ARGS := $(foreach s,$(subst $(comma), ,$(SET)),--set $(s))
+OUT_ARG := $(if $(OUT),--out $(OUT),)
+
+.PHONY: setup sim compare test test-fast test-gpu lint bench figures train-math train-swe validate clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+sim: $(STAMP)  ## make sim POLICY=tag [CONFIG=sim/configs/swe.yaml] [SET=cluster.num_gpus=128,num_steps=10]
+	$(PY) -m sim --policy $(POLICY) --config $(CONFIG) $(SET_ARGS) $(OUT_ARG)
+
+compare: $(STAMP)  ## all four policies on one config, with ratios to colocated
+	$(PY) -m sim --compare --config $(CONFIG) $(SET_ARGS) $(OUT_ARG)
+
+test: $(STAMP)  ## lint, then every CPU test (slow and docker-marked included; gpu-marked skipped)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -m "not gpu"
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not gpu and not slow" -q
+
+test-gpu: $(STAMP)  ## on a GPU machine
+	$(PY) -m pytest -m gpu
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)  ## speed of the simulator (prints figures quoted in the README)
+	$(PY) -m benchmarks.sim_speed
+
+figures: $(STAMP)  ## regenerate the simulator figures in experiments/out/
+	$(PY) -m experiments.headline
+	$(PY) -m experiments.sensitivity
+
+train-math train-swe validate:
+	@echo "make $@: the reference runtime is not built yet (see README, 'Status')." >&2; exit 1
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .ruff_cache

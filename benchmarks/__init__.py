@@ -1,0 +1,1 @@
+"""Benchmark scripts: they print figures (quoted in the README); tests never time anything."""
