@@ -82,6 +82,7 @@ class WorkloadConfig:
 class PolicySettings:
     max_staleness: int
     window_batches: int | None
+    fill_idle: bool
 
 
 @dataclass(frozen=True)

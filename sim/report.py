@@ -33,8 +33,8 @@ ROWS = [
     ("wall time (s)", lambda s: f"{s['wall_s']:,.1f}"),
     ("bubble fraction", lambda s: f"{s['bubble_fraction']:.1%}"),
     (
-        "busy: rollout / train / sync / switch",
-        lambda s: " / ".join(f"{s['utilisation'][k]:.1%}" for k in ("rollout", "train", "sync", "switch")),
+        "device time % rollout/train/sync/switch",
+        lambda s: "/".join(f"{100 * s['utilisation'][k]:.1f}" for k in ("rollout", "train", "sync", "switch")),
     ),
     ("rollout tokens per GPU-second", lambda s: f"{s['rollout_tokens_per_gpu_s']:,.0f}"),
     ("trained response length (mean tokens)", lambda s: f"{s['trained_response_tokens_mean']:,.0f}"),

@@ -32,7 +32,11 @@ class Simulation:
         self.cfg = cfg
         self.cost = CostModel(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device))
         pcfg = PolicyConfig(
-            cfg.workload.prompts_per_step, cfg.num_steps, cfg.policy.max_staleness, cfg.policy.window_batches
+            cfg.workload.prompts_per_step,
+            cfg.num_steps,
+            cfg.policy.max_staleness,
+            cfg.policy.window_batches,
+            cfg.policy.fill_idle,
         )
         self.policy = make_policy(
             policy, pcfg, cfg.num_resources, cfg.pools.train_fraction, cfg.rollout.tensor_parallel

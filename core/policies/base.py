@@ -25,6 +25,9 @@ class PolicyConfig:
     num_steps: training steps in the run; the policy is done after the last one.
     max_staleness: largest allowed policy-version lag of a trained token (`async` and `tag`; the
         strictly on-policy policies ignore it and always train at lag 0).
+    fill_idle: `tag` starts extra groups beyond the window when a rollout resource runs dry. It turns
+        idle time into generation, but under a strict staleness bound most of that work is later
+        regenerated, so it is off by default (see the README).
     window_batches: how many batches' worth of groups `tag` keeps in flight, finished or training
         (None: 1 + max_staleness, the most that can still be trained within the bound).
     """
@@ -33,6 +36,7 @@ class PolicyConfig:
     num_steps: int
     max_staleness: int = 1
     window_batches: int | None = None
+    fill_idle: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch_groups", "num_steps"):

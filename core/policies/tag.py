@@ -95,7 +95,7 @@ class TagPolicy(BasePolicy):
     def _fill(self, resource: str) -> list[Decision]:
         """A rollout resource ran dry: start its share of a batch beyond the window, so no
         rollout-capable device idles while there is training left to feed."""
-        if self.done:
+        if self.done or not self.config.fill_idle:
             return []
         share = self.resources[resource].devices / self._rollout_devices
         extra = max(1, round(self.config.batch_groups * share))

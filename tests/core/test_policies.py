@@ -244,7 +244,7 @@ def test_tag_multiplexes_train_resources_and_keeps_the_staleness_bound():
     """Window 1 + max_staleness = 2 batches counting the one training; a full batch preempts the
     train resources; a step pauses, syncs and resumes rollout-only resources; a group that fell out
     of the bound is refreshed; when no batch is ready the trainers go back to rollout."""
-    policy = make_policy("tag", PolicyConfig(batch_groups=2, num_steps=3), 2, 0.5, 1)
+    policy = make_policy("tag", PolicyConfig(batch_groups=2, num_steps=3, fill_idle=True), 2, 0.5, 1)
     r, t = ("R00",), ("T00",)
     check(
         policy,
@@ -276,6 +276,12 @@ def test_tag_multiplexes_train_resources_and_keeps_the_staleness_bound():
         ],
     )
     assert policy.done and policy.submitted == 9 and policy.consumed == 6
+
+
+def test_tag_leaves_idle_resources_alone_unless_fill_idle():
+    policy = make_policy("tag", PolicyConfig(batch_groups=2, num_steps=3), 2, 0.5, 1)
+    assert policy.on_event(Started()) == [Submit(4)]
+    assert policy.on_event(ResourceIdle("R00")) == []
 
 
 def test_tag_with_a_larger_bound_keeps_a_larger_window():

@@ -182,9 +182,12 @@ def test_with_balanced_pools_and_no_tail_the_pipelined_policies_converge(balance
 
 def test_with_a_long_tail_tag_fills_the_bubbles(run_small):
     """The default long-tailed math lengths: colocated and the separate pools idle behind stragglers,
-    tag's multiplexing keeps every device busy and trains far more tokens per second."""
+    tag's multiplexing trains far more tokens per second; with `fill_idle` it keeps every device busy
+    (this small config's batch is too small to occupy all engines otherwise)."""
     summary = {p: summarize(run_small(p)) for p in POLICY_NAMES}
-    assert summary["tag"]["bubble_fraction"] < 0.01
+    filled = summarize(run_small("tag", "policy.fill_idle=true"))
+    assert filled["bubble_fraction"] < 0.01
+    assert filled["counters"]["wasted_tokens"] > summary["tag"]["counters"]["wasted_tokens"]
     assert all(summary[p]["bubble_fraction"] > 0.25 for p in ("colocated", "disaggregated", "async"))
     assert summary["tag"]["token_throughput"] > 1.3 * summary["colocated"]["token_throughput"]
     assert summary["tag"]["token_throughput"] > 1.3 * summary["async"]["token_throughput"]
@@ -193,8 +196,10 @@ def test_with_a_long_tail_tag_fills_the_bubbles(run_small):
 def test_engines_that_resume_together_share_the_queue(run_small):
     """After a weight sync every rollout-only engine resumes at once; each pulls an equal share of the
     queue, so identical engines generate about the same number of tokens over a run (an engine that
-    pulled all it could would leave its peers idle: a 5x spread before this was fixed)."""
-    timeline = run_small("tag", "num_steps=6")
+    pulled all it could would leave its peers idle: a 5x spread before this was fixed). With
+    `fill_idle` the engines are kept saturated, so the share is decided by the queue, not by when
+    individual requests happen to arrive."""
+    timeline = run_small("tag", "num_steps=6", "policy.fill_idle=true")
     tokens: dict[str, int] = {}
     for iv in timeline.intervals:
         if iv.phase is Phase.ROLLOUT and iv.tags == ("rollout",):
