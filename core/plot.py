@@ -24,6 +24,7 @@ PHASE_COLOURS = {
     Phase.SWITCH: "#9c27b0",
     Phase.IDLE: "#e6e6e6",
 }
+SPARSE_ROLLOUT = "#d7f0d8"  # rollout that generates few tokens per device-second (a thin batch)
 MAX_LABELLED_ROWS = 64  # above this, label pools instead of individual resources
 DPI = 120
 # Metadata that would otherwise embed a version string or a timestamp in the file.
@@ -45,18 +46,40 @@ def plot_rows(timeline: Timeline) -> list[tuple[str, str]]:
 
 
 def _draw_bars(ax, timeline: Timeline, row_of: dict[str, int]) -> None:
-    """One PolyCollection of rectangles per phase, added without autoscaling (limits are set by the caller)."""
+    """One PolyCollection of rectangles per phase, added without autoscaling (limits are set by the caller).
+
+    Rollout bars are shaded by tokens generated per device-second, relative to the run's dense
+    rollout (90th percentile): a device decoding a few stragglers is busy but pale."""
     from matplotlib.collections import PolyCollection
 
     boxes: dict[Phase, list[list[tuple[float, float]]]] = {phase: [] for phase in Phase}
+    density: list[float] = []
     for iv in sorted(timeline.intervals, key=lambda iv: (row_of[iv.resource], iv.start_s, iv.end_s)):
         if iv.end_s > iv.start_s:
             lo, hi = row_of[iv.resource] - 0.4, row_of[iv.resource] + 0.4
             boxes[iv.phase].append([(iv.start_s, lo), (iv.end_s, lo), (iv.end_s, hi), (iv.start_s, hi)])
+            if iv.phase is Phase.ROLLOUT:
+                density.append(iv.tokens / ((iv.end_s - iv.start_s) * iv.devices))
     for phase, verts in boxes.items():
-        if verts:
-            bars = PolyCollection(verts, facecolors=PHASE_COLOURS[phase], linewidths=0, antialiaseds=False)
-            ax.add_collection(bars, autolim=False)
+        if not verts:
+            continue
+        colours = _rollout_shades(density) if phase is Phase.ROLLOUT else PHASE_COLOURS[phase]
+        bars = PolyCollection(verts, facecolors=colours, linewidths=0, antialiaseds=False)
+        ax.add_collection(bars, autolim=False)
+
+
+def _rollout_shades(density: list[float]) -> list[tuple[float, float, float]]:
+    """Blend from SPARSE_ROLLOUT (no tokens) to the rollout colour (90th-percentile density)."""
+    from matplotlib.colors import to_rgb
+
+    ranked = sorted(density)
+    reference = ranked[min(len(ranked) - 1, int(0.9 * len(ranked)))] or 1.0
+    full, pale = to_rgb(PHASE_COLOURS[Phase.ROLLOUT]), to_rgb(SPARSE_ROLLOUT)
+    shades = []
+    for d in density:
+        w = min(1.0, d / reference)
+        shades.append(tuple(p + (f - p) * w for f, p in zip(full, pale, strict=True)))
+    return shades
 
 
 def row_ticks(rows: list[tuple[str, str]]) -> list[tuple[float, str]]:
@@ -85,6 +108,7 @@ def _legend(ax) -> None:
     from matplotlib.patches import Patch
 
     handles = [Patch(facecolor=colour, label=phase.value) for phase, colour in PHASE_COLOURS.items()]
+    handles.insert(1, Patch(facecolor=SPARSE_ROLLOUT, label="rollout, thin batch"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False, fontsize=8)
 
 

@@ -49,6 +49,8 @@ class SimEngine:
         self._planned = 0  # steps until the next completion
         self._epoch = 0  # invalidates stale wake-ups
         self._tiebreak = count()
+        self._sparse_below = max(2, max_seqs // 8)  # fewer running sequences than this: a thin batch
+        self._sparse = False
 
     # ---- capacity ----
 
@@ -88,8 +90,11 @@ class SimEngine:
             self.state = EngineState.IDLE
             self.sim.engine_idle(self, now)
             return
-        if self.state is not EngineState.RUNNING:
-            self.state = EngineState.RUNNING
+        sparse = len(self.active) < self._sparse_below
+        if self.state is not EngineState.RUNNING or sparse != self._sparse:
+            # A new timeline interval whenever the batch thins out or fills up again, so the picture
+            # and the metrics can tell a full engine from one decoding a few stragglers.
+            self.state, self._sparse = EngineState.RUNNING, sparse
             self.sim.engine_busy(self, now)
         self._planned = self._heap[0][0] - self.steps
         dt = self.sim.cost.decode_run_s(len(self.active), self.sum_ctx, self._planned)

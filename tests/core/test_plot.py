@@ -5,6 +5,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import pytest
+
 from core.plot import DPI, draw_timeline, figure_height_in, plot_rows, row_ticks
 from core.tags import Phase
 from core.timeline import Interval, StepRecord, Timeline
@@ -80,3 +82,16 @@ def test_figure_height_grows_then_caps():
     assert figure_height_in(8) == 5.0
     assert figure_height_in(44) == 14.0
     assert figure_height_in(512) == 14.0
+
+
+def test_rollout_bars_pale_with_fewer_tokens_per_device_second():
+    from matplotlib.colors import to_rgb
+
+    from core.plot import PHASE_COLOURS, SPARSE_ROLLOUT, _rollout_shades
+
+    shades = _rollout_shades([0.0, 50.0, 100.0, 100.0])
+    assert shades[0] == pytest.approx(to_rgb(SPARSE_ROLLOUT))
+    assert shades[2] == pytest.approx(to_rgb(PHASE_COLOURS[Phase.ROLLOUT]))
+    mid = shades[1]
+    assert all(min(a, b) <= m <= max(a, b) for a, b, m in zip(shades[0], shades[2], mid, strict=True))
+    assert mid != shades[0] and mid != shades[2]
