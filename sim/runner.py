@@ -8,7 +8,6 @@ never sees the simulator half-way through an update.
 
 from __future__ import annotations
 
-import random
 from collections import Counter, deque
 from collections.abc import Callable
 
@@ -47,7 +46,6 @@ class Simulation:
         self.workload = Workload(cfg.workload, cfg.seed)
         self.cost.check_fits(self.train_gpus, self.workload.max_request_tokens, shared)
         self.env = simpy.Environment()
-        self.rng = random.Random(cfg.seed + 1)
         active = {name: self.policy.initial_active(name).value for name in self.resources}
         self.recorder = TimelineRecorder(list(self.resources.values()), active)
         self.engines: dict[str, SimEngine] = {}

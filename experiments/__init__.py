@@ -1,0 +1,1 @@
+"""Experiment scripts: one per figure, run as `python -m experiments.<name>`."""
