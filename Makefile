@@ -7,18 +7,23 @@ POLICY ?= tag
 CONFIG ?= sim/configs/default.yaml
 SET ?=
 OUT ?=
+TORCH_VERSION ?= 2.13.0
+PORT ?= 8000
+ENGINES ?= 1
 comma := ,
 SET_ARGS := $(foreach s,$(subst $(comma), ,$(SET)),--set $(s))
 OUT_ARG := $(if $(OUT),--out $(OUT),)
 
-.PHONY: setup sim compare test test-fast test-gpu lint bench figures train-math train-swe validate clean
+.PHONY: setup sim compare serve test test-fast test-gpu lint bench bench-sim bench-runtime figures train-math train-swe validate clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	# Pin torch first: a bare `torch` requirement would pull a multi-GB CUDA build on a CPU machine.
+	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet -e ".[dev,reference]"
 	touch $(STAMP)
 
 sim: $(STAMP)  ## make sim POLICY=tag [CONFIG=sim/configs/swe.yaml] [SET=cluster.num_gpus=128,num_steps=10]
@@ -41,8 +46,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-bench: $(STAMP)  ## speed of the simulator (prints figures quoted in the README)
+bench: bench-sim bench-runtime  ## every benchmark (prints the figures quoted in the README)
+
+bench-sim: $(STAMP)  ## speed of the simulator
 	$(PY) -m benchmarks.sim_speed
+
+bench-runtime: $(STAMP)  ## trajectory manager overhead, prefix-tree append cost, built-in engine throughput
+	$(PY) -m benchmarks.proxy_overhead
+	$(PY) -m benchmarks.prefix_tree
+	$(PY) -m benchmarks.engine_throughput
+
+serve: $(STAMP)  ## make serve [PORT=8000] [ENGINES=1]: engines + trajectory manager (OpenAI server)
+	$(PY) -m reference serve --port $(PORT) --engines $(ENGINES)
 
 figures: $(STAMP)  ## regenerate the simulator figures in experiments/out/
 	$(PY) -m experiments.headline

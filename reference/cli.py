@@ -1,0 +1,148 @@
+"""`python -m reference COMMAND`: run the data plane.
+
+    serve            engines (each in its own process) + the trajectory manager on one machine
+    engine           one engine process (what `serve` starts; also usable on its own)
+    check            re-score stored trajectories: token-id mismatches (must be 0), logprob drift
+    build-tokenizer  rebuild the shipped byte-level BPE tokenizer from the shipped corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+from reference.engine.process import BACKENDS, EngineProcess, EngineSpec, serve_engine
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="builtin", help=f"engine backend: {', '.join(BACKENDS)} (default builtin)")
+    p.add_argument("--model", default="default", help="'default' (tiny Qwen3) or a local checkpoint directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-batch", type=int, default=32, help="requests decoded together per engine")
+    p.add_argument("--token-delay-s", type=float, default=0.0, help="fake backend: seconds per token")
+    p.add_argument("--fake-reply-tokens", type=int, default=12, help="fake backend: tokens before a stop token")
+    p.add_argument("--tensor-parallel", type=int, default=1, help="vllm backend: GPUs per engine")
+
+
+def _spec(args) -> EngineSpec:
+    return EngineSpec(
+        args.backend, args.model, args.seed, args.max_batch, args.token_delay_s, args.fake_reply_tokens,
+        args.tensor_parallel,
+    )  # fmt: skip
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m reference", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="engines + trajectory manager (OpenAI server at /s/<session>/v1)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--engines", type=int, default=1, help="engine processes to start (default 1)")
+    s.add_argument("--engine-url", action="append", default=[],
+                   help="use a running engine server instead of starting engines (repeatable)")  # fmt: skip
+    s.add_argument("--store", default="results/trajectories.sqlite", help="SQLite trajectory store (WAL)")
+    s.add_argument("--model-name", default=None, help="the name agents pass as `model` (default: from --model)")
+    s.add_argument("--default-max-tokens", type=int, default=1024)
+    _engine_args(s)
+    e = sub.add_parser("engine", help="one engine process behind HTTP")
+    e.add_argument("--host", default="127.0.0.1")
+    e.add_argument("--port", type=int, default=0, help="0 picks a free port (announced on stdout)")
+    e.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes")
+    _engine_args(e)
+    c = sub.add_parser("check", help="consistency of stored trajectories against the model")
+    c.add_argument("--store", default="results/trajectories.sqlite")
+    c.add_argument("--model", default="default", help="'default' or a local checkpoint directory")
+    c.add_argument("--seed", type=int, default=0, help="seed of the default model")
+    c.add_argument("--session", action="append", help="only these sessions (repeatable)")
+    c.add_argument("--version", type=int, default=None, help="compare logprobs only of tokens of this version")
+    sub.add_parser("build-tokenizer", help="rebuild reference/assets/tokenizer.json")
+    return p
+
+
+def _load_model(name: str, seed: int):
+    from reference.model import default_model, load_checkpoint
+
+    return default_model(seed=seed) if name == "default" else load_checkpoint(name)
+
+
+def _load_tokenizer(name: str):
+    from reference.tokenizer import Tokenizer, default_tokenizer
+
+    return default_tokenizer() if name == "default" else Tokenizer.load(name)
+
+
+async def serve(args) -> None:
+    from reference.manager.manager import ManagerConfig, TrajectoryManager
+    from reference.manager.server import start_manager_server
+    from reference.manager.store import TrajectoryStore
+
+    spec = _spec(args)
+    tokenizer = _load_tokenizer(args.model)
+    model_name = args.model_name or ("seamlessflow-tiny" if args.model == "default" else Path(args.model).name)
+    config = ManagerConfig(model_name=model_name, default_max_tokens=args.default_max_tokens)
+    from reference.engine.client import HTTPEngine
+
+    procs: list[EngineProcess] = []
+    if args.engine_url:
+        engines = {f"engine-{i}": HTTPEngine(url) for i, url in enumerate(args.engine_url)}
+    else:
+        print(f"starting {args.engines} {spec.backend} engine(s) for {args.model} ...", file=sys.stderr)
+        procs = [EngineProcess(spec) for _ in range(args.engines)]
+        engines = {f"engine-{i}": p.client() for i, p in enumerate(procs)}
+    store = TrajectoryStore(args.store)
+    runner = None
+    try:
+        manager = TrajectoryManager(engines, tokenizer, store, config)
+        runner = await start_manager_server(manager, args.host, args.port)
+        print(f"trajectory manager on http://{args.host}:{args.port}/s/<session_id>/v1 (model {model_name!r}); "
+              f"trajectories in {args.store}; Ctrl-C stops", file=sys.stderr)  # fmt: skip
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        for client in engines.values():
+            await client.close()
+        for p in procs:
+            p.close()
+        store.close()
+
+
+def check(args) -> int:
+    from reference.consistency import check_store
+    from reference.manager.store import TrajectoryStore
+
+    if not Path(args.store).exists():
+        raise SystemExit(f"error: no trajectory store at {args.store}")
+    model, tokenizer = _load_model(args.model, args.seed)
+    with TrajectoryStore(args.store) as store:
+        report = check_store(store, model, tokenizer, args.session, args.version)
+    print(json.dumps(report.to_dict(), indent=2))
+    return 0 if report.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            asyncio.run(serve(args))
+        elif args.command == "engine":
+            asyncio.run(serve_engine(_spec(args), args.host, args.port, args.watch_stdin))
+        elif args.command == "check":
+            return check(args)
+        elif args.command == "build-tokenizer":
+            from reference.tokenizer import rebuild_default_tokenizer
+
+            print(rebuild_default_tokenizer())
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,127 @@
+"""The inference-engine seam: token ids in, token ids + logprobs + policy versions out.
+
+Every backend (built-in, vLLM, the deterministic fake, and the HTTP client that reaches an engine in
+another process) implements `InferenceEngine`. The trajectory manager only ever speaks this
+protocol, so what it records is exactly what an engine consumed and produced: no text crosses it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # a stop token was sampled (it is included in the output)
+    LENGTH = "length"  # max_tokens reached, or the context is full
+    ABORT = "abort"  # aborted by the caller; tokens so far are kept
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None  # per-request RNG seed; None draws from the engine's seeded RNG
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token: its id, the engine's logprob of it, and the policy version that sampled it."""
+
+    token_id: int
+    logprob: float
+    version: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last item of a stream."""
+
+    reason: FinishReason
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    versions: tuple[int, ...]
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Load and state, for routing and for the control plane."""
+
+    running: int
+    waiting: int
+    version: int
+    paused: bool
+    max_context: int
+    extra: dict = field(default_factory=dict)
+
+
+class EngineError(RuntimeError):
+    """The engine is unreachable or failed; the caller may retry elsewhere."""
+
+
+class InferenceEngine(Protocol):
+    def stream(self, request: GenerateRequest) -> AsyncIterator[TokenEvent | Finished]:
+        """Yield each token as it is sampled, then one `Finished`. Raises ValueError for a bad
+        request (a prompt longer than the context, a token id outside the vocabulary, a duplicate
+        request id) before yielding anything, and EngineError if the engine fails."""
+        ...
+
+    async def pause(self) -> None:
+        """Stop every running request at a token boundary; keep what it generated."""
+
+    async def update_weights(self, version: int, source: str | None = None) -> None:
+        """Load new weights (from `source`, a local checkpoint directory, or the engine's trainer
+        hand-off) and label tokens sampled from now on with `version`. Only while paused."""
+
+    async def resume(self) -> None:
+        """Re-prefill each unfinished request (prompt + tokens so far) under the current weights and
+        continue generating."""
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def stats(self) -> EngineStats: ...
+
+
+async def generate(engine: InferenceEngine, request: GenerateRequest) -> GenerateResult:
+    """Collect a whole generation from `engine.stream`."""
+    tokens: list[TokenEvent] = []
+    reason = FinishReason.ABORT
+    async for event in engine.stream(request):
+        if isinstance(event, Finished):
+            reason = event.reason
+        else:
+            tokens.append(event)
+    return GenerateResult(
+        request.request_id,
+        request.prompt_token_ids,
+        tuple(t.token_id for t in tokens),
+        tuple(t.logprob for t in tokens),
+        tuple(t.version for t in tokens),
+        reason,
+    )

@@ -1,0 +1,105 @@
+"""`HTTPEngine`: the `InferenceEngine` protocol over HTTP, reaching an engine in another process.
+
+A connection failure, a dropped stream or a 5xx becomes `EngineError` (the manager retries the
+request elsewhere); a 400 becomes `ValueError` with the engine's message (the agent's fault).
+Closing a stream early closes the HTTP response, which makes the engine abort the request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from reference.engine.base import EngineError, EngineStats, Finished, FinishReason, GenerateRequest, TokenEvent
+from reference.engine.server import request_to_wire
+
+
+class HTTPEngine:
+    def __init__(self, base_url: str, *, connect_timeout_s: float = 5.0, control_timeout_s: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.connect_timeout_s = connect_timeout_s
+        self.control_timeout_s = control_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:
+        return f"HTTPEngine({self.base_url!r})"
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0)  # one stream per in-flight request, no pool cap
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenEvent | Finished]:
+        # No total timeout: a generation may legitimately wait out a long pause for a weight update.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
+        try:
+            async with self._http().post(
+                f"{self.base_url}/generate", json=request_to_wire(request), timeout=timeout
+            ) as response:
+                if response.status == 400:
+                    raise ValueError((await response.json()).get("error", "bad request"))
+                if response.status != 200:
+                    raise EngineError(f"{self.base_url}: HTTP {response.status}: {await response.text()}")
+                async for raw in response.content:
+                    event = _parse_line(raw, self.base_url)
+                    yield event
+                    if isinstance(event, Finished):
+                        return
+        except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
+            raise EngineError(f"{self.base_url}: {type(e).__name__}: {e}") from e
+        raise EngineError(f"{self.base_url}: stream for {request.request_id} ended without a finish line")
+
+    async def _post(self, path: str, body: dict | None = None) -> dict:
+        timeout = aiohttp.ClientTimeout(total=self.control_timeout_s, sock_connect=self.connect_timeout_s)
+        try:
+            async with self._http().post(f"{self.base_url}{path}", json=body or {}, timeout=timeout) as response:
+                data = await response.json()
+                if response.status == 409:
+                    raise RuntimeError(data.get("error"))
+                if response.status == 400:
+                    raise ValueError(data.get("error"))
+                if response.status != 200:
+                    raise EngineError(f"{self.base_url}{path}: HTTP {response.status}: {data}")
+                return data
+        except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
+            raise EngineError(f"{self.base_url}{path}: {type(e).__name__}: {e}") from e
+
+    async def pause(self) -> None:
+        await self._post("/pause")
+
+    async def update_weights(self, version: int, source: str | None = None) -> None:
+        await self._post("/update_weights", {"version": version, "source": source})
+
+    async def resume(self) -> None:
+        await self._post("/resume")
+
+    async def abort(self, request_id: str) -> None:
+        await self._post("/abort", {"request_id": request_id})
+
+    async def stats(self) -> EngineStats:
+        timeout = aiohttp.ClientTimeout(total=self.control_timeout_s, sock_connect=self.connect_timeout_s)
+        try:
+            async with self._http().get(f"{self.base_url}/stats", timeout=timeout) as response:
+                d = await response.json()
+        except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
+            raise EngineError(f"{self.base_url}/stats: {type(e).__name__}: {e}") from e
+        return EngineStats(d["running"], d["waiting"], d["version"], d["paused"], d["max_context"], d.get("extra", {}))
+
+
+def _parse_line(raw: bytes, where: str) -> TokenEvent | Finished:
+    try:
+        d = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise EngineError(f"{where}: unreadable stream line {raw[:80]!r}") from e
+    if "error" in d:
+        raise EngineError(f"{where}: {d['error']}")
+    if "finish" in d:
+        return Finished(FinishReason(d["finish"]))
+    return TokenEvent(d["t"], d["l"], d["v"])

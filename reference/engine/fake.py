@@ -1,0 +1,105 @@
+"""A deterministic fake engine for tests and proxy benchmarks (never what a user runs).
+
+Tokens are a pure function of the context and the policy version, so a test can predict every id;
+`token_delay_s` sets its speed. It honours the whole `InferenceEngine` protocol: pause stops every
+stream at a token boundary, `update_weights` changes the version stamped on later tokens, `resume`
+counts a re-prefill for each unfinished request, `abort` ends a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from reference.engine.base import EngineStats, Finished, FinishReason, GenerateRequest, TokenEvent
+
+
+class FakeEngine:
+    def __init__(
+        self,
+        vocab_size: int = 1000,
+        max_context: int = 8192,
+        token_delay_s: float = 0.0,
+        reply_tokens: int = 12,
+        stop_token_id: int | None = None,
+    ) -> None:
+        self.vocab_size, self.max_context = vocab_size, max_context
+        self.token_delay_s, self.reply_tokens, self.stop_token_id = token_delay_s, reply_tokens, stop_token_id
+        self.version = 0
+        self.reprefills = 0  # requests re-prefilled by `resume` (partial rollout)
+        self.consumed: dict[str, tuple[int, ...]] = {}  # request id -> prompt it received
+        self._running: dict[str, list[int]] = {}  # request id -> context so far
+        self._aborted: set[str] = set()
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
+
+    @staticmethod
+    def next_token(context: list[int] | tuple[int, ...], version: int, vocab_size: int) -> int:
+        """The token this engine samples after `context` under policy `version`."""
+        tail = sum((i + 1) * t for i, t in enumerate(context[-8:]))
+        return (tail * 31 + len(context) * 7 + version * 101) % vocab_size
+
+    @staticmethod
+    def logprob(token_id: int) -> float:
+        return -((token_id % 97) + 1) / 10.0
+
+    def _check(self, request: GenerateRequest) -> None:
+        if request.request_id in self._running:
+            raise ValueError(f"request id {request.request_id!r} is already running")
+        if not request.prompt_token_ids:
+            raise ValueError("prompt_token_ids is empty")
+        bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if len(request.prompt_token_ids) >= self.max_context:
+            n = len(request.prompt_token_ids)
+            raise ValueError(f"prompt of {n} tokens leaves no room in the {self.max_context}-token context")
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenEvent | Finished]:
+        self._check(request)
+        context = list(request.prompt_token_ids)
+        self._running[request.request_id] = context
+        self.consumed[request.request_id] = request.prompt_token_ids
+        stop = set(request.params.stop_token_ids) | ({self.stop_token_id} if self.stop_token_id is not None else set())
+        limit = min(request.params.max_tokens, self.max_context - len(context))
+        reason = FinishReason.LENGTH
+        try:
+            for n in range(limit):
+                await self._unpaused.wait()
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                    await self._unpaused.wait()
+                if request.request_id in self._aborted:
+                    reason = FinishReason.ABORT
+                    break
+                token = self.next_token(context, self.version, self.vocab_size)
+                if n + 1 == self.reply_tokens and stop:
+                    token = min(stop)
+                context.append(token)
+                yield TokenEvent(token, self.logprob(token), self.version)
+                if token in stop:
+                    reason = FinishReason.STOP
+                    break
+            yield Finished(reason)
+        finally:
+            self._running.pop(request.request_id, None)
+            self._aborted.discard(request.request_id)
+
+    async def pause(self) -> None:
+        self._unpaused.clear()
+
+    async def update_weights(self, version: int, source: str | None = None) -> None:
+        if self._unpaused.is_set():
+            raise RuntimeError("update_weights needs a paused engine; call pause() first")
+        self.version = version
+
+    async def resume(self) -> None:
+        self.reprefills += len(self._running)
+        self._unpaused.set()
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._running:
+            self._aborted.add(request_id)
+
+    async def stats(self) -> EngineStats:
+        return EngineStats(len(self._running), 0, self.version, not self._unpaused.is_set(), self.max_context)

@@ -1,0 +1,162 @@
+"""Engines in their own processes: one per resource, each an HTTP server (reference/engine/server.py).
+
+`EngineProcess` starts `python -m reference engine ...`, waits for the line that announces its
+port, and hands back an `HTTPEngine` for it. The child is killed on `close()`, and dies with the
+parent's stdin pipe if the parent is killed without closing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from reference.engine.base import InferenceEngine
+from reference.engine.client import HTTPEngine
+
+READY_PREFIX = "ENGINE READY port="
+BACKENDS = ("builtin", "fake", "vllm")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What one engine process runs."""
+
+    backend: str = "builtin"  # builtin | fake | vllm
+    model: str = "default"  # "default" (the tiny Qwen3) or a local checkpoint directory
+    seed: int = 0
+    max_batch: int = 32
+    token_delay_s: float = 0.0  # fake backend only: seconds per token
+    fake_reply_tokens: int = 12  # fake backend only: tokens before it samples a stop token
+    tensor_parallel: int = 1  # vllm backend only
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown engine backend {self.backend!r}; valid choices: {', '.join(BACKENDS)}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+
+    def argv(self, host: str, port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "reference", "engine", "--host", host, "--port", str(port),
+            "--backend", self.backend, "--model", self.model, "--seed", str(self.seed),
+            "--max-batch", str(self.max_batch), "--token-delay-s", str(self.token_delay_s),
+            "--tensor-parallel", str(self.tensor_parallel), "--fake-reply-tokens", str(self.fake_reply_tokens),
+            "--watch-stdin",
+        ]  # fmt: skip
+
+
+def make_engine(spec: EngineSpec) -> InferenceEngine:
+    """Build the in-process engine a spec names (called inside the engine process)."""
+    if spec.backend == "fake":
+        from reference.engine.fake import FakeEngine
+        from reference.tokenizer import default_tokenizer
+
+        vocab = default_tokenizer().vocab_size
+        return FakeEngine(vocab_size=vocab, token_delay_s=spec.token_delay_s, reply_tokens=spec.fake_reply_tokens)
+    if spec.backend == "vllm":
+        from reference.engine.vllm_engine import VLLMEngine
+
+        if spec.model == "default":
+            raise ValueError("the vllm backend needs a local checkpoint directory: --model PATH")
+        return VLLMEngine(spec.model, tensor_parallel_size=spec.tensor_parallel, seed=spec.seed)
+    from reference.engine.builtin import BuiltinEngine
+
+    if spec.model == "default":
+        return BuiltinEngine.default(seed=spec.seed, max_batch=spec.max_batch)
+    return BuiltinEngine.from_checkpoint(spec.model, seed=spec.seed, max_batch=spec.max_batch)
+
+
+class EngineProcess:
+    """One engine in a child process. Use as a context manager or call `close()`."""
+
+    def __init__(self, spec: EngineSpec, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 300.0):
+        self.spec = spec
+        self._proc = subprocess.Popen(
+            spec.argv(host, port),
+            stdin=subprocess.PIPE,  # the child exits when this pipe closes (parent gone)
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.port = self._wait_ready(start_timeout_s)
+        self.url = f"http://{host}:{self.port}"
+        # Keep draining the child's stdout so it never blocks on a full pipe.
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _wait_ready(self, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        assert self._proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self._proc.stdout.readline()
+            if not line:
+                code = self._proc.wait(timeout=5)
+                raise RuntimeError(f"engine process ({self.spec.backend}, {self.spec.model}) exited with {code}")
+            if line.startswith(READY_PREFIX):
+                return int(line[len(READY_PREFIX) :].strip())
+        self.close()
+        raise TimeoutError(f"engine process did not start within {timeout_s} s")
+
+    def _drain(self) -> None:
+        for _ in self._proc.stdout or ():
+            pass
+
+    def client(self) -> HTTPEngine:
+        return HTTPEngine(self.url)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill the engine abruptly (SIGKILL), as a crash would."""
+        if self.alive():
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(timeout=10)
+
+    def close(self) -> None:
+        if self.alive():
+            os.killpg(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self._proc.stdin:
+            self._proc.stdin.close()
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+async def serve_engine(spec: EngineSpec, host: str, port: int, watch_stdin: bool = False) -> None:
+    """The engine process's main: serve until SIGTERM/SIGINT, or until stdin closes with `watch_stdin`."""
+    from reference.engine.server import bound_port, start_engine_server
+
+    engine = make_engine(spec)
+    runner = await start_engine_server(engine, host, port)
+    print(f"{READY_PREFIX}{bound_port(runner)}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if watch_stdin:
+        loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not os.read(sys.stdin.fileno(), 1) else None)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        close = getattr(engine, "close", None)
+        if close is not None and inspect.isawaitable(result := close()):
+            await result

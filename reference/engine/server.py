@@ -1,0 +1,205 @@
+"""An inference engine behind HTTP, so that each engine lives in its own process.
+
+The trajectory manager never runs a model in its own event loop: it reaches engines through
+`HTTPEngine` (reference/engine/client.py), which speaks the small protocol served here.
+
+    POST /generate        {"request_id", "prompt_token_ids", "params": {...}} -> NDJSON stream:
+                          {"t": token_id, "l": logprob, "v": version} per token, then {"finish": reason}
+    POST /pause | /resume
+    POST /update_weights  {"version": int, "source": str | null}
+    POST /abort           {"request_id": str}
+    GET  /stats | /health
+
+A bad request gets a 400 with {"error": message} before any token is streamed. A client that
+disconnects mid-stream aborts its request, which frees the engine's slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from reference.engine.base import Finished, GenerateRequest, InferenceEngine, SamplingParams
+
+log = logging.getLogger(__name__)
+
+ENGINE_KEY = web.AppKey("engine", object)
+
+
+def _bad(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def parse_generate(body: Any) -> GenerateRequest:
+    """The wire form of a generate call, validated; ValueError names the bad field."""
+    if not isinstance(body, dict):
+        raise ValueError("body must be a JSON object")
+    request_id = body.get("request_id")
+    if not isinstance(request_id, str) or not request_id:
+        raise ValueError("request_id must be a non-empty string")
+    prompt = body.get("prompt_token_ids")
+    if not isinstance(prompt, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise ValueError("prompt_token_ids must be a list of integers")
+    p = body.get("params") or {}
+    if not isinstance(p, dict):
+        raise ValueError("params must be a JSON object")
+    try:
+        params = SamplingParams(
+            max_tokens=int(p.get("max_tokens", 16)),
+            temperature=float(p.get("temperature", 1.0)),
+            top_p=float(p.get("top_p", 1.0)),
+            stop_token_ids=tuple(int(t) for t in p.get("stop_token_ids", ())),
+            seed=None if p.get("seed") is None else int(p["seed"]),
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"bad sampling params: {e}") from None
+    return GenerateRequest(request_id, tuple(prompt), params)
+
+
+def request_to_wire(request: GenerateRequest) -> dict:
+    p = request.params
+    return {
+        "request_id": request.request_id,
+        "prompt_token_ids": list(request.prompt_token_ids),
+        "params": {
+            "max_tokens": p.max_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "stop_token_ids": list(p.stop_token_ids),
+            "seed": p.seed,
+        },
+    }
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"body is not valid JSON: {e}") from None
+
+
+async def handle_generate(request: web.Request) -> web.StreamResponse:
+    engine: InferenceEngine = request.app[ENGINE_KEY]
+    try:
+        gen = parse_generate(await _json_body(request))
+        events = engine.stream(gen)
+        first = await anext(events)  # validation errors surface here, before the response starts
+    except ValueError as e:
+        return _bad(str(e))
+    except Exception as e:  # the engine failed before the first token
+        log.exception("generation failed to start")
+        return _bad(f"{type(e).__name__}: {e}", 503)
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    try:
+        event = first
+        while True:
+            await response.write(_event_line(event))
+            if isinstance(event, Finished):
+                break
+            event = await anext(events)
+    except Exception as e:  # engine failure mid-stream: tell the client, which retries elsewhere
+        if isinstance(e, ConnectionResetError | asyncio.CancelledError):
+            raise
+        log.exception("generation %s failed", gen.request_id)
+        await response.write((json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n").encode())
+    finally:
+        await events.aclose()  # on a disconnect this aborts the request and frees its slot
+    await response.write_eof()
+    return response
+
+
+def _event_line(event) -> bytes:
+    if isinstance(event, Finished):
+        return (json.dumps({"finish": str(event.reason)}) + "\n").encode()
+    return (json.dumps({"t": event.token_id, "l": event.logprob, "v": event.version}) + "\n").encode()
+
+
+async def handle_pause(request: web.Request) -> web.Response:
+    await request.app[ENGINE_KEY].pause()
+    return web.json_response({"ok": True})
+
+
+async def handle_resume(request: web.Request) -> web.Response:
+    await request.app[ENGINE_KEY].resume()
+    return web.json_response({"ok": True})
+
+
+async def handle_update_weights(request: web.Request) -> web.Response:
+    try:
+        body = await _json_body(request)
+        version, source = body.get("version"), body.get("source")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ValueError(f"version must be an integer, got {version!r}")
+        if source is not None and not isinstance(source, str):
+            raise ValueError(f"source must be a checkpoint directory path or null, got {source!r}")
+        await request.app[ENGINE_KEY].update_weights(version, source)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        return _bad(str(e), 409 if isinstance(e, RuntimeError) else 400)
+    return web.json_response({"ok": True, "version": version})
+
+
+async def handle_abort(request: web.Request) -> web.Response:
+    try:
+        body = await _json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("request_id"), str):
+            raise ValueError("request_id must be a string")
+    except ValueError as e:
+        return _bad(str(e))
+    await request.app[ENGINE_KEY].abort(body["request_id"])
+    return web.json_response({"ok": True})
+
+
+async def handle_stats(request: web.Request) -> web.Response:
+    s = await request.app[ENGINE_KEY].stats()
+    return web.json_response(
+        {
+            "running": s.running,
+            "waiting": s.waiting,
+            "version": s.version,
+            "paused": s.paused,
+            "max_context": s.max_context,
+            "extra": s.extra,
+        }
+    )
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+def build_app(engine: InferenceEngine, max_body_bytes: int = 64 << 20) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes)
+    app[ENGINE_KEY] = engine
+    app.add_routes(
+        [
+            web.post("/generate", handle_generate),
+            web.post("/pause", handle_pause),
+            web.post("/resume", handle_resume),
+            web.post("/update_weights", handle_update_weights),
+            web.post("/abort", handle_abort),
+            web.get("/stats", handle_stats),
+            web.get("/health", handle_health),
+        ]
+    )
+    return app
+
+
+async def start_engine_server(engine: InferenceEngine, host: str = "127.0.0.1", port: int = 0) -> web.AppRunner:
+    """Serve `engine` in the running loop; returns the runner (its bound port: `bound_port(runner)`)."""
+    runner = web.AppRunner(build_app(engine), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    for site in runner.sites:
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            return server.sockets[0].getsockname()[1]
+    raise RuntimeError("the server has no bound socket")

@@ -1,0 +1,302 @@
+"""OpenAI request bodies in, token ids out; engine output in, OpenAI response bodies out.
+
+The chat template is Qwen-style ChatML, rendered *segment by segment*: each message is
+`<|im_start|>` + tokens("{role}\\n") + tokens(content) + `<|im_end|>` + tokens("\\n"), and the
+generation prompt is `<|im_start|>` + tokens("assistant\\n"). Two departures from rendering the
+template to one string and tokenising it, both deliberate:
+
+- an assistant message whose text is a completion this session generated is spliced back in as
+  the exact token ids the engine sampled (and not re-tokenised), so turn k+1's prompt starts with
+  turn k's prompt and completion token for token, even where the text would re-tokenise
+  differently;
+- each segment is tokenised on its own (and cached per session), so a long history costs nothing
+  to re-render and a segment's ids never depend on its neighbours.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+MAX_STOP_STRINGS = 4
+
+
+class RequestError(ValueError):
+    """A bad request: becomes an OpenAI-style JSON error with a 4xx status."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling fields shared by chat and text completions, validated."""
+
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...]
+    seed: int | None
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str | None
+    messages: tuple[dict, ...]
+    sampling: Sampling
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str | None
+    prompt: str | tuple[int, ...]
+    sampling: Sampling
+    echo: bool
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RequestError(f"'{name}' must be a number, got {value!r}", param=name)
+    if value > hi or value < lo or (lo_open and value == lo):
+        interval = f"{'(' if lo_open else '['}{lo}, {hi}]"
+        raise RequestError(f"'{name}' must be in {interval}, got {value}", param=name)
+    return float(value)
+
+
+def _optional_int(body: dict, name: str, minimum: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"'{name}' must be an integer, got {value!r}", param=name)
+    if value < minimum:
+        raise RequestError(f"'{name}' must be >= {minimum}, got {value}", param=name)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("'stop' must be a non-empty string or a list of non-empty strings", param="stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise RequestError(f"'stop' takes at most {MAX_STOP_STRINGS} strings, got {len(stop)}", param="stop")
+    return tuple(stop)
+
+
+def parse_sampling(body: dict, *, logprobs_flag: bool) -> Sampling:
+    n = _optional_int(body, "n", 1)
+    if n not in (None, 1):
+        raise RequestError(f"'n' must be 1 (send n requests for n samples), got {n}", param="n")
+    max_tokens = _optional_int(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _optional_int(body, "max_tokens", 1)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(f"'stream' must be a boolean, got {stream!r}", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise RequestError("'stream_options' must be an object", param="stream_options")
+    logprobs = body.get("logprobs", False if logprobs_flag else None)
+    if logprobs_flag and not isinstance(logprobs, bool):
+        raise RequestError(f"'logprobs' must be a boolean, got {logprobs!r}", param="logprobs")
+    if not logprobs_flag and logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
+        raise RequestError(f"'logprobs' must be an integer, got {logprobs!r}", param="logprobs")
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        stop=_stop(body),
+        seed=_optional_int(body, "seed", 0),
+        stream=stream,
+        include_usage=bool(options.get("include_usage", False)),
+        logprobs=bool(logprobs),
+    )
+
+
+def _model(body: dict) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError(f"'model' must be a string, got {model!r}", param="model")
+    return model
+
+
+def message_text(message: dict, index: int) -> str:
+    """A message's content as one string (text parts joined); tool calls rendered Qwen-style."""
+    content = message.get("content")
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise RequestError(
+                    f"messages[{index}].content: only text parts are supported, got {part!r:.80}",
+                    param=f"messages[{index}].content",
+                )
+            parts.append(part["text"])
+        text = "".join(parts)
+    else:
+        raise RequestError(
+            f"messages[{index}].content must be a string, a list of text parts or null", param="messages"
+        )
+    for call in message.get("tool_calls") or ():
+        text += "\n<tool_call>\n" + json.dumps(call.get("function", call), ensure_ascii=False) + "\n</tool_call>"
+    return text
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise RequestError(f"messages[{i}] must be an object", param="messages")
+        if m.get("role") not in ROLES:
+            raise RequestError(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}; got {m.get('role')!r}", param="messages"
+            )
+        message_text(m, i)  # validates the content
+    return ChatRequest(_model(body), tuple(messages), parse_sampling(body, logprobs_flag=True))
+
+
+def parse_completion(body: Any) -> CompletionRequest:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise RequestError("'prompt' must be a string or a non-empty list of token ids", param="prompt")
+        prompt = tuple(prompt)
+    elif not isinstance(prompt, str) or not prompt:
+        raise RequestError("'prompt' must be a non-empty string or a list of token ids (one prompt)", param="prompt")
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise RequestError(f"'echo' must be a boolean, got {echo!r}", param="echo")
+    return CompletionRequest(_model(body), prompt, parse_sampling(body, logprobs_flag=False), echo)
+
+
+class ChatRenderer:
+    """Renders one session's chat requests to token ids (see the module docstring)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        self._segments: dict[str, tuple[int, ...]] = {}  # text -> token ids (this session's cache)
+        self._generated: dict[str, tuple[int, ...]] = {}  # completion text -> the ids the engine sampled
+        self.generation_prompt = (tokenizer.im_start_id, *self._encode("assistant\n"))
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        ids = self._segments.get(text)
+        if ids is None:
+            ids = tuple(self.tok.encode(text)) if text else ()
+            if len(text) < 1 << 20:
+                self._segments[text] = ids
+        return ids
+
+    def remember(self, text: str, token_ids: Sequence[int]) -> None:
+        """Record that this session's agent was answered `text`, sampled as `token_ids`."""
+        self._generated[text] = tuple(token_ids)
+
+    def render(self, messages: Sequence[dict]) -> list[int]:
+        ids: list[int] = []
+        end = self.tok.im_end_id
+        for i, m in enumerate(messages):
+            text = message_text(m, i)
+            ids.append(self.tok.im_start_id)
+            ids.extend(self._encode(f"{m['role']}\n"))
+            spliced = self._generated.get(text) if m["role"] == "assistant" else None
+            if spliced is not None:
+                ids.extend(spliced)
+                if not spliced or spliced[-1] != end:
+                    ids.append(end)
+            else:
+                ids.extend(self._encode(text))
+                ids.append(end)
+            ids.extend(self._encode("\n"))
+        ids.extend(self.generation_prompt)
+        return ids
+
+
+class IncrementalDecoder:
+    """Text of a growing token list, emitted piecewise; holds back an incomplete UTF-8 character.
+
+    Decodes a short window (the last emitted piece plus new tokens), not the whole list, so a long
+    generation costs O(tokens), the way inference servers do it.
+    """
+
+    def __init__(self, tokenizer, skip_ids: Sequence[int] = ()) -> None:
+        self.tok, self.skip = tokenizer, set(skip_ids)
+        self.ids: list[int] = []
+        self._prefix = self._read = 0  # window start; end of what has been emitted
+        self.text = ""  # emitted so far
+
+    def push(self, token_id: int) -> str:
+        if token_id in self.skip:
+            return ""
+        self.ids.append(token_id)
+        before = self.tok.decode(self.ids[self._prefix : self._read])
+        after = self.tok.decode(self.ids[self._prefix :])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        piece = after[len(before) :]
+        self._prefix, self._read = self._read, len(self.ids)
+        self.text += piece
+        return piece
+
+    def flush(self) -> str:
+        before = self.tok.decode(self.ids[self._prefix : self._read])
+        piece = self.tok.decode(self.ids[self._prefix :])[len(before) :]
+        self._prefix = self._read = len(self.ids)
+        self.text += piece
+        return piece
+
+
+def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int:
+    """Index where the earliest stop string begins in text[start:], or -1."""
+    hits = [i for s in stops if (i := text.find(s, start)) >= 0]
+    return min(hits) if hits else -1
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def chat_logprobs(tokenizer, token_ids: Sequence[int], logprobs: Sequence[float]) -> dict:
+    content = []
+    for t, lp in zip(token_ids, logprobs, strict=True):
+        piece = tokenizer.decode([t])
+        content.append({"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []})
+    return {"content": content}

@@ -1,0 +1,269 @@
+"""The trajectory manager's HTTP face: an OpenAI-compatible server with the session in the URL.
+
+    POST /s/<session_id>/v1/chat/completions   (stream=true too)
+    POST /s/<session_id>/v1/completions
+    GET  /s/<session_id>/v1/models             (and /v1/models)
+    GET  /trajectories                         session ids
+    GET  /trajectories/<session_id>            the session's trajectory tree (prefix_tree.to_json)
+    POST /admin/pause | /admin/resume          partial rollout: hold generation at a token boundary
+    POST /admin/update_weights                 {"version": int, "source": checkpoint dir | null}
+    GET  /health | /stats
+
+Every error is an OpenAI-style JSON body with a 4xx/5xx status, and the server keeps serving.
+Handlers are cancelled when the client disconnects, which aborts the engine request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from contextlib import aclosing
+
+from aiohttp import web
+
+from reference.manager.chat import (
+    RequestError,
+    chat_logprobs,
+    now_s,
+    parse_chat,
+    parse_completion,
+    usage,
+)
+from reference.manager.manager import Outcome, TrajectoryManager
+
+log = logging.getLogger(__name__)
+
+MANAGER_KEY = web.AppKey("manager", TrajectoryManager)
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except RequestError as e:
+        return web.json_response(e.body(), status=e.status)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status)
+        body = RequestError(e.reason if e.status != 413 else e.text or e.reason, status=e.status, code=code).body()
+        return web.json_response(body, status=e.status)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        body = RequestError("internal server error", status=500, code="internal_error").body()
+        return web.json_response(body, status=500)
+
+
+async def _body(request: web.Request):
+    raw = await request.read()  # aiohttp answers 413 here for a body over client_max_size
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+def _trajectory_info(o: Outcome) -> dict:
+    """Non-standard fields (OpenAI clients ignore them): where this completion lives in the session."""
+    return {
+        "session_id": o.session_id,
+        "request_id": o.request_id,
+        "branch_id": o.branch_id,
+        "token_ids": list(o.token_ids),
+        "versions": list(o.versions),
+    }
+
+
+async def _run(manager: TrajectoryManager, sid: str, prompt, sampling) -> Outcome:
+    async with aclosing(manager.generate(sid, prompt, sampling)) as events:
+        async for item in events:
+            if isinstance(item, Outcome):
+                return item
+    raise RuntimeError("generation ended without an outcome")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    manager = request.app[MANAGER_KEY]
+    sid = request.match_info["session_id"]
+    chat = parse_chat(await _body(request))
+    manager.check_model(chat.model)
+    session = manager.session(sid)
+    prompt = session.renderer.render(chat.messages)
+    if chat.sampling.stream:
+        return await _stream(request, manager, sid, prompt, chat.sampling, chat=True)
+    o = await _run(manager, sid, prompt, chat.sampling)
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": o.text},
+        "finish_reason": o.finish_reason,
+        "logprobs": chat_logprobs(manager.tok, o.token_ids, o.logprobs) if chat.sampling.logprobs else None,
+    }
+    return web.json_response(
+        {
+            "id": f"chatcmpl-{o.request_id}",
+            "object": "chat.completion",
+            "created": now_s(),
+            "model": manager.config.model_name,
+            "choices": [choice],
+            "usage": usage(len(o.prompt_token_ids), len(o.token_ids), o.cached_tokens),
+            "trajectory": _trajectory_info(o),
+        }
+    )
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    manager = request.app[MANAGER_KEY]
+    sid = request.match_info["session_id"]
+    req = parse_completion(await _body(request))
+    manager.check_model(req.model)
+    manager.session(sid)
+    prompt = manager.tok.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+    if req.sampling.stream:
+        return await _stream(request, manager, sid, prompt, req.sampling, chat=False)
+    o = await _run(manager, sid, prompt, req.sampling)
+    text = (req.prompt if isinstance(req.prompt, str) else manager.tok.decode(req.prompt)) if req.echo else ""
+    choice = {"index": 0, "text": text + o.text, "finish_reason": o.finish_reason, "logprobs": None}
+    if req.sampling.logprobs:
+        pieces = [manager.tok.decode([t]) for t in o.token_ids]
+        choice["logprobs"] = {"tokens": pieces, "token_logprobs": list(o.logprobs), "top_logprobs": None,
+                              "text_offset": None}  # fmt: skip
+    return web.json_response(
+        {
+            "id": f"cmpl-{o.request_id}",
+            "object": "text_completion",
+            "created": now_s(),
+            "model": manager.config.model_name,
+            "choices": [choice],
+            "usage": usage(len(o.prompt_token_ids), len(o.token_ids), o.cached_tokens),
+            "trajectory": _trajectory_info(o),
+        }
+    )
+
+
+def _chunk(manager, chat: bool, cid: str, text: str | None, finish: str | None, first: bool = False) -> dict:
+    if chat:
+        delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        kind = "text_completion"
+    return {"id": cid, "object": kind, "created": now_s(), "model": manager.config.model_name, "choices": [choice]}
+
+
+async def _stream(request, manager: TrajectoryManager, sid: str, prompt, sampling, chat: bool) -> web.StreamResponse:
+    manager.budget(len(prompt), sampling)  # a bad length is a plain 400, before the stream starts
+    cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}"
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+
+    async def send(obj: dict | str) -> None:
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        await response.write(f"data: {data}\n\n".encode())
+
+    if chat:
+        await send(_chunk(manager, chat, cid, "", None, first=True))
+    try:
+        async with aclosing(manager.generate(sid, prompt, sampling)) as events:
+            async for item in events:
+                if isinstance(item, Outcome):
+                    final = _chunk(manager, chat, cid, None, item.finish_reason)
+                    final["trajectory"] = _trajectory_info(item)
+                    await send(final)
+                    if sampling.include_usage:
+                        u = usage(len(item.prompt_token_ids), len(item.token_ids), item.cached_tokens)
+                        await send({**_chunk(manager, chat, cid, None, None), "choices": [], "usage": u})
+                else:
+                    await send(_chunk(manager, chat, cid, item, None))
+    except RequestError as e:  # the status line is gone: report the error in the stream
+        await send(e.body())
+    await send("[DONE]")
+    await response.write_eof()
+    return response
+
+
+async def models(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    card = {"id": manager.config.model_name, "object": "model", "created": now_s(), "owned_by": "seamlessflow",
+            "max_model_len": manager.max_context}  # fmt: skip
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def list_trajectories(request: web.Request) -> web.Response:
+    return web.json_response({"sessions": request.app[MANAGER_KEY].session_ids()})
+
+
+async def get_trajectory(request: web.Request) -> web.Response:
+    sid = request.match_info["session_id"]
+    tree = request.app[MANAGER_KEY].trajectory(sid)
+    if tree is None:
+        raise RequestError(f"no session {sid!r}", status=404, code="session_not_found")
+    return web.json_response(tree)
+
+
+async def admin_pause(request: web.Request) -> web.Response:
+    start = time.perf_counter()
+    await request.app[MANAGER_KEY].pause()
+    return web.json_response({"ok": True, "pause_s": time.perf_counter() - start})
+
+
+async def admin_resume(request: web.Request) -> web.Response:
+    await request.app[MANAGER_KEY].resume()
+    return web.json_response({"ok": True})
+
+
+async def admin_update_weights(request: web.Request) -> web.Response:
+    body = await _body(request)
+    version = body.get("version") if isinstance(body, dict) else None
+    source = body.get("source") if isinstance(body, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RequestError(f"'version' must be an integer, got {version!r}", param="version")
+    if source is not None and not isinstance(source, str):
+        raise RequestError(f"'source' must be a checkpoint directory or null, got {source!r}", param="source")
+    try:
+        await request.app[MANAGER_KEY].update_weights(version, source)
+    except RuntimeError as e:
+        raise RequestError(str(e), status=409, code="not_paused") from None
+    except (ValueError, FileNotFoundError) as e:
+        raise RequestError(str(e), param="source") from None
+    return web.json_response({"ok": True, "version": version})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(await request.app[MANAGER_KEY].stats())
+
+
+def build_app(manager: TrajectoryManager) -> web.Application:
+    app = web.Application(middlewares=[openai_errors], client_max_size=manager.config.max_body_bytes)
+    app[MANAGER_KEY] = manager
+    prefix = "/s/{session_id}/v1"
+    app.add_routes(
+        [
+            web.post(f"{prefix}/chat/completions", chat_completions),
+            web.post(f"{prefix}/completions", completions),
+            web.get(f"{prefix}/models", models),
+            web.get("/v1/models", models),
+            web.get("/trajectories", list_trajectories),
+            web.get("/trajectories/{session_id}", get_trajectory),
+            web.post("/admin/pause", admin_pause),
+            web.post("/admin/resume", admin_resume),
+            web.post("/admin/update_weights", admin_update_weights),
+            web.get("/health", health),
+            web.get("/stats", stats),
+        ]
+    )
+    return app
+
+
+async def start_manager_server(manager: TrajectoryManager, host: str = "127.0.0.1", port: int = 8000):
+    """Serve in the running loop; returns the runner (see reference.engine.server.bound_port)."""
+    await manager.start()
+    runner = web.AppRunner(build_app(manager), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

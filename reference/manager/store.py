@@ -1,0 +1,295 @@
+"""Durable, append-only storage of finished requests (SQLite in WAL mode) and replay into prefix trees.
+
+Each finished request is one `TurnRecord`: only what it added (prompt[match_len:] and its generated tokens)
+plus the anchor request whose sequence supplies prompt[:match_len]. An append therefore costs O(new
+tokens) however long the session is, and `load_tree` rebuilds a session's tree by replaying its records in
+order. The manager passes the `InsertResult` of `PrefixTree.insert` straight through:
+`append(..., result.anchor_request_id, result.match_len, prompt[result.match_len:], ...)`.
+
+Durability: WAL with synchronous=NORMAL, so a committed append survives the process being killed (power
+loss may lose the last commits since the last checkpoint). Token arrays are stored as little-endian blobs
+(uint32 ids, float64 logprobs, int32 versions), not JSON. One connection, used by one thread at a time
+under a lock: the manager calls in from worker threads via `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import threading
+import time
+from array import array
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reference.manager.prefix_tree import PrefixTree
+
+FORMAT = "seamlessflow-trajectory-store"
+SCHEMA_VERSION = 1
+_SCHEMA = (
+    "CREATE TABLE schema_version (format TEXT NOT NULL, version INTEGER NOT NULL)",
+    "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, created_s REAL NOT NULL)",
+    """CREATE TABLE turns (
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        seq INTEGER NOT NULL,
+        request_id TEXT NOT NULL,
+        anchor_request_id TEXT,
+        match_len INTEGER NOT NULL,
+        num_tokens INTEGER NOT NULL,  -- prompt + generated: bounds the match_len of later anchored turns
+        new_prompt_token_ids BLOB NOT NULL,  -- uint32 little-endian
+        token_ids BLOB NOT NULL,  -- uint32 little-endian
+        logprobs BLOB NOT NULL,  -- float64 little-endian
+        versions BLOB NOT NULL,  -- int32 little-endian
+        finish_reason TEXT NOT NULL,
+        text TEXT NOT NULL,
+        created_s REAL NOT NULL,
+        meta TEXT NOT NULL,  -- JSON object
+        PRIMARY KEY (session_id, seq),
+        UNIQUE (session_id, request_id)
+    )""",
+)
+_COLUMNS = (
+    "session_id, seq, request_id, anchor_request_id, match_len, num_tokens, new_prompt_token_ids, token_ids, "
+    "logprobs, versions, finish_reason, text, created_s, meta"
+)
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One finished request, as stored. seq is its position in the session (0, 1, ...), assigned by the
+    store; the request's prompt is sequence(anchor_request_id)[:match_len] + new_prompt_token_ids."""
+
+    session_id: str
+    request_id: str
+    seq: int
+    anchor_request_id: str | None
+    match_len: int
+    new_prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    versions: tuple[int, ...]
+    finish_reason: str
+    text: str
+    created_s: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_len(self) -> int:
+        return self.match_len + len(self.new_prompt_token_ids)
+
+
+def _pack(name: str, typecode: str, values: Sequence[int] | Sequence[float]) -> bytes:
+    """Values as a little-endian blob of `typecode` items."""
+    if isinstance(values, (str, bytes, bytearray, memoryview)):
+        raise ValueError(f"{name} must be a sequence of numbers, got {type(values).__name__}")
+    try:
+        arr = values if isinstance(values, array) and values.typecode == typecode else array(typecode, values)
+    except (TypeError, OverflowError) as e:
+        raise ValueError(f"{name} does not fit array type {typecode!r}: {e}") from None
+    if sys.byteorder == "big":
+        arr = array(typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _unpack(typecode: str, blob: bytes) -> array:
+    arr = array(typecode)
+    arr.frombytes(blob)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr
+
+
+def _check_name(name: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty str, got {value!r}")
+
+
+class TrajectoryStore:
+    """Append-only SQLite store of `TurnRecord`s; ':memory:' keeps it in memory (tests)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        try:
+            self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise ValueError(f"cannot open a trajectory store at {self.path}: {e}") from None
+        try:
+            self._open()
+        except sqlite3.DatabaseError as e:
+            self._conn.close()
+            raise ValueError(f"{self.path} is not a trajectory store: {e}") from None
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _open(self) -> None:
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        with self._transaction():
+            tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not tables:
+                for statement in _SCHEMA:
+                    self._conn.execute(statement)
+                self._conn.execute("INSERT INTO schema_version VALUES (?, ?)", (FORMAT, SCHEMA_VERSION))
+                return
+            found = self._conn.execute("SELECT format, version FROM schema_version").fetchall()
+            if found != [(FORMAT, SCHEMA_VERSION)]:
+                raise ValueError(
+                    f"{self.path} is not a {FORMAT} of schema version {SCHEMA_VERSION}: schema_version holds {found}"
+                )
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> TrajectoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def append(
+        self,
+        session_id: str,
+        request_id: str,
+        anchor_request_id: str | None,
+        match_len: int,
+        new_prompt_token_ids: Sequence[int],
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        versions: Sequence[int],
+        finish_reason: str,
+        text: str,
+        meta: dict[str, Any] | None = None,
+    ) -> TurnRecord:
+        """Store one finished request in one transaction; assigns its seq and created_s."""
+        _check_name("session_id", session_id)
+        _check_name("request_id", request_id)
+        if not isinstance(match_len, int) or match_len < 0:
+            raise ValueError(f"match_len must be an int >= 0, got {match_len!r}")
+        if (anchor_request_id is None) != (match_len == 0):
+            raise ValueError(f"anchor_request_id {anchor_request_id!r} must be None exactly when match_len == 0")
+        if match_len + len(new_prompt_token_ids) == 0:
+            raise ValueError("the prompt is empty: match_len == 0 and no new_prompt_token_ids")
+        if not len(token_ids) == len(logprobs) == len(versions):
+            n = (len(token_ids), len(logprobs), len(versions))
+            raise ValueError(f"token_ids, logprobs and versions differ in length: {n}")
+        if not isinstance(finish_reason, str) or not isinstance(text, str):
+            raise ValueError(f"finish_reason and text must be str, got {finish_reason!r} and {type(text).__name__}")
+        meta = {} if meta is None else meta
+        try:
+            meta_json = json.dumps(meta, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"meta must be a JSON-serialisable dict: {e}") from None
+        blobs = (
+            _pack("new_prompt_token_ids", "I", new_prompt_token_ids),
+            _pack("token_ids", "I", token_ids),
+            _pack("logprobs", "d", logprobs),
+            _pack("versions", "i", versions),
+        )
+        num_tokens = match_len + len(new_prompt_token_ids) + len(token_ids)
+        created_s = time.time()
+        with self._lock, self._transaction():
+            self._check_new(session_id, request_id, anchor_request_id, match_len)
+            self._conn.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?)", (session_id, created_s))
+            seq = self._conn.execute(
+                "SELECT COALESCE(MAX(seq) + 1, 0) FROM turns WHERE session_id = ?", (session_id,)
+            ).fetchone()[0]
+            row = (session_id, seq, request_id, anchor_request_id, match_len, num_tokens, *blobs)
+            self._conn.execute(
+                f"INSERT INTO turns ({_COLUMNS}) VALUES ({', '.join('?' * 14)})",
+                (*row, finish_reason, text, created_s, meta_json),
+            )
+        return _record((*row, finish_reason, text, created_s, meta_json))
+
+    def _check_new(self, session_id: str, request_id: str, anchor_request_id: str | None, match_len: int) -> None:
+        query = "SELECT num_tokens FROM turns WHERE session_id = ? AND request_id = ?"
+        if self._conn.execute(query, (session_id, request_id)).fetchone() is not None:
+            raise ValueError(f"request_id {request_id!r} is already stored in session {session_id!r}")
+        if anchor_request_id is None:
+            return
+        found = self._conn.execute(query, (session_id, anchor_request_id)).fetchone()
+        if found is None:
+            raise ValueError(f"anchor_request_id {anchor_request_id!r} is not stored in session {session_id!r}")
+        if match_len > found[0]:
+            raise ValueError(
+                f"match_len {match_len} is longer than anchor {anchor_request_id!r}'s sequence ({found[0]} tokens)"
+            )
+
+    def records(self, session_id: str) -> list[TurnRecord]:
+        """The session's records in seq order; [] for an unknown session."""
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM turns WHERE session_id = ? ORDER BY seq", (session_id,)
+            ).fetchall()
+        return [_record(row) for row in rows]
+
+    def sessions(self) -> list[str]:
+        """Every session id, in the order of their first record."""
+        with self._lock:
+            return [r[0] for r in self._conn.execute("SELECT session_id FROM sessions ORDER BY rowid")]
+
+    def has_session(self, session_id: str) -> bool:
+        with self._lock:
+            query = "SELECT 1 FROM sessions WHERE session_id = ?"
+            return self._conn.execute(query, (session_id,)).fetchone() is not None
+
+    def load_tree(self, session_id: str) -> PrefixTree:
+        """Rebuild the session's tree by replaying its records in order (KeyError for an unknown session)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT request_id, anchor_request_id, match_len, new_prompt_token_ids, token_ids, logprobs, "
+                "versions FROM turns WHERE session_id = ? ORDER BY seq",
+                (session_id,),
+            ).fetchall()
+        if not rows:
+            raise KeyError(f"no session {session_id!r} in {self.path}")
+        tree = PrefixTree(session_id)
+        for request_id, anchor, match_len, new_prompt, ids, logprobs, versions in rows:
+            prompt = array("I") if anchor is None else tree.sequence_array(anchor)[:match_len]
+            prompt += _unpack("I", new_prompt)
+            result = tree.insert(prompt, _unpack("I", ids), _unpack("d", logprobs), _unpack("i", versions), request_id)
+            if result.match_len != match_len:
+                raise ValueError(
+                    f"replaying {request_id!r} of session {session_id!r} matched {result.match_len} tokens where "
+                    f"the store recorded {match_len}: the store does not describe this tree"
+                )
+        return tree
+
+
+def _record(row: tuple) -> TurnRecord:
+    session_id, seq, request_id, anchor, match_len, _, new_prompt, ids, logprobs, versions, *rest = row
+    finish_reason, text, created_s, meta = rest
+    return TurnRecord(
+        session_id,
+        request_id,
+        seq,
+        anchor,
+        match_len,
+        tuple(_unpack("I", new_prompt)),
+        tuple(_unpack("I", ids)),
+        tuple(_unpack("d", logprobs)),
+        tuple(_unpack("i", versions)),
+        finish_reason,
+        text,
+        created_s,
+        json.loads(meta),
+    )

@@ -1,0 +1,137 @@
+"""Engines in their own processes behind HTTP: retry on a killed engine, a clean 503, no corruption."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from reference.engine.base import EngineError, GenerateRequest, SamplingParams, generate
+from reference.engine.fake import FakeEngine
+from reference.engine.process import EngineProcess, EngineSpec
+from reference.manager.embedded import ManagerThread
+from reference.manager.manager import ManagerConfig
+
+MODEL = "seamlessflow-tiny"
+
+
+@pytest.fixture
+def fake_procs():
+    procs: list[EngineProcess] = []
+
+    def make(n: int, **kw) -> list[EngineProcess]:
+        procs.extend(EngineProcess(EngineSpec(backend="fake", **kw)) for _ in range(n))
+        return procs[-n:]
+
+    yield make
+    for p in procs:
+        p.close()
+
+
+def test_http_engine_round_trip_and_errors(fake_procs, tok):
+    (proc,) = fake_procs(1, fake_reply_tokens=5)
+
+    async def main():
+        client = proc.client()
+        try:
+            req = GenerateRequest("r1", (1, 2, 3), SamplingParams(max_tokens=20, stop_token_ids=(tok.im_end_id,)))
+            result = await generate(client, req)
+            with pytest.raises(ValueError, match="outside the vocabulary"):
+                await generate(client, GenerateRequest("r2", (10**7,), SamplingParams(max_tokens=2)))
+            with pytest.raises(RuntimeError, match="pause"):
+                await client.update_weights(1)
+            await client.pause()
+            await client.update_weights(2)
+            await client.resume()
+            stats = await client.stats()
+            return result, stats
+        finally:
+            await client.close()
+
+    result, stats = asyncio.run(main())
+    expected, context = [], [1, 2, 3]
+    for _ in range(4):
+        expected.append(FakeEngine.next_token(context, 0, tok.vocab_size))
+        context.append(expected[-1])
+    assert list(result.token_ids) == [*expected, tok.im_end_id]
+    assert str(result.finish_reason) == "stop" and stats.version == 2 and stats.running == 0
+
+
+def test_unreachable_engine_is_an_engine_error():
+    from reference.engine.client import HTTPEngine
+
+    async def main():
+        client = HTTPEngine("http://127.0.0.1:9", connect_timeout_s=1)
+        try:
+            await generate(client, GenerateRequest("x", (1,), SamplingParams(max_tokens=2)))
+        finally:
+            await client.close()
+
+    with pytest.raises(EngineError):
+        asyncio.run(main())
+
+
+def _serving_slot(manager, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        busy = [s for s in manager.router.slots if s.in_flight]
+        if busy:
+            return busy[0]
+        time.sleep(0.005)
+    raise AssertionError("no engine picked up the request")
+
+
+def test_killed_engine_mid_generation_is_retried_elsewhere(fake_procs, tok, tmp_path, openai_client, http):
+    procs = fake_procs(2, fake_reply_tokens=60, token_delay_s=0.02)
+    engines = {f"e{i}": p.client() for i, p in enumerate(procs)}
+    with ManagerThread(engines, tok, tmp_path / "t.sqlite", ManagerConfig(default_max_tokens=80)) as m:
+        result = {}
+
+        def agent():
+            with openai_client(m.base_url("crash")) as client:
+                result["r"] = client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "survive"}]
+                )
+
+        t = threading.Thread(target=agent)
+        t.start()
+        slot = _serving_slot(m.manager)
+        time.sleep(0.3)  # some tokens from the first engine
+        procs[int(slot.name[1:])].kill()
+        t.join(60)
+        r = result["r"]
+        traj = r.model_extra["trajectory"]
+        assert r.choices[0].finish_reason in ("stop", "length") and len(traj["token_ids"]) > 20
+        assert sorted(s.failures for s in m.manager.router.slots) == [0, 1]
+        # The continuation on the other engine gives exactly the tokens of an uninterrupted run.
+        status, tree = http("GET", f"{m.url}/trajectories/crash")
+        (branch,) = tree["branches"]
+        prompt_len = branch["generated_mask"].index(1)
+        context = branch["token_ids"][:prompt_len]
+        tokens = traj["token_ids"]
+        if tokens[-1] in (tok.im_end_id, tok.eos_token_id):  # the fake's count-forced stop token
+            tokens = tokens[:-1]
+        for token in tokens:
+            assert token == FakeEngine.next_token(context, 0, tok.vocab_size)
+            context.append(token)
+        assert branch["token_ids"] == [*branch["token_ids"][:prompt_len], *traj["token_ids"]]
+
+
+def test_all_engines_dead_is_a_clean_503(fake_procs, tok, tmp_path, http):
+    procs = fake_procs(2, fake_reply_tokens=5)
+    engines = {f"e{i}": p.client() for i, p in enumerate(procs)}
+    with ManagerThread(engines, tok, tmp_path / "t.sqlite") as m:
+        ok, _ = http("POST", f"{m.base_url('dead')}/chat/completions",
+                     {"model": MODEL, "messages": [{"role": "user", "content": "a"}]})  # fmt: skip
+        assert ok == 200
+        _, before = http("GET", f"{m.url}/trajectories/dead")
+        for p in procs:
+            p.kill()
+        status, err = http("POST", f"{m.base_url('dead')}/chat/completions",
+                           {"model": MODEL, "messages": [{"role": "user", "content": "b"}]})  # fmt: skip
+        assert status == 503 and err["error"]["code"] == "engine_unavailable"
+        _, after = http("GET", f"{m.url}/trajectories/dead")
+        assert after == before
+        assert http("GET", f"{m.url}/health")[0] == 200

@@ -1,0 +1,269 @@
+"""The trajectory manager through the official OpenAI client, over deterministic fake engines.
+
+The fake engine's tokens are a pure function of (context, version), so every recorded token can
+be checked against what the engine must have produced.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from reference.engine.fake import FakeEngine
+
+MODEL = "seamlessflow-tiny"
+
+
+def expected_tokens(engine: FakeEngine, prompt, versions) -> list[int]:
+    """What the fake engine samples after `prompt`, one token per entry of `versions`."""
+    context, out = list(prompt), []
+    for v in versions:
+        t = FakeEngine.next_token(context, v, engine.vocab_size)
+        context.append(t)
+        out.append(t)
+    return out
+
+
+def chat(client, messages, **kw):
+    return client.chat.completions.create(model=MODEL, messages=messages, **kw)
+
+
+def test_multi_turn_session_is_one_branch_with_exact_tokens(fake_manager, openai_client, http, tok):
+    m, (engine,) = fake_manager(reply_tokens=10)
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi ✓ ünïcode"}]
+    prompts, outputs = [], []
+    with openai_client(m.base_url("ep-1")) as client:
+        for turn in range(3):
+            r = chat(client, messages)
+            traj = r.model_extra["trajectory"]
+            prompts.append(engine.consumed[f"{traj['request_id']}.0"])
+            outputs.append(traj["token_ids"])
+            messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                         {"role": "user", "content": f"tool output {turn}\n  indented"}]  # fmt: skip
+            assert r.usage.completion_tokens == len(traj["token_ids"]) > 0
+    # Each turn's prompt extends the previous turn's prompt + completion, token for token ...
+    for k in (1, 2):
+        assert prompts[k][: len(prompts[k - 1]) + len(outputs[k - 1])] == (*prompts[k - 1], *outputs[k - 1])
+    # ... so the session is one branch equal to the last prompt + completion.
+    status, tree = http("GET", f"{m.url}/trajectories/ep-1")
+    assert status == 200 and tree["num_branches"] == 1
+    (branch,) = tree["branches"]
+    assert branch["token_ids"] == [*prompts[2], *outputs[2]]
+    generated = [i for i, g in enumerate(branch["generated_mask"]) if g]
+    expected_positions = []
+    for k in range(3):
+        start = len(prompts[k])
+        expected_positions += range(start, start + len(outputs[k]))
+    assert generated == expected_positions
+    # Every generated token is exactly what the engine produced (the fake forces its last token to a
+    # stop token), with its logprob and version 0.
+    for k in range(3):
+        start, n = len(prompts[k]), len(outputs[k])
+        assert branch["token_ids"][start : start + n - 1] == expected_tokens(engine, prompts[k], [0] * (n - 1))
+        assert branch["token_ids"][start + n - 1] in (tok.eos_token_id, tok.im_end_id)
+    assert all(branch["versions"][i] == 0 for i in generated)
+    assert all(branch["logprobs"][i] == FakeEngine.logprob(branch["token_ids"][i]) for i in generated)
+    assert all(branch["logprobs"][i] is None for i in range(len(branch["token_ids"])) if i not in generated)
+
+
+def test_assistant_turns_are_spliced_not_retokenised(fake_manager, openai_client, tok):
+    """The fake samples arbitrary ids, whose text re-tokenises differently; the manager must reuse
+    the sampled ids, not the re-tokenised text."""
+    m, (engine,) = fake_manager(reply_tokens=24)
+    messages = [{"role": "user", "content": "go"}]
+    with openai_client(m.base_url("splice")) as client:
+        r1 = chat(client, messages)
+        ids1 = r1.model_extra["trajectory"]["token_ids"]
+        text = r1.choices[0].message.content
+        assert tok.encode(text) != ids1[:-1]  # re-tokenising the text would not give the sampled ids
+        r2 = chat(client, [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": "more"}])
+    p1 = engine.consumed[f"{r1.model_extra['trajectory']['request_id']}.0"]
+    p2 = engine.consumed[f"{r2.model_extra['trajectory']['request_id']}.0"]
+    assert p2[: len(p1) + len(ids1)] == (*p1, *ids1)
+    assert r2.usage.prompt_tokens_details.cached_tokens >= len(p1) + len(ids1)
+
+
+def test_rewritten_history_becomes_a_branch(fake_manager, openai_client, http):
+    m, _ = fake_manager(reply_tokens=6)
+    with openai_client(m.base_url("fork")) as client:
+        r1 = chat(client, [{"role": "user", "content": "task A"}])
+        a = r1.choices[0].message.content
+        chat(client, [{"role": "user", "content": "task A"}, {"role": "assistant", "content": a},
+                      {"role": "user", "content": "continue"}])  # fmt: skip
+        chat(client, [{"role": "user", "content": "task A, rephrased"}])
+    _, tree = http("GET", f"{m.url}/trajectories/fork")
+    assert tree["num_branches"] == 2
+    lengths = sorted(len(b["request_ids"]) for b in tree["branches"])
+    assert lengths == [1, 2]
+
+
+def test_streaming_matches_non_streaming(fake_manager, openai_client, http):
+    m, _ = fake_manager(reply_tokens=16)
+    messages = [{"role": "user", "content": "stream please"}]
+    with openai_client(m.base_url("s-a")) as client:
+        whole = chat(client, messages, seed=3)
+    with openai_client(m.base_url("s-b")) as client:
+        pieces, finish = [], None
+        for chunk in chat(client, messages, seed=3, stream=True, stream_options={"include_usage": True}):
+            if chunk.choices:
+                pieces.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+            else:
+                usage = chunk.usage
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert finish == whole.choices[0].finish_reason == "stop"
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    _, a = http("GET", f"{m.url}/trajectories/s-a")
+    _, b = http("GET", f"{m.url}/trajectories/s-b")
+    assert a["branches"][0]["token_ids"] == b["branches"][0]["token_ids"]
+
+
+def test_stop_strings_and_max_tokens(fake_manager, openai_client):
+    m, _ = fake_manager(reply_tokens=1000)
+    with openai_client(m.base_url("limits")) as client:
+        r = chat(client, [{"role": "user", "content": "x"}], max_tokens=7)
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 7
+        text = r.choices[0].message.content
+        stop = text[2:4] if len(text) >= 4 else None
+        if stop:
+            s = chat(client, [{"role": "user", "content": "x"}], max_tokens=7, stop=[stop])
+            assert s.choices[0].finish_reason == "stop"
+            assert stop not in s.choices[0].message.content and text.startswith(s.choices[0].message.content)
+
+
+def test_completions_with_text_and_token_ids(fake_manager, openai_client, tok):
+    m, (engine,) = fake_manager(reply_tokens=5)
+    with openai_client(m.base_url("cmpl")) as client:
+        r = client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=5)
+        ids = tok.encode("def f(x):")
+        assert engine.consumed[f"{r.model_extra['trajectory']['request_id']}.0"] == tuple(ids)
+        r2 = client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=3)
+        assert engine.consumed[f"{r2.model_extra['trajectory']['request_id']}.0"] == (5, 6, 7)
+        assert r2.usage.completion_tokens == 3
+        assert client.models.list().data[0].id == MODEL
+
+
+def test_partial_rollout_across_a_weight_update(fake_manager, openai_client, http):
+    """Pause mid-generation, update the version, resume: the request finishes normally and its
+    tokens carry the version that produced them."""
+    m, (engine,) = fake_manager(reply_tokens=40, token_delay_s=0.01)
+    result = {}
+
+    def agent():
+        with openai_client(m.base_url("pr")) as client:
+            result["r"] = chat(client, [{"role": "user", "content": "long answer"}], max_tokens=40)
+
+    t = threading.Thread(target=agent)
+    t.start()
+    deadline = time.monotonic() + 20
+    while not engine._running and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.1)  # some tokens under version 0
+    assert http("POST", f"{m.url}/admin/pause", {})[0] == 200
+    assert http("POST", f"{m.url}/admin/update_weights", {"version": 1})[0] == 200
+    assert http("POST", f"{m.url}/admin/resume", {})[0] == 200
+    t.join(30)
+    r = result["r"]
+    assert r.choices[0].finish_reason == "stop"
+    traj = r.model_extra["trajectory"]
+    versions = traj["versions"]
+    assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
+    prompt = engine.consumed[f"{traj['request_id']}.0"]
+    expected = expected_tokens(engine, prompt, versions)
+    assert traj["token_ids"][:-1] == expected[:-1]  # the last token is the forced stop token
+    assert engine.reprefills == 1
+    _, tree = http("GET", f"{m.url}/trajectories/pr")
+    gen = [v for v, g in zip(tree["branches"][0]["versions"], tree["branches"][0]["generated_mask"], strict=True) if g]
+    assert gen == versions
+
+
+def test_update_weights_needs_pause(fake_manager, http):
+    m, _ = fake_manager()
+    status, body = http("POST", f"{m.url}/admin/update_weights", {"version": 3})
+    assert status == 409 and "pause" in body["error"]["message"]
+    assert http("POST", f"{m.url}/admin/update_weights", {"version": "x"})[0] == 400
+
+
+@pytest.mark.parametrize(
+    "body, status, needle",
+    [
+        (b"{not json", 400, "not valid JSON"),
+        ({"model": MODEL}, 400, "'messages'"),
+        ({"model": MODEL, "messages": "hi"}, 400, "'messages'"),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": 3}]}, 400, "content"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "'n'"),
+        ({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, 404, "gpt-9"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, 400, "context"),
+    ],
+)
+def test_bad_chat_requests_get_openai_errors(fake_manager, http, body, status, needle):
+    m, _ = fake_manager()
+    got, err = http("POST", f"{m.base_url('bad')}/chat/completions", body)
+    assert got == status, err
+    assert needle in err["error"]["message"] and err["error"]["type"] == "invalid_request_error"
+    ok, _ = http("POST", f"{m.base_url('bad')}/chat/completions",
+                 {"model": MODEL, "messages": [{"role": "user", "content": "still serving?"}]})  # fmt: skip
+    assert ok == 200
+
+
+def test_bad_completions_and_limits(fake_manager, http, tok):
+    m, _ = fake_manager()
+    url = f"{m.base_url('bad2')}/completions"
+    status, err = http("POST", url, {"model": MODEL, "prompt": [1, -5, 2]})
+    assert status == 400 and "-5" in err["error"]["message"]
+    status, err = http("POST", url, {"model": MODEL, "prompt": [tok.vocab_size + 10]})
+    assert status == 400 and "vocabulary" in err["error"]["message"]
+    status, err = http("POST", url, {"model": MODEL, "prompt": [1] * 9000})
+    assert status == 400 and err["error"]["code"] == "context_length_exceeded"
+    status, err = http("POST", url, b'{"model": "x", "prompt": "' + b"a" * (9 << 20) + b'"}')
+    assert status == 413 and err["error"]["type"] == "invalid_request_error"
+    status, err = http("POST", f"{m.url}/s/bad%20session!/v1/completions", {"model": MODEL, "prompt": "x"})
+    assert status == 400 and "session id" in err["error"]["message"]
+    assert http("GET", f"{m.url}/trajectories/never-seen")[0] == 404
+    assert http("GET", f"{m.url}/no/such/route")[0] == 404
+    assert http("POST", url, {"model": MODEL, "prompt": "fine", "max_tokens": 2})[0] == 200
+    assert http("GET", f"{m.url}/trajectories")[1]["sessions"] == ["bad2"]
+
+
+def test_disconnect_frees_slot_and_keeps_session(fake_manager, openai_client, http):
+    import openai
+
+    m, (engine,) = fake_manager(reply_tokens=500, token_delay_s=0.01)
+    with openai_client(m.base_url("dc")) as client:
+        chat(client, [{"role": "user", "content": "first"}], max_tokens=3)
+    _, before = http("GET", f"{m.url}/trajectories/dc")
+    client = openai.OpenAI(base_url=m.base_url("dc"), api_key="none", max_retries=0, timeout=0.3)
+    with pytest.raises(openai.APITimeoutError):
+        chat(client, [{"role": "user", "content": "second"}], max_tokens=400)
+    client.close()
+    deadline = time.monotonic() + 10
+    while (engine._running or m.manager.router.slots[0].in_flight) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not engine._running and m.manager.router.slots[0].in_flight == 0
+    _, after = http("GET", f"{m.url}/trajectories/dc")
+    assert after == before
+
+
+def test_restarted_manager_serves_finished_trajectories(fake_manager, openai_client, http, tmp_path):
+    store = tmp_path / "restart.sqlite"
+    m, _ = fake_manager(store=store, reply_tokens=8)
+    messages = [{"role": "user", "content": "remember me"}]
+    with openai_client(m.base_url("keep")) as client:
+        r = chat(client, messages)
+    _, before = http("GET", f"{m.url}/trajectories/keep")
+    m.close()
+    m2, _ = fake_manager(store=store, reply_tokens=8)
+    _, after = http("GET", f"{m2.url}/trajectories/keep")
+    assert after == before
+    # The restarted manager still splices the session's earlier completion: one branch.
+    with openai_client(m2.base_url("keep")) as client:
+        chat(client, [*messages, {"role": "assistant", "content": r.choices[0].message.content},
+                      {"role": "user", "content": "next"}])  # fmt: skip
+    _, grown = http("GET", f"{m2.url}/trajectories/keep")
+    assert grown["num_branches"] == 1 and len(grown["branches"][0]["request_ids"]) == 2

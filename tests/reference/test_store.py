@@ -1,0 +1,190 @@
+"""Tests for reference.manager.store: records round-trip with seq and little-endian blobs, replay rebuilds
+the tree, a second process (or a restarted one, or one killed mid-way) reads every committed record, and
+foreign files and bad records are refused with clear errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import struct
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from reference.manager.prefix_tree import PrefixTree
+from reference.manager.store import TrajectoryStore, TurnRecord
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def record_turns(tree: PrefixTree, store: TrajectoryStore, turns) -> None:
+    """Insert each (prompt, ids, logprobs, versions, request_id) into the tree and the store, as the manager does."""
+    for prompt, ids, lps, vers, rid in turns:
+        r = tree.insert(prompt, ids, lps, vers, rid)
+        store.append(
+            tree.session_id,
+            rid,
+            r.anchor_request_id,
+            r.match_len,
+            prompt[r.match_len :],
+            ids,
+            lps,
+            vers,
+            "stop",
+            f"text {rid}",
+        )
+
+
+TURNS = [
+    ([1, 2], [3, 4], [-0.5, -0.25], [0, 0], "a"),
+    ([1, 2, 3, 4, 5], [6], [-1.0], [1], "b"),
+    ([1, 2, 9], [3], [-0.5], [1], "rewrite"),
+    ([1, 2, 3, 4, 5], [6], [-2.0], [1], "resample"),
+]
+
+
+def test_append_assigns_seq_and_records_round_trip():
+    with TrajectoryStore(":memory:") as store:
+        first = store.append("s", "a", None, 0, [1, 2], [3, 4], [-0.5, -0.25], [0, 0], "stop", "hi", {"model": "m"})
+        second = store.append("s", "b", "a", 4, [5], [6], [-1.0], [1], "length", "yo")
+        other = store.append("t", "a", None, 0, [7], [], [], [], "abort", "")
+        assert (first.seq, second.seq, other.seq) == (0, 1, 0)
+        assert store.records("s") == [first, second]
+        assert second == TurnRecord(
+            "s", "b", 1, "a", 4, (5,), (6,), (-1.0,), (1,), "length", "yo", second.created_s, {}
+        )
+        assert first.meta == {"model": "m"} and first.prompt_len == 2 and second.prompt_len == 5
+        assert store.sessions() == ["s", "t"] and store.has_session("t") and not store.has_session("u")
+        assert store.records("u") == []
+
+
+def test_blobs_are_little_endian_fixed_width(tmp_path):
+    path = tmp_path / "s.db"
+    with TrajectoryStore(path) as store:
+        store.append("s", "a", None, 0, [1, 70000], [2], [-0.5], [3], "stop", "")
+    with sqlite3.connect(path) as conn:
+        row = conn.execute("SELECT new_prompt_token_ids, token_ids, logprobs, versions FROM turns").fetchone()
+    assert row == (struct.pack("<2I", 1, 70000), struct.pack("<I", 2), struct.pack("<d", -0.5), struct.pack("<i", 3))
+
+
+def test_load_tree_replays_the_session():
+    tree, store = PrefixTree("s"), TrajectoryStore(":memory:")
+    record_turns(tree, store, TURNS)
+    assert [(r.anchor_request_id, r.match_len, r.new_prompt_token_ids) for r in store.records("s")] == [
+        (None, 0, (1, 2)),
+        ("a", 4, (5,)),
+        ("b", 2, (9,)),
+        ("b", 5, ()),
+    ]
+    replayed = store.load_tree("s")
+    assert replayed.to_json() == tree.to_json()
+    assert [replayed.sequence(r) for r in ("a", "rewrite")] == [(1, 2, 3, 4), (1, 2, 9, 3)]
+    with pytest.raises(KeyError, match="no session 'u'"):
+        store.load_tree("u")
+
+
+def test_a_second_store_on_the_same_file_sees_identical_trees(tmp_path):
+    path = tmp_path / "deep" / "dir" / "store.db"  # parent directories are created
+    tree, writer = PrefixTree("s"), TrajectoryStore(path)
+    record_turns(tree, writer, TURNS[:2])
+    with TrajectoryStore(path) as reader:  # the writer is still open: WAL lets both work
+        assert reader.load_tree("s").to_json() == tree.to_json()
+        record_turns(tree, writer, TURNS[2:])
+        assert reader.load_tree("s").to_json() == tree.to_json()
+    writer.close()
+    with TrajectoryStore(path) as restarted:
+        assert restarted.records("s") == TrajectoryStore(path).records("s")
+        assert restarted.load_tree("s").to_json() == tree.to_json()
+
+
+WRITER = """
+import sys
+from reference.manager.store import TrajectoryStore
+
+store = TrajectoryStore(sys.argv[1])
+seq_len = 0
+for i in range(100_000):
+    anchor = f"r{i - 1}" if i else None
+    store.append("s", f"r{i}", anchor, seq_len, [7, 7], [i % 50, 1], [-0.5, -1.0], [i, i], "stop", "x" * 100)
+    seq_len += 4
+    print(i, flush=True)
+"""
+
+
+def test_a_killed_writer_leaves_every_committed_record(tmp_path):
+    path = tmp_path / "store.db"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        acknowledged = [int(proc.stdout.readline()) for _ in range(200)]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    assert acknowledged == list(range(200))
+    with TrajectoryStore(path) as store:
+        records = store.records("s")
+        assert len(records) >= 200  # those acknowledged, maybe a few more committed before the kill
+        assert [r.seq for r in records] == list(range(len(records)))
+        tree = store.load_tree("s")
+    last = len(records) - 1
+    assert tree.sequence(f"r{last}") == sum(((7, 7, i % 50, 1) for i in range(last + 1)), ())
+    assert all(b.versions[2::4] == tuple(range(last + 1)) for b in tree.branches())
+
+
+def test_threads_may_take_turns_on_one_store(tmp_path):
+    store = TrajectoryStore(tmp_path / "s.db")
+
+    def write(i: int) -> None:
+        store.append(f"s{i % 4}", f"r{i}", None, 0, [i], [i], [-0.5], [0], "stop", "")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(64)))
+    assert sorted(len(store.records(s)) for s in store.sessions()) == [16, 16, 16, 16]
+    store.close()
+
+
+def test_refuses_files_that_are_not_stores(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("hello " * 1000)
+    with pytest.raises(ValueError, match="notes.txt is not a trajectory store"):
+        TrajectoryStore(text)
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE things (x)")
+    with pytest.raises(ValueError, match="other.db is not a trajectory store: no such table: schema_version"):
+        TrajectoryStore(other)
+    newer = tmp_path / "newer.db"
+    TrajectoryStore(newer).close()
+    with sqlite3.connect(newer) as conn:
+        conn.execute("UPDATE schema_version SET version = 2")
+    with pytest.raises(
+        ValueError, match=r"schema version 1: schema_version holds \[\('seamlessflow-trajectory-store', 2\)\]"
+    ):
+        TrajectoryStore(newer)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("s", "a", None, 0, [1], [], [], [], "stop", ""), "'a' is already stored in session 's'"),
+        (("s", "b", "zz", 1, [1], [], [], [], "stop", ""), "anchor_request_id 'zz' is not stored in session 's'"),
+        (("s", "b", "a", 4, [1], [], [], [], "stop", ""), "match_len 4 is longer than anchor 'a'"),
+        (("s", "b", None, 2, [1], [], [], [], "stop", ""), "must be None exactly when match_len == 0"),
+        (("s", "b", None, 0, [], [], [], [], "stop", ""), "the prompt is empty"),
+        (("s", "b", None, 0, [-1], [], [], [], "stop", ""), "new_prompt_token_ids does not fit array type 'I'"),
+        (("s", "b", None, 0, [1], [2], [], [], "stop", ""), r"differ in length: \(1, 0, 0\)"),
+        (("s", "b", None, 0, [1], [], [], [], "stop", "", {"x": object()}), "meta must be a JSON-serialisable dict"),
+        (("", "b", None, 0, [1], [], [], [], "stop", ""), "session_id must be a non-empty str"),
+    ],
+)
+def test_append_rejects_bad_records_and_stores_nothing(args, message):
+    store = TrajectoryStore(":memory:")
+    store.append("s", "a", None, 0, [1, 2], [3], [-0.5], [0], "stop", "")
+    with pytest.raises(ValueError, match=message):
+        store.append(*args)
+    assert [r.request_id for r in store.records("s")] == ["a"] and store.sessions() == ["s"]
