@@ -120,9 +120,10 @@ def main() -> None:
     args = ap.parse_args()
     tok = default_tokenizer()
     levels = [int(x) for x in args.levels.split(",")]
-    with tempfile.TemporaryDirectory() as tmp, EngineProcess(
-        EngineSpec(backend="fake", fake_reply_tokens=args.reply_tokens)
-    ) as engine:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EngineProcess(EngineSpec(backend="fake", fake_reply_tokens=args.reply_tokens)) as engine,
+    ):
         manager, manager_url = start_manager(engine.url, Path(tmp) / "bench.sqlite")
         try:
             print(f"fake engine, {args.reply_tokens} tokens a reply, {args.turns} turns a session; latency in ms")

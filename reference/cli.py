@@ -1,9 +1,9 @@
 """`python -m reference COMMAND`: run the data plane.
 
-    serve            engines (each in its own process) + the trajectory manager on one machine
-    engine           one engine process (what `serve` starts; also usable on its own)
-    check            re-score stored trajectories: token-id mismatches (must be 0), logprob drift
-    build-tokenizer  rebuild the shipped byte-level BPE tokenizer from the shipped corpus
+serve            engines (each in its own process) + the trajectory manager on one machine
+engine           one engine process (what `serve` starts; also usable on its own)
+check            re-score stored trajectories: token-id mismatches (must be 0), logprob drift
+build-tokenizer  rebuild the shipped byte-level BPE tokenizer from the shipped corpus
 """
 
 from __future__ import annotations

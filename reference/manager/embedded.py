@@ -31,13 +31,13 @@ class ManagerThread:
         engines: dict[str, InferenceEngine],
         tokenizer,
         store_path: str | Path = ":memory:",
-        config: ManagerConfig = ManagerConfig(),
+        config: ManagerConfig | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         start_timeout_s: float = 60.0,
     ) -> None:
         self.store = TrajectoryStore(store_path)
-        self.manager = TrajectoryManager(engines, tokenizer, self.store, config)
+        self.manager = TrajectoryManager(engines, tokenizer, self.store, config or ManagerConfig())
         self.host = host
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trajectory-manager", daemon=True)

@@ -17,8 +17,8 @@ import asyncio
 import logging
 import re
 import uuid
-from contextlib import aclosing
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from reference.engine.base import (
@@ -93,10 +93,11 @@ class TrajectoryManager:
         engines: dict[str, InferenceEngine],
         tokenizer,
         store: TrajectoryStore,
-        config: ManagerConfig = ManagerConfig(),
+        config: ManagerConfig | None = None,
         max_context: int | None = None,
     ) -> None:
-        self.engines, self.tok, self.store, self.config = engines, tokenizer, store, config
+        self.engines, self.tok, self.store = engines, tokenizer, store
+        self.config = config = config or ManagerConfig()
         self.router = Router(engines, config.affinity_slack, config.engine_cooldown_s)
         self.max_context = max_context
         self.version = 0

@@ -1,0 +1,426 @@
+"""The built-in engine against plain transformers: logits, logprobs, greedy output; and the protocol:
+finish reasons, pause / update_weights / resume, abort, cancellation, bad requests, seeds, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+import torch
+
+from reference.engine.base import (
+    EngineError,
+    Finished,
+    FinishReason,
+    GenerateRequest,
+    SamplingParams,
+    TokenEvent,
+    generate,
+)
+from reference.engine.builtin import BuiltinEngine, _KVCache, _Qwen3Runner, sample
+from reference.model import build_model, save_checkpoint, score_logprobs, tiny_config
+from reference.tokenizer import default_tokenizer
+
+VOCAB = 512
+SMALL = {"hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2, "head_dim": 16}
+
+
+def tiny(seed: int = 0):
+    return build_model(tiny_config(VOCAB, **SMALL), seed)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny(0)  # tests that change weights build their own
+
+
+def req(rid: str, prompt, max_tokens: int = 16, **params) -> GenerateRequest:
+    return GenerateRequest(rid, tuple(prompt), SamplingParams(max_tokens=max_tokens, **params))
+
+
+def prompt(n: int, offset: int = 0) -> list[int]:
+    return [(offset + 37 * i) % VOCAB for i in range(n)]
+
+
+def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
+    """Plain transformers greedy decoding (explicit attention mask: token 0 is a real token here)."""
+    ids = torch.tensor([prompt_ids])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt_ids) :].tolist()
+
+
+async def take(stream, n: int) -> list[TokenEvent]:
+    """The first n events of a stream (all TokenEvents)."""
+    out = []
+    async for event in stream:
+        out.append(event)
+        if len(out) == n:
+            return out
+    raise AssertionError(f"stream ended after {len(out)} events")
+
+
+# ---- numerics against transformers ----
+
+
+def test_cache_forward_matches_hf_logits(model):
+    """Three sequences of different lengths, one joining three steps late, decoded in one batch."""
+    cfg = model.config
+    runner = _Qwen3Runner(model)
+    cache = _KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, 16, 4, 8192, torch.float32)
+    seqs = [prompt(6, 1), prompt(17, 2), prompt(1, 3)]
+    cache.ensure(3, 40)
+    with torch.inference_mode():
+        for step in range(8):
+            for slot in {0: [0, 1], 3: [2]}.get(step, []):
+                runner.prefill(cache, slot, seqs[slot][:-1])
+            live = [0, 1, 2] if step >= 3 else [0, 1]
+            logits = runner.decode(cache, [seqs[i][-1] for i in live], [len(seqs[i]) - 1 for i in live])
+            for i in live:
+                expected = model(torch.tensor([seqs[i]])).logits[0, -1]
+                assert (logits[i] - expected).abs().max() < 1e-4, (step, i)
+                seqs[i].append(int(expected.argmax()))
+
+
+def test_logprobs_match_reference_scorer(model):
+    """Greedy and sampled requests of different lengths, joining at different steps (max_batch 3)."""
+
+    async def run():
+        with BuiltinEngine(model, max_batch=3, seed=1) as engine:
+            early = [
+                req("g0", prompt(1), 24, temperature=0),
+                req("s0", prompt(23, 5), 30, temperature=1.0),
+                req("s1", prompt(9, 9), 12, temperature=0.7, top_p=0.9),
+            ]
+            late = [req("g1", prompt(40, 11), 20, temperature=0), req("s2", prompt(3, 4), 25, temperature=1.3)]
+            first = [asyncio.create_task(generate(engine, r)) for r in early]
+            async with contextlib.aclosing(engine.stream(req("probe", prompt(4), 6, temperature=0))) as probe:
+                await take(probe, 5)  # the probe and the early requests are now mid-generation
+            second = [asyncio.create_task(generate(engine, r)) for r in late]
+            return await asyncio.gather(*first, *second)
+
+    results = asyncio.run(run())
+    for r in results:
+        assert r.finish_reason == FinishReason.LENGTH
+        full = list(r.prompt_token_ids) + list(r.token_ids)
+        expected = score_logprobs(model, full)[len(r.prompt_token_ids) - 1 :]
+        assert list(r.logprobs) == pytest.approx(expected, abs=1e-4), r.request_id
+        assert set(r.versions) == {0}
+
+
+def test_greedy_matches_hf_generate(model):
+    prompts = [prompt(1, 7), prompt(12, 3), prompt(33, 8)]
+
+    async def run():
+        with BuiltinEngine(model, max_batch=8) as engine:
+            reqs = [req(f"r{i}", p, 20, temperature=0) for i, p in enumerate(prompts)]
+            return await asyncio.gather(*(generate(engine, r) for r in reqs))
+
+    for p, result in zip(prompts, asyncio.run(run()), strict=True):
+        assert list(result.token_ids) == hf_greedy(model, p, 20)
+
+
+# ---- finish reasons ----
+
+
+def test_stop_token_is_included_and_ends_with_stop(model):
+    async def run():
+        with BuiltinEngine(model) as engine:
+            free = await generate(engine, req("a", prompt(5), 20, temperature=0))
+            stop = free.token_ids[6]
+            stopped = await generate(engine, req("b", prompt(5), 20, temperature=0, stop_token_ids=(stop, VOCAB - 1)))
+            return free, stopped, stop
+
+    free, stopped, stop = asyncio.run(run())
+    cut = free.token_ids.index(stop) + 1
+    assert stopped.token_ids == free.token_ids[:cut] and stopped.token_ids[-1] == stop
+    assert stopped.finish_reason == FinishReason.STOP and free.finish_reason == FinishReason.LENGTH
+
+
+def test_max_tokens_and_full_context_end_with_length(model):
+    async def run():
+        with BuiltinEngine(model, max_context=20) as engine:
+            capped = await generate(engine, req("a", prompt(5), 3))
+            full = await generate(engine, req("b", prompt(15), 100))
+            last = await generate(engine, req("c", prompt(19), 100))
+            return capped, full, last
+
+    capped, full, last = asyncio.run(run())
+    assert (len(capped.token_ids), capped.finish_reason) == (3, FinishReason.LENGTH)
+    assert (len(full.token_ids), full.finish_reason) == (5, FinishReason.LENGTH)
+    assert (len(last.token_ids), last.finish_reason) == (1, FinishReason.LENGTH)
+
+
+# ---- pause, weight updates, resume ----
+
+
+def test_pause_update_resume_mid_generation(model):
+    p = prompt(10, 2)
+
+    async def run():
+        with BuiltinEngine(model) as engine:
+            baseline = await generate(engine, req("base", p, 200, temperature=0))
+            events = []
+            async with contextlib.aclosing(engine.stream(req("x", p, 200, temperature=0))) as stream:
+                events += await take(stream, 10)
+                await engine.pause()
+                await engine.pause()  # idempotent
+                steps = (await engine.stats()).extra["steps"]
+                await asyncio.sleep(0.2)
+                paused = await engine.stats()
+                assert paused.paused and paused.running == 1 and paused.extra["steps"] == steps
+                await engine.update_weights(1)
+                await engine.resume()
+                events += [e async for e in stream]
+            return baseline, events, await engine.stats()
+
+    baseline, events, stats = asyncio.run(run())
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    versions = [t.version for t in tokens]
+    assert events[-1] == Finished(FinishReason.LENGTH) and len(tokens) == 200
+    switch = versions.index(1)
+    assert switch >= 10 and versions == [0] * switch + [1] * (200 - switch)
+    assert [t.token_id for t in tokens] == list(baseline.token_ids)  # same weights: same continuation
+    assert stats.extra["reprefills"] == 1 and stats.version == 1 and not stats.paused
+
+
+def test_update_from_checkpoint_changes_what_is_sampled(tmp_path):
+    old, new = tiny(0), tiny(7)
+    save_checkpoint(new, default_tokenizer(), tmp_path)
+    p = prompt(8, 1)
+
+    async def run():
+        with BuiltinEngine(tiny(0)) as engine:
+            events = []
+            async with contextlib.aclosing(engine.stream(req("x", p, 120, temperature=0))) as stream:
+                events += await take(stream, 4)
+                await engine.pause()
+                await engine.update_weights(3, str(tmp_path))
+                await engine.resume()
+                events += [e async for e in stream if isinstance(e, TokenEvent)]
+            after = await generate(engine, req("y", p, 20, temperature=0))
+            return events, after
+
+    events, after = asyncio.run(run())
+    full = p + [e.token_id for e in events]
+    old_lp, new_lp = score_logprobs(old, full)[len(p) - 1 :], score_logprobs(new, full)[len(p) - 1 :]
+    for event, lp_old, lp_new in zip(events, old_lp, new_lp, strict=True):
+        assert event.logprob == pytest.approx(lp_old if event.version == 0 else lp_new, abs=1e-4)
+    assert {e.version for e in events} == {0, 3}
+    assert list(after.token_ids) == hf_greedy(new, p, 20) != hf_greedy(old, p, 20)
+
+
+def test_load_state_dict_hand_off(model):
+    new = tiny(9)
+
+    async def run():
+        with BuiltinEngine(tiny(0)) as engine:
+            with pytest.raises(RuntimeError, match="load_state_dict needs a paused engine"):
+                await engine.load_state_dict(new.state_dict(), 1)
+            await engine.pause()
+            await engine.load_state_dict(new.state_dict(), 1)
+            await engine.resume()
+            return await generate(engine, req("a", prompt(6), 10, temperature=0))
+
+    result = asyncio.run(run())
+    assert list(result.token_ids) == hf_greedy(new, prompt(6), 10) and set(result.versions) == {1}
+
+
+def test_update_weights_needs_pause(model, tmp_path):
+    async def run():
+        with BuiltinEngine(model) as engine:
+            with pytest.raises(RuntimeError, match="update_weights needs a paused engine; call pause"):
+                await engine.update_weights(1)
+            await engine.pause()
+            with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+                await engine.update_weights(1, str(tmp_path))
+            await engine.resume()
+            await engine.resume()  # idempotent
+            return await engine.stats()
+
+    stats = asyncio.run(run())
+    assert stats.version == 0 and not stats.paused
+
+
+# ---- abort and cancellation ----
+
+
+def test_abort_keeps_tokens_and_frees_the_slot(model):
+    async def run():
+        with BuiltinEngine(model) as engine:
+            await engine.abort("nobody")  # unknown id: no-op
+            events = []
+            stream = engine.stream(req("a", prompt(4), 10_000, temperature=0))
+            events += await take(stream, 3)
+            await engine.abort("a")
+            events += [e async for e in stream]
+            return events, await engine.stats()
+
+    events, stats = asyncio.run(run())
+    assert events[-1] == Finished(FinishReason.ABORT) and len(events) > 3
+    assert all(isinstance(e, TokenEvent) for e in events[:-1])
+    assert stats.running == 0 and stats.waiting == 0
+
+
+def test_consumer_going_away_frees_the_slot(model):
+    async def run():
+        with BuiltinEngine(model, max_batch=2) as engine:
+            async with contextlib.aclosing(engine.stream(req("closed", prompt(4), 10_000))) as stream:
+                await take(stream, 2)
+
+            async def consume():
+                async for _ in engine.stream(req("cancelled", prompt(4), 10_000)):
+                    pass
+
+            task = asyncio.create_task(consume())
+            for _ in range(1000):
+                if (await engine.stats()).running:
+                    break
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            stats = await engine.stats()
+            again = await generate(engine, req("closed", prompt(4), 3))  # the id is free again
+            return stats, again
+
+    stats, again = asyncio.run(run())
+    assert stats.running == 0 and stats.waiting == 0
+    assert again.finish_reason == FinishReason.LENGTH
+
+
+# ---- validation, seeds, batching limits, failures ----
+
+
+def test_bad_requests_raise_before_anything_is_yielded(model):
+    async def first(engine, request):
+        return await anext(engine.stream(request))
+
+    async def run():
+        with BuiltinEngine(model, max_context=64) as engine:
+            for bad, message in [
+                (req("a", []), "prompt_token_ids is empty"),
+                (req("b", [1, VOCAB]), rf"token id {VOCAB} is outside the vocabulary \[0, {VOCAB}\)"),
+                (req("c", [-1]), "token id -1 is outside"),
+                (req("d", prompt(64)), "prompt of 64 tokens leaves no room in the 64-token context"),
+            ]:
+                with pytest.raises(ValueError, match=message):
+                    await first(engine, bad)
+            async with contextlib.aclosing(engine.stream(req("dup", prompt(3), 10_000))) as stream:
+                await take(stream, 1)
+                with pytest.raises(ValueError, match="request id 'dup' is already running"):
+                    await first(engine, req("dup", prompt(3)))
+            return await engine.stats()
+
+    assert asyncio.run(run()).running == 0
+    with pytest.raises(ValueError, match="max_batch must be >= 1"):
+        BuiltinEngine(model, max_batch=0)
+
+
+def test_vocab_limit_is_respected(model):
+    async def run():
+        with BuiltinEngine(model, vocab_limit=40, seed=3) as engine:
+            with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 40\)"):
+                await anext(engine.stream(req("a", [45])))
+            return await generate(engine, req("b", [1, 2, 3], 200, temperature=2.0))
+
+    assert max(asyncio.run(run()).token_ids) < 40
+
+
+def test_seeds_make_sampling_deterministic(model):
+    def run(engine_seed: int, request_seed: int | None):
+        async def go():
+            with BuiltinEngine(model, seed=engine_seed) as engine:
+                reqs = [req(f"r{i}", prompt(5 + i), 30, temperature=1.0, seed=request_seed) for i in range(3)]
+                return [r.token_ids for r in await asyncio.gather(*(generate(engine, r) for r in reqs))]
+
+        return asyncio.run(go())
+
+    assert run(0, None) == run(0, None)
+    assert run(0, None) != run(1, None)
+    assert run(0, 42) == run(1, 42)
+
+
+def test_max_batch_limits_running_requests(model):
+    async def run():
+        with BuiltinEngine(model, max_batch=2) as engine:
+            tasks = [asyncio.create_task(generate(engine, req(f"r{i}", prompt(3), 60))) for i in range(5)]
+            seen = []
+            while not all(t.done() for t in tasks):
+                stats = await engine.stats()
+                seen.append((stats.running, stats.waiting))
+                await asyncio.sleep(0.002)
+            return seen, [t.result() for t in tasks]
+
+    seen, results = asyncio.run(run())
+    assert max(r for r, _ in seen) == 2
+    assert all(len(r.token_ids) == 60 for r in results)
+
+
+def test_worker_failure_fails_streams_and_later_calls(model):
+    async def run():
+        engine = BuiltinEngine(model)
+
+        def broken(*args):
+            raise RuntimeError("boom")
+
+        engine._runner.decode = broken
+        try:
+            with pytest.raises(EngineError, match="boom"):
+                await generate(engine, req("a", prompt(3)))
+            with pytest.raises(EngineError, match="boom"):
+                await generate(engine, req("b", prompt(3)))
+            with pytest.raises(EngineError):
+                await engine.pause()
+        finally:
+            engine.close()
+
+    asyncio.run(run())
+
+
+def test_close_ends_open_streams(model):
+    async def run():
+        engine = BuiltinEngine(model)
+        stream = engine.stream(req("a", prompt(3), 10_000))
+        await take(stream, 2)
+        engine.close()
+        with pytest.raises(EngineError, match="closed"):
+            async for _ in stream:
+                pass
+
+    asyncio.run(run())
+
+
+def test_default_engine_and_from_checkpoint(tmp_path, model):
+    save_checkpoint(model, default_tokenizer(), tmp_path)  # vocab 512 < tokenizer's 4096: fine for loading
+
+    async def run():
+        with BuiltinEngine.default(max_batch=4) as engine:
+            assert engine.tokenizer is not None and engine.max_context == 8192
+            ids = engine.tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+            a = await generate(engine, req("a", ids, 5, stop_token_ids=engine.tokenizer.stop_token_ids))
+        with BuiltinEngine.from_checkpoint(tmp_path) as engine:
+            b = await generate(engine, req("b", prompt(5), 5, temperature=0))
+        return a, b
+
+    a, b = asyncio.run(run())
+    assert 1 <= len(a.token_ids) <= 5
+    assert list(b.token_ids) == hf_greedy(model, prompt(5), 5)
+
+
+# ---- the sampler ----
+
+
+def test_sampler_temperature_top_p_and_raw_logprobs():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])
+    raw = torch.log_softmax(logits, -1)[0]
+    gens = [torch.Generator().manual_seed(0)]
+    tokens, lps = sample(logits, [0.0], [1.0], gens)
+    assert tokens == [0] and lps[0] == pytest.approx(raw[0].item())
+    draws = [sample(logits, [1.0], [1.0], gens)[0][0] for _ in range(4000)]
+    freq = torch.bincount(torch.tensor(draws), minlength=5) / 4000
+    assert torch.allclose(freq, raw.exp(), atol=0.03)
+    nucleus = {sample(logits, [1.0], [0.7], gens)[0][0] for _ in range(300)}
+    assert nucleus == {0, 1}  # p = .61, .22, ...: the smallest set reaching 0.7
+    hot = sample(logits, [5.0], [0.7], gens)
+    assert hot[1][0] == pytest.approx(raw[hot[0][0]].item())  # logprob is the raw one, not the hot one
