@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -93,19 +94,36 @@ async def proxy_session(http, manager_url, session: int, turns: int, reply: int,
         lat.append(time.perf_counter() - start)
 
 
-async def run_level(mode: str, url: str, tok, sessions: int, turns: int, reply: int) -> tuple[list[float], float]:
+async def run_level(
+    mode: str, url: str, tok, concurrency: int, turns: int, reply: int, min_requests: int
+) -> tuple[list[float], float]:
+    """`concurrency` workers, each running sessions of `turns` turns one after another, until at
+    least `min_requests` requests were made. Returns the latencies and requests per second."""
     lat: list[float] = []
+    sessions_per_worker = max(1, -(-min_requests // (concurrency * turns)))
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=600)
+
+    async def worker(w: int) -> None:
+        for k in range(sessions_per_worker):
+            session = (w * sessions_per_worker + k) + concurrency * 100_000  # unique per level
+            if mode == "direct":
+                await direct_session(http, url, tok, session, turns, reply, lat)
+            else:
+                await proxy_session(http, url, session, turns, reply, lat)
+
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         start = time.perf_counter()
-        if mode == "direct":
-            jobs = [direct_session(http, url, tok, s, turns, reply, lat) for s in range(sessions)]
-        else:
-            jobs = [proxy_session(http, url, s + sessions * 1000, turns, reply, lat) for s in range(sessions)]
-        await asyncio.gather(*jobs)
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
         wall = time.perf_counter() - start
     return lat, len(lat) / wall
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -117,6 +135,7 @@ def main() -> None:
     ap.add_argument("--levels", default="1,64,256", help="concurrent sessions per level (comma-separated)")
     ap.add_argument("--turns", type=int, default=4, help="requests per session")
     ap.add_argument("--reply-tokens", type=int, default=16)
+    ap.add_argument("--min-requests", type=int, default=400, help="requests per level and path, at least")
     args = ap.parse_args()
     tok = default_tokenizer()
     levels = [int(x) for x in args.levels.split(",")]
@@ -126,15 +145,19 @@ def main() -> None:
     ):
         manager, manager_url = start_manager(engine.url, Path(tmp) / "bench.sqlite")
         try:
-            print(f"fake engine, {args.reply_tokens} tokens a reply, {args.turns} turns a session; latency in ms")
+            print(f"fake engine, {args.reply_tokens} tokens a reply, {args.turns} turns a session; latency in ms; "
+                  "CPU: manager milliseconds per request")  # fmt: skip
             print(f"{'sessions':>8} | {'direct p50/p99':>15} | {'proxy p50/p99':>15} | {'added p50/p99':>15} | "
-                  f"{'direct rps':>10} | {'proxy rps':>9}")  # fmt: skip
+                  f"{'direct rps':>10} | {'proxy rps':>9} | {'CPU':>5}")  # fmt: skip
             for n in levels:
-                d, d_rps = asyncio.run(run_level("direct", engine.url, tok, n, args.turns, args.reply_tokens))
-                p, p_rps = asyncio.run(run_level("proxy", manager_url, tok, n, args.turns, args.reply_tokens))
+                run = (tok, n, args.turns, args.reply_tokens, args.min_requests)
+                d, d_rps = asyncio.run(run_level("direct", engine.url, *run))
+                before = cpu_s(manager.pid)
+                p, p_rps = asyncio.run(run_level("proxy", manager_url, *run))
+                cpu_ms = 1e3 * (cpu_s(manager.pid) - before) / len(p)
                 d50, d99, p50, p99 = (1e3 * x for x in (pct(d, 50), pct(d, 99), pct(p, 50), pct(p, 99)))
                 print(f"{n:>8} | {d50:6.1f} / {d99:6.1f} | {p50:6.1f} / {p99:6.1f} | {p50 - d50:6.1f} / "
-                      f"{p99 - d99:6.1f} | {d_rps:10.0f} | {p_rps:9.0f}")  # fmt: skip
+                      f"{p99 - d99:6.1f} | {d_rps:10.0f} | {p_rps:9.0f} | {cpu_ms:5.2f}")  # fmt: skip
         finally:
             manager.terminate()
             manager.wait(timeout=30)

@@ -102,7 +102,8 @@ class TrajectoryManager:
         self.max_context = max_context
         self.version = 0
         self._sessions: dict[str, _Session] = {}
-        self._store_lock = asyncio.Lock()
+        self._pending: list[tuple[tuple, asyncio.Future]] = []  # records waiting for the store
+        self._writer: asyncio.Task | None = None
         self._stop_ids = (tokenizer.im_end_id, tokenizer.eos_token_id)
 
     async def start(self) -> None:
@@ -281,25 +282,42 @@ class TrajectoryManager:
     ) -> Outcome:
         result = session.tree.insert(prompt, p.token_ids, p.logprobs, p.versions, request_id)
         session.renderer.remember(text, p.token_ids)
-        async with self._store_lock:  # FIFO: records reach the store in tree-insertion order
-            await asyncio.to_thread(
-                self.store.append,
-                session.tree.session_id,
-                request_id,
-                result.anchor_request_id,
-                result.match_len,
-                prompt[result.match_len :],
-                p.token_ids,
-                p.logprobs,
-                p.versions,
-                reason,
-                text,
-                {"engines": p.engines, "model": self.config.model_name},
-            )
+        await self._persist(
+            (session.tree.session_id, request_id, result.anchor_request_id, result.match_len,
+             prompt[result.match_len :], p.token_ids, p.logprobs, p.versions, reason, text,
+             {"engines": p.engines, "model": self.config.model_name})
+        )  # fmt: skip
         return Outcome(
             session.tree.session_id, request_id, prompt, tuple(p.token_ids), tuple(p.logprobs),
             tuple(p.versions), text, reason, result.match_len, result.branch_id, tuple(p.engines),
         )  # fmt: skip
+
+    async def _persist(self, record: tuple) -> None:
+        """Write a record durably; records that finish while a write is under way are committed
+        together in the next transaction (group commit), always in the order they were inserted."""
+        done = asyncio.get_running_loop().create_future()
+        self._pending.append((record, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_pending())
+        await done
+
+    async def _write_pending(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await asyncio.to_thread(self.store.append_many, [record for record, _ in batch])
+                results = [None] * len(batch)
+            except Exception:  # one bad record must not sink the others: retry one by one
+                results = []
+                for record, _ in batch:
+                    try:
+                        await asyncio.to_thread(self.store.append, *record)
+                        results.append(None)
+                    except Exception as e:
+                        results.append(e)
+            for (_, done), error in zip(batch, results, strict=True):
+                if not done.done():
+                    done.set_exception(error) if error else done.set_result(None)
 
     # ---- partial rollout: the control plane's hooks ----
 

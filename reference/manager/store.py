@@ -109,6 +109,48 @@ def _check_name(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a non-empty str, got {value!r}")
 
 
+def _prepare(
+    session_id: str,
+    request_id: str,
+    anchor_request_id: str | None,
+    match_len: int,
+    new_prompt_token_ids: Sequence[int],
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    versions: Sequence[int],
+    finish_reason: str,
+    text: str,
+    meta: dict[str, Any] | None = None,
+) -> tuple:
+    """Validate one record and pack its arrays (no database access)."""
+    _check_name("session_id", session_id)
+    _check_name("request_id", request_id)
+    if not isinstance(match_len, int) or match_len < 0:
+        raise ValueError(f"match_len must be an int >= 0, got {match_len!r}")
+    if (anchor_request_id is None) != (match_len == 0):
+        raise ValueError(f"anchor_request_id {anchor_request_id!r} must be None exactly when match_len == 0")
+    if match_len + len(new_prompt_token_ids) == 0:
+        raise ValueError("the prompt is empty: match_len == 0 and no new_prompt_token_ids")
+    if not len(token_ids) == len(logprobs) == len(versions):
+        n = (len(token_ids), len(logprobs), len(versions))
+        raise ValueError(f"token_ids, logprobs and versions differ in length: {n}")
+    if not isinstance(finish_reason, str) or not isinstance(text, str):
+        raise ValueError(f"finish_reason and text must be str, got {finish_reason!r} and {type(text).__name__}")
+    try:
+        meta_json = json.dumps({} if meta is None else meta, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"meta must be a JSON-serialisable dict: {e}") from None
+    blobs = (
+        _pack("new_prompt_token_ids", "I", new_prompt_token_ids),
+        _pack("token_ids", "I", token_ids),
+        _pack("logprobs", "d", logprobs),
+        _pack("versions", "i", versions),
+    )
+    num_tokens = match_len + len(new_prompt_token_ids) + len(token_ids)
+    return session_id, request_id, anchor_request_id, match_len, num_tokens, blobs, (
+        finish_reason, text, time.time(), meta_json)  # fmt: skip
+
+
 class TrajectoryStore:
     """Append-only SQLite store of `TurnRecord`s; ':memory:' keeps it in memory (tests)."""
 
@@ -181,44 +223,25 @@ class TrajectoryStore:
         meta: dict[str, Any] | None = None,
     ) -> TurnRecord:
         """Store one finished request in one transaction; assigns its seq and created_s."""
-        _check_name("session_id", session_id)
-        _check_name("request_id", request_id)
-        if not isinstance(match_len, int) or match_len < 0:
-            raise ValueError(f"match_len must be an int >= 0, got {match_len!r}")
-        if (anchor_request_id is None) != (match_len == 0):
-            raise ValueError(f"anchor_request_id {anchor_request_id!r} must be None exactly when match_len == 0")
-        if match_len + len(new_prompt_token_ids) == 0:
-            raise ValueError("the prompt is empty: match_len == 0 and no new_prompt_token_ids")
-        if not len(token_ids) == len(logprobs) == len(versions):
-            n = (len(token_ids), len(logprobs), len(versions))
-            raise ValueError(f"token_ids, logprobs and versions differ in length: {n}")
-        if not isinstance(finish_reason, str) or not isinstance(text, str):
-            raise ValueError(f"finish_reason and text must be str, got {finish_reason!r} and {type(text).__name__}")
-        meta = {} if meta is None else meta
-        try:
-            meta_json = json.dumps(meta, sort_keys=True, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"meta must be a JSON-serialisable dict: {e}") from None
-        blobs = (
-            _pack("new_prompt_token_ids", "I", new_prompt_token_ids),
-            _pack("token_ids", "I", token_ids),
-            _pack("logprobs", "d", logprobs),
-            _pack("versions", "i", versions),
-        )
-        num_tokens = match_len + len(new_prompt_token_ids) + len(token_ids)
-        created_s = time.time()
+        args = (session_id, request_id, anchor_request_id, match_len, new_prompt_token_ids, token_ids, logprobs)
+        return self.append_many([(*args, versions, finish_reason, text, meta)])[0]
+
+    def append_many(self, items: Sequence[tuple]) -> list[TurnRecord]:
+        """Store several finished requests (each a tuple of `append`'s arguments, in order) in ONE
+        transaction: all or none. A busy manager commits the requests that finished together at once."""
+        prepared = [_prepare(*item) for item in items]
+        records = []
         with self._lock, self._transaction():
-            self._check_new(session_id, request_id, anchor_request_id, match_len)
-            self._conn.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?)", (session_id, created_s))
-            seq = self._conn.execute(
-                "SELECT COALESCE(MAX(seq) + 1, 0) FROM turns WHERE session_id = ?", (session_id,)
-            ).fetchone()[0]
-            row = (session_id, seq, request_id, anchor_request_id, match_len, num_tokens, *blobs)
-            self._conn.execute(
-                f"INSERT INTO turns ({_COLUMNS}) VALUES ({', '.join('?' * 14)})",
-                (*row, finish_reason, text, created_s, meta_json),
-            )
-        return _record((*row, finish_reason, text, created_s, meta_json))
+            for session_id, request_id, anchor, match_len, num_tokens, blobs, tail in prepared:
+                self._check_new(session_id, request_id, anchor, match_len)
+                self._conn.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?)", (session_id, tail[2]))
+                seq = self._conn.execute(
+                    "SELECT COALESCE(MAX(seq) + 1, 0) FROM turns WHERE session_id = ?", (session_id,)
+                ).fetchone()[0]
+                row = (session_id, seq, request_id, anchor, match_len, num_tokens, *blobs, *tail)
+                self._conn.execute(f"INSERT INTO turns ({_COLUMNS}) VALUES ({', '.join('?' * 14)})", row)
+                records.append(_record(row))
+        return records
 
     def _check_new(self, session_id: str, request_id: str, anchor_request_id: str | None, match_len: int) -> None:
         query = "SELECT num_tokens FROM turns WHERE session_id = ? AND request_id = ?"

@@ -85,3 +85,43 @@ def test_serve_weight_update_mid_generation_then_check(served, http, openai_clie
     assert report["token_mismatches"] == 0
     assert report["scored_tokens"] == report["generated_tokens"] > 0
     assert report["max_logprob_diff"] < 1e-3  # the weights did not change, only the version label
+
+
+@pytest.mark.slow
+def test_checkpoint_engine_weight_update_from_directory(tmp_path, tok, openai_client):
+    """An engine process serving a checkpoint directory; a weight update loads another directory;
+    the consistency check matches each version's tokens to the weights that sampled them."""
+    from reference.consistency import check_store
+    from reference.engine.process import EngineProcess, EngineSpec
+    from reference.manager.embedded import ManagerThread
+    from reference.manager.manager import ManagerConfig
+    from reference.model import build_model, load_checkpoint, save_checkpoint, tiny_config
+    from reference.tokenizer import Tokenizer
+
+    dirs = {}
+    for seed in (1, 2):
+        dirs[seed] = save_checkpoint(
+            build_model(tiny_config(tok.vocab_size), seed=seed), tok, tmp_path / f"ckpt-{seed}"
+        )
+    tokenizer = Tokenizer.load(dirs[1])
+    with EngineProcess(EngineSpec(model=str(dirs[1]))) as proc:
+        m = ManagerThread({"e0": proc.client()}, tokenizer, tmp_path / "t.sqlite", ManagerConfig(model_name="ckpt"))
+        with m, openai_client(m.base_url("ep")) as client:
+            ask = [{"role": "user", "content": "hello"}]
+            r0 = client.chat.completions.create(model="ckpt", messages=ask, max_tokens=12)
+            m.call(m.manager.pause())
+            m.call(m.manager.update_weights(1, str(dirs[2])))
+            m.call(m.manager.resume())
+            follow = [*ask, {"role": "assistant", "content": r0.choices[0].message.content},
+                      {"role": "user", "content": "again"}]  # fmt: skip
+            r1 = client.chat.completions.create(model="ckpt", messages=follow, max_tokens=12)
+            assert set(r0.model_extra["trajectory"]["versions"]) == {0}
+            assert set(r1.model_extra["trajectory"]["versions"]) == {1}
+            old, new = load_checkpoint(dirs[1])[0], load_checkpoint(dirs[2])[0]
+            v0 = check_store(m.store, old, tokenizer, version=0)
+            v1 = check_store(m.store, new, tokenizer, version=1)
+            stale = check_store(m.store, old, tokenizer, version=1)
+    assert v0.token_mismatches == v1.token_mismatches == 0
+    assert v0.scored_tokens == len(r0.model_extra["trajectory"]["token_ids"])
+    assert v0.max_logprob_diff < 1e-3 and v1.max_logprob_diff < 1e-3
+    assert stale.max_logprob_diff > 1e-2  # version-1 tokens were not sampled by the old weights
