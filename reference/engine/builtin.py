@@ -8,16 +8,12 @@ and leave between steps. Callers' event loops never run the model: tokens go bac
 `loop.call_soon_threadsafe` into a per-request asyncio.Queue. Because commands only run between
 steps, `pause()` returning means the worker is at a token boundary.
 
-The forward pass is Qwen3's, written over the Hugging Face modules (embeddings, per-head q/k RMSNorm
-before RoPE, grouped-query attention, SwiGLU MLP, tied or untied head) so it can read and write its
-own cache: K/V tensors of shape [layers, slots, kv_heads, capacity, head_dim]. Running request i
-lives in slot i (slots are compacted when one retires), capacity doubles up to `max_context`, and
-decode attends over the first max(length) positions with a per-slot length mask.
+The pieces: `kv_cache.KVCache` (running request i lives in slot i; slots are compacted when one
+retires; capacity doubles up to `max_context`), `qwen3_forward.Qwen3Runner` (prefill and batched
+decode over the Hugging Face modules' weights) and `sampling.sample`.
 
-Logprobs: each TokenEvent carries the RAW model log-probability of the sampled token (log_softmax of
-the unscaled logits: temperature 1, no top-p, no vocab mask), i.e. what a trainer re-scoring the
-sequence with `reference.model.score_logprobs` computes. Temperature, top-p and `vocab_limit` shape
-only which token is drawn.
+Logprobs: each TokenEvent carries the RAW model log-probability of the sampled token (temperature 1,
+no top-p, no vocab mask; see `sampling`), i.e. what `reference.model.score_logprobs` computes.
 
 Stop tokens are only those in `SamplingParams.stop_token_ids` (pass the tokenizer's `stop_token_ids`
 for chat); the sampled stop token is included in the output. `resume()` re-prefills every running
@@ -37,13 +33,12 @@ import queue
 import random
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from transformers import Qwen3ForCausalLM
 
 from reference.engine.base import (
@@ -54,6 +49,9 @@ from reference.engine.base import (
     GenerateRequest,
     TokenEvent,
 )
+from reference.engine.kv_cache import KVCache
+from reference.engine.qwen3_forward import Qwen3Runner
+from reference.engine.sampling import sample
 from reference.model import copy_weights, default_model, load_checkpoint, load_weights
 from reference.tokenizer import Tokenizer
 
@@ -61,175 +59,6 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often a waiting stream checks that the worker is alive
 IDLE_WAIT_S = 0.05  # how long an idle worker blocks on its inbox before looking again
-
-
-class _KVCache:
-    """Keys and values of every layer and slot: k, v of shape [layers, slots, kv_heads, capacity, head_dim].
-    Both the slot and the capacity dimension grow by doubling, up to `max_slots` and `max_capacity`."""
-
-    def __init__(
-        self, layers: int, kv_heads: int, head_dim: int, max_slots: int, max_capacity: int, dtype, device="cpu"
-    ):
-        self.shape = (layers, kv_heads, head_dim)
-        self.max_slots, self.max_capacity, self.dtype, self.device = max_slots, max_capacity, dtype, device
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-
-    @property
-    def slots(self) -> int:
-        return 0 if self.k is None else self.k.shape[1]
-
-    @property
-    def capacity(self) -> int:
-        return 0 if self.k is None else self.k.shape[3]
-
-    def ensure(self, slots: int, capacity: int) -> None:
-        if slots <= self.slots and capacity <= self.capacity:
-            return
-        new_slots = min(self.max_slots, _grown(self.slots, slots, 4))
-        new_capacity = min(self.max_capacity, _grown(self.capacity, capacity, 256))
-        layers, kv_heads, head_dim = self.shape
-        k = torch.zeros(layers, new_slots, kv_heads, new_capacity, head_dim, dtype=self.dtype, device=self.device)
-        v = torch.zeros_like(k)
-        if self.k is not None:
-            k[:, : self.slots, :, : self.capacity] = self.k
-            v[:, : self.slots, :, : self.capacity] = self.v
-        self.k, self.v = k, v
-
-    def move(self, src: int, dst: int, length: int) -> None:
-        if self.k is not None and length > 0:
-            self.k[:, dst, :, :length] = self.k[:, src, :, :length]
-            self.v[:, dst, :, :length] = self.v[:, src, :, :length]
-
-    def release(self) -> None:
-        self.k = self.v = None
-
-
-def _grown(current: int, needed: int, floor: int) -> int:
-    size = max(current, floor)
-    while size < needed:
-        size *= 2
-    return size
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
-    """Qwen3RMSNorm, inlined (no module call): normalise in float32, cast back, scale."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
-
-
-def _linear(x: torch.Tensor, layer) -> torch.Tensor:
-    return F.linear(x, layer.weight, layer.bias)
-
-
-class _Qwen3Runner:
-    """Qwen3's forward pass over the model's own modules' weights, reading and writing a `_KVCache`.
-
-    It reads the live parameters on every call (no fused copies), so a weight update needs no refresh."""
-
-    def __init__(self, model: Qwen3ForCausalLM) -> None:
-        self.model, self.inner = model, model.model
-        attn = model.model.layers[0].self_attn
-        self.head_dim, self.group = attn.head_dim, attn.num_key_value_groups
-        self.device = model.model.embed_tokens.weight.device
-
-    def _qkv(self, attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        # h: [B, T, hidden] -> q [B, heads, T, hd], k and v [B, kv_heads, T, hd]; cos, sin: [B, 1, T, hd]
-        b, t, _ = h.shape
-        q = _rms_norm(_linear(h, attn.q_proj).view(b, t, -1, self.head_dim), attn.q_norm).transpose(1, 2)
-        k = _rms_norm(_linear(h, attn.k_proj).view(b, t, -1, self.head_dim), attn.k_norm).transpose(1, 2)
-        v = _linear(h, attn.v_proj).view(b, t, -1, self.head_dim).transpose(1, 2)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
-
-    @staticmethod
-    def _finish_layer(layer, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        # attended: [B, T, heads * hd]
-        x = x + _linear(attended, layer.self_attn.o_proj)
-        mlp = layer.mlp
-        h = _rms_norm(x, layer.post_attention_layernorm)
-        return x + _linear(mlp.act_fn(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
-
-    def _embed(self, ids: torch.Tensor, positions: torch.Tensor):
-        x = self.inner.embed_tokens(ids)
-        cos, sin = self.inner.rotary_emb(x, positions)
-        return x, cos.unsqueeze(1), sin.unsqueeze(1)
-
-    def prefill(self, cache: _KVCache, slot: int, token_ids: Sequence[int]) -> None:
-        """Write the KV of `token_ids` (positions 0..n-1) into `slot`; no logits are needed."""
-        n = len(token_ids)
-        if n == 0:
-            return
-        ids, positions = torch.tensor([list(token_ids)], device=self.device), torch.arange(n, device=self.device)
-        x, cos, sin = self._embed(ids, positions[None])
-        for i, layer in enumerate(self.inner.layers):
-            q, k, v = self._qkv(layer.self_attn, _rms_norm(x, layer.input_layernorm), cos, sin)
-            cache.k[i, slot, :, :n] = k[0]
-            cache.v[i, slot, :, :n] = v[0]
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            x = self._finish_layer(layer, x, attended.transpose(1, 2).reshape(1, n, -1))
-
-    def decode(self, cache: _KVCache, token_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """Feed token b at position positions[b] of slot b (b < B), write its KV; logits [B, vocab] float32
-        on the CPU (where the samplers' generators live)."""
-        b, dev = len(token_ids), self.device
-        pos = torch.tensor(list(positions), device=dev)
-        x, cos, sin = self._embed(torch.tensor(list(token_ids), device=dev)[:, None], pos[:, None])
-        span = max(positions) + 1
-        mask = (torch.arange(span, device=dev)[None, :] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, span]
-        rows = torch.arange(b, device=dev)
-        for i, layer in enumerate(self.inner.layers):
-            q, k, v = self._qkv(layer.self_attn, _rms_norm(x, layer.input_layernorm), cos, sin)
-            cache.k[i][rows, :, pos] = k[:, :, 0]
-            cache.v[i][rows, :, pos] = v[:, :, 0]
-            keys, values = cache.k[i, :b, :, :span], cache.v[i, :b, :, :span]
-            # GQA without expanding the cache: the `group` query heads of a KV head become its query rows.
-            grouped = q.view(b, keys.shape[1], self.group, self.head_dim)  # [B, kv_heads, group, hd]
-            attended = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
-            x = self._finish_layer(layer, x, attended.reshape(b, 1, -1))
-        return self.model.lm_head(_rms_norm(x, self.inner.norm))[:, -1].float().cpu()
-
-
-def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Zero every token outside the smallest high-probability set whose mass reaches top_p (per row)."""
-    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
-    drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p[:, None]  # the mass before it already reaches top_p
-    return torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-
-
-def sample(
-    logits: torch.Tensor,
-    temperatures: Sequence[float],
-    top_ps: Sequence[float],
-    generators: Sequence[torch.Generator],
-    vocab_limit: int | None = None,
-) -> tuple[list[int], list[float]]:
-    """One token per row of `logits` [B, V], and its raw (temperature-1, unfiltered) logprob.
-
-    Temperature 0 is greedy; otherwise inverse-CDF sampling from softmax(logits / T) after top-p, with
-    one uniform draw from the row's generator. Ids >= `vocab_limit` are never drawn."""
-    raw = torch.log_softmax(logits, dim=-1)
-    if vocab_limit is not None and vocab_limit < logits.shape[-1]:
-        logits = logits.clone()
-        logits[:, vocab_limit:] = float("-inf")
-    chosen = logits.argmax(dim=-1)
-    rows = [i for i, t in enumerate(temperatures) if t > 0]
-    if rows:
-        temps = torch.tensor([temperatures[i] for i in rows], dtype=logits.dtype)
-        probs = torch.softmax(logits[rows] / temps[:, None], dim=-1)
-        if any(top_ps[i] < 1 for i in rows):
-            probs = _top_p_filter(probs, torch.tensor([top_ps[i] for i in rows], dtype=probs.dtype))
-        cdf = probs.cumsum(-1)
-        u = torch.stack([torch.rand((), generator=generators[i], dtype=cdf.dtype) for i in rows])
-        picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
-        chosen[rows] = picked.clamp(max=logits.shape[-1] - 1)
-    return chosen.tolist(), raw.gather(-1, chosen[:, None])[:, 0].tolist()
 
 
 @dataclass
@@ -254,6 +83,22 @@ class _Counters:
     steps: int = 0
 
 
+def _checked_max_context(config, max_batch: int, max_context: int | None, vocab_limit: int | None) -> int:
+    """Validate the engine's arguments against the model config; the context length to use."""
+    if getattr(config, "model_type", None) != "qwen3":
+        raise ValueError(f"BuiltinEngine runs Qwen3 models, got model_type {getattr(config, 'model_type', None)!r}")
+    if "sliding_attention" in (config.layer_types or []):
+        raise ValueError("sliding-window attention layers are not supported by the built-in engine")
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    max_context = max_context if max_context is not None else config.max_position_embeddings
+    if max_context < 2:
+        raise ValueError(f"max_context must be >= 2, got {max_context}")
+    if vocab_limit is not None and not 1 <= vocab_limit <= config.vocab_size:
+        raise ValueError(f"vocab_limit must be in [1, {config.vocab_size}], got {vocab_limit}")
+    return max_context
+
+
 class BuiltinEngine:
     """The embedded default `InferenceEngine` (see the module docstring). Use as a context manager, or
     call `close()`, to stop its worker thread."""
@@ -270,17 +115,7 @@ class BuiltinEngine:
         command_timeout_s: float = 600.0,
     ) -> None:
         config = model.config
-        if getattr(config, "model_type", None) != "qwen3":
-            raise ValueError(f"BuiltinEngine runs Qwen3 models, got model_type {getattr(config, 'model_type', None)!r}")
-        if "sliding_attention" in (config.layer_types or []):
-            raise ValueError("sliding-window attention layers are not supported by the built-in engine")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.max_context = max_context if max_context is not None else config.max_position_embeddings
-        if self.max_context < 2:
-            raise ValueError(f"max_context must be >= 2, got {self.max_context}")
-        if vocab_limit is not None and not 1 <= vocab_limit <= config.vocab_size:
-            raise ValueError(f"vocab_limit must be in [1, {config.vocab_size}], got {vocab_limit}")
+        self.max_context = _checked_max_context(config, max_batch, max_context, vocab_limit)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch, self.vocab_limit, self.command_timeout_s = max_batch, vocab_limit, command_timeout_s
@@ -288,10 +123,10 @@ class BuiltinEngine:
         attn = model.model.layers[0].self_attn
         kv_heads = config.num_key_value_heads
         weight = model.model.embed_tokens.weight
-        self._cache = _KVCache(
+        self._cache = KVCache(
             config.num_hidden_layers, kv_heads, attn.head_dim, max_batch, self.max_context, weight.dtype, weight.device
         )
-        self._runner = _Qwen3Runner(model)
+        self._runner = Qwen3Runner(model)
         self._rng = random.Random(seed)  # draws per-request seeds, in submission order
         # Worker-owned state (only the worker thread touches it, via commands).
         self._waiting: deque[_Seq] = deque()
@@ -533,14 +368,21 @@ class BuiltinEngine:
         for i, (seq, token, logprob) in enumerate(zip(running, tokens, logprobs, strict=True)):
             seq.tokens.append(token)
             seq.generated += 1
-            if not self._emit(seq, TokenEvent(token, logprob, self._version)):
-                finished.append((i, FinishReason.ABORT))
-            elif token in seq.stop:
-                finished.append((i, FinishReason.STOP))
-            elif seq.generated >= seq.request.params.max_tokens or len(seq.tokens) >= self.max_context:
-                finished.append((i, FinishReason.LENGTH))
+            reason = self._deliver(seq, TokenEvent(token, logprob, self._version))
+            if reason is not None:
+                finished.append((i, reason))
         for i, reason in reversed(finished):
             self._retire(i, reason)
+
+    def _deliver(self, seq: _Seq, event: TokenEvent) -> FinishReason | None:
+        """Send `event` (already appended to seq.tokens); why seq must now finish, or None."""
+        if not self._emit(seq, event):
+            return FinishReason.ABORT
+        if event.token_id in seq.stop:
+            return FinishReason.STOP
+        if seq.generated >= seq.request.params.max_tokens or len(seq.tokens) >= self.max_context:
+            return FinishReason.LENGTH
+        return None
 
     def _retire(self, slot: int, reason: FinishReason) -> None:
         """End running[slot]; the last running request moves into its slot (cache included)."""

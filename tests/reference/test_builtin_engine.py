@@ -18,7 +18,9 @@ from reference.engine.base import (
     TokenEvent,
     generate,
 )
-from reference.engine.builtin import BuiltinEngine, _KVCache, _Qwen3Runner, sample
+from reference.engine.builtin import BuiltinEngine, sample
+from reference.engine.kv_cache import KVCache
+from reference.engine.qwen3_forward import Qwen3Runner
 from reference.model import build_model, save_checkpoint, score_logprobs, tiny_config
 from reference.tokenizer import default_tokenizer
 
@@ -66,8 +68,8 @@ async def take(stream, n: int) -> list[TokenEvent]:
 def test_cache_forward_matches_hf_logits(model):
     """Three sequences of different lengths, one joining three steps late, decoded in one batch."""
     cfg = model.config
-    runner = _Qwen3Runner(model)
-    cache = _KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, 16, 4, 8192, torch.float32)
+    runner = Qwen3Runner(model)
+    cache = KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, 16, 4, 8192, torch.float32)
     seqs = [prompt(6, 1), prompt(17, 2), prompt(1, 3)]
     cache.ensure(3, 40)
     with torch.inference_mode():

@@ -62,16 +62,30 @@ def test_serve_weight_update_mid_generation_then_check(served, http, openai_clie
                              {"role": "user", "content": f"tool says: ok {turn}"}]  # fmt: skip
                 results[f"{name}.{turn}"] = r
 
-    long = threading.Thread(target=episode, args=("long", 1, 400))
+    underway = threading.Event()
+
+    def long_episode() -> None:  # streams, so the test knows when tokens are flowing
+        with openai_client(f"{url}/s/long/v1") as client:
+            chunks = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "a long story"}], max_tokens=400, seed=7,
+                stream=True,
+            )  # fmt: skip
+            for n, chunk in enumerate(chunks):
+                if n == 5:
+                    underway.set()
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    results["long"] = chunk.model_extra["trajectory"]
+
+    long = threading.Thread(target=long_episode)
     long.start()
-    time.sleep(1.0)  # the long generation is under way
+    assert underway.wait(120), "the long generation did not start"
     assert http("POST", f"{url}/admin/pause", {})[0] == 200
     assert http("POST", f"{url}/admin/update_weights", {"version": 1})[0] == 200
     assert http("POST", f"{url}/admin/resume", {})[0] == 200
     episode("multi", 3, 24)  # sessions keep working after the update
     long.join(120)
 
-    versions = results["long.0"].model_extra["trajectory"]["versions"]
+    versions = results["long"]["versions"]
     assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
     _, tree = http("GET", f"{url}/trajectories/multi")
     assert tree["num_branches"] == 1 and len(tree["branches"][0]["request_ids"]) == 3
