@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Protocol
 
 
@@ -106,6 +107,22 @@ class InferenceEngine(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
     async def stats(self) -> EngineStats: ...
+
+
+def check_request(request: GenerateRequest, vocab_size: int, max_context: int, running=()) -> None:
+    """The checks every engine makes before yielding anything; ValueError names the bad value."""
+    rid, prompt = request.request_id, request.prompt_token_ids
+    if rid in running:
+        raise ValueError(f"request id {rid!r} is already running")
+    if not prompt:
+        raise ValueError(f"request {rid!r}: prompt_token_ids is empty")
+    bad = [t for t in prompt if not (isinstance(t, Integral) and 0 <= t < vocab_size)]
+    if bad:
+        raise ValueError(f"request {rid!r}: token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})")
+    if len(prompt) >= max_context:
+        raise ValueError(
+            f"request {rid!r}: prompt of {len(prompt)} tokens leaves no room in the {max_context}-token context"
+        )
 
 
 async def generate(engine: InferenceEngine, request: GenerateRequest) -> GenerateResult:

@@ -35,7 +35,6 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from numbers import Integral
 from pathlib import Path
 
 import torch
@@ -48,6 +47,7 @@ from reference.engine.base import (
     FinishReason,
     GenerateRequest,
     TokenEvent,
+    check_request,
 )
 from reference.engine.kv_cache import KVCache
 from reference.engine.qwen3_forward import Qwen3Runner
@@ -224,19 +224,7 @@ class BuiltinEngine:
 
     def _validate(self, request: GenerateRequest) -> None:
         self._raise_if_failed()
-        prompt = request.prompt_token_ids
-        if not prompt:
-            raise ValueError(f"request {request.request_id!r}: prompt_token_ids is empty")
-        bad = [t for t in prompt if not (isinstance(t, Integral) and 0 <= t < self.vocab_size)]
-        if bad:
-            raise ValueError(
-                f"request {request.request_id!r}: token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})"
-            )
-        if len(prompt) >= self.max_context:
-            raise ValueError(
-                f"request {request.request_id!r}: prompt of {len(prompt)} tokens leaves no room "
-                f"in the {self.max_context}-token context"
-            )
+        check_request(request, self.vocab_size, self.max_context)
 
     def _post(self, fn: Callable, *args, future: concurrent.futures.Future | None = None) -> None:
         self._raise_if_failed()

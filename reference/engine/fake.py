@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from reference.engine.base import EngineStats, Finished, FinishReason, GenerateRequest, TokenEvent
+from reference.engine.base import EngineStats, Finished, FinishReason, GenerateRequest, TokenEvent, check_request
 
 
 class FakeEngine:
@@ -44,16 +44,7 @@ class FakeEngine:
         return -((token_id % 97) + 1) / 10.0
 
     def _check(self, request: GenerateRequest) -> None:
-        if request.request_id in self._running:
-            raise ValueError(f"request id {request.request_id!r} is already running")
-        if not request.prompt_token_ids:
-            raise ValueError("prompt_token_ids is empty")
-        bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-        if len(request.prompt_token_ids) >= self.max_context:
-            n = len(request.prompt_token_ids)
-            raise ValueError(f"prompt of {n} tokens leaves no room in the {self.max_context}-token context")
+        check_request(request, self.vocab_size, self.max_context, self._running)
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenEvent | Finished]:
         self._check(request)

@@ -38,7 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reference.engine.base import EngineError, EngineStats, Finished, FinishReason, GenerateRequest, TokenEvent
+from reference.engine.base import (
+    EngineError,
+    EngineStats,
+    Finished,
+    FinishReason,
+    GenerateRequest,
+    TokenEvent,
+    check_request,
+)
 
 PAUSE_MODES = ("auto", "keep", "resubmit")
 GPU_EXTRA_HINT = "the vLLM backend needs the `gpu` extra (and an NVIDIA GPU): pip install -e '.[gpu]'"
@@ -183,16 +191,7 @@ class VLLMEngine:
         return self.pause_mode == "resubmit"
 
     def _check(self, request: GenerateRequest) -> None:
-        if request.request_id in self._runs:
-            raise ValueError(f"request id {request.request_id!r} is already running")
-        if not request.prompt_token_ids:
-            raise ValueError("prompt_token_ids is empty")
-        bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-        if len(request.prompt_token_ids) >= self.max_context:
-            n = len(request.prompt_token_ids)
-            raise ValueError(f"prompt of {n} tokens leaves no room in the {self.max_context}-token context")
+        check_request(request, self.vocab_size, self.max_context, self._runs)
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenEvent | Finished]:
         self._check(request)

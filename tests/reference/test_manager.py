@@ -267,3 +267,18 @@ def test_restarted_manager_serves_finished_trajectories(fake_manager, openai_cli
                       {"role": "user", "content": "next"}])  # fmt: skip
     _, grown = http("GET", f"{m2.url}/trajectories/keep")
     assert grown["num_branches"] == 1 and len(grown["branches"][0]["request_ids"]) == 2
+
+
+def test_streamed_completions_and_logprobs(fake_manager, openai_client, tok):
+    m, (engine,) = fake_manager(reply_tokens=9)
+    with openai_client(m.base_url("cs")) as client:
+        whole = client.completions.create(model=MODEL, prompt="x = ", max_tokens=9, logprobs=1)
+        streamed = "".join(
+            c.choices[0].text for c in client.completions.create(model=MODEL, prompt="x = ", max_tokens=9, stream=True)
+        )
+        lp = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "y"}], logprobs=True)
+    assert streamed == whole.choices[0].text
+    ids = whole.model_extra["trajectory"]["token_ids"]
+    assert whole.choices[0].logprobs.token_logprobs == [FakeEngine.logprob(t) for t in ids]
+    content = lp.choices[0].logprobs.content
+    assert [c.logprob for c in content] == [FakeEngine.logprob(t) for t in lp.model_extra["trajectory"]["token_ids"]]
