@@ -157,6 +157,6 @@ async def serve_engine(spec: EngineSpec, host: str, port: int, watch_stdin: bool
         await stop.wait()
     finally:
         await runner.cleanup()
-        close = getattr(engine, "close", None)
+        close = getattr(engine, "close", None) or getattr(engine, "shutdown", None)
         if close is not None and inspect.isawaitable(result := close()):
             await result
