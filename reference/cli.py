@@ -119,7 +119,7 @@ def check(args) -> int:
     from reference.manager.store import TrajectoryStore
 
     if not Path(args.store).exists():
-        raise SystemExit(f"error: no trajectory store at {args.store}")
+        raise FileNotFoundError(f"no trajectory store at {args.store}")
     model, tokenizer = _load_model(args.model, args.seed)
     with TrajectoryStore(args.store) as store:
         report = check_store(store, model, tokenizer, args.session, args.version)

@@ -121,7 +121,11 @@ class Tokenizer:
         path = Path(directory) / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"no tokenizer.json in {Path(directory)} (expected {path})")
-        return cls(_HFTokenizer.from_file(str(path)), source=str(path))
+        try:
+            backend = _HFTokenizer.from_file(str(path))
+        except Exception as e:  # the tokenizers library raises a bare Exception for a malformed file
+            raise ValueError(f"{path} is not a readable tokenizer.json: {e}") from None
+        return cls(backend, source=str(path))
 
 
 def _untrained() -> _HFTokenizer:
