@@ -282,3 +282,22 @@ def test_streamed_completions_and_logprobs(fake_manager, openai_client, tok):
     assert whole.choices[0].logprobs.token_logprobs == [FakeEngine.logprob(t) for t in ids]
     content = lp.choices[0].logprobs.content
     assert [c.logprob for c in content] == [FakeEngine.logprob(t) for t in lp.model_extra["trajectory"]["token_ids"]]
+
+
+def test_streaming_client_that_disconnects_frees_its_slot(fake_manager, http):
+    import json as _json
+    from http.client import HTTPConnection
+
+    m, (engine,) = fake_manager(reply_tokens=500, token_delay_s=0.01)
+    conn = HTTPConnection("127.0.0.1", m.port, timeout=10)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "tell me"}], "max_tokens": 400, "stream": True}
+    conn.request("POST", "/s/sdc/v1/chat/completions", _json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.readline().startswith(b"data: ")
+    conn.close()  # walk away mid-stream
+    deadline = time.monotonic() + 10
+    while (engine._running or m.manager.router.slots[0].in_flight) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not engine._running and m.manager.router.slots[0].in_flight == 0
+    status, tree = http("GET", f"{m.url}/trajectories/sdc")
+    assert status == 200 and tree["num_branches"] == 0  # nothing recorded for an abandoned request
