@@ -61,6 +61,28 @@ def run_engine(model, jobs: list[Job], concurrency: int) -> tuple[int, float]:
     return tokens, time.perf_counter() - start
 
 
+def run_agents(model, prefix_cache_mb: float, sessions: int, turns: int, tool_tokens: int, reply: int, vocab: int):
+    """Multi-turn agents: each turn's prompt is the last turn's prompt + reply + `tool_tokens` of tool
+    output. Returns (wall seconds, prefill tokens computed, prefix tokens reused)."""
+
+    async def agent(engine: BuiltinEngine, s: int) -> None:
+        rng = random.Random(s)
+        context = [rng.randrange(vocab) for _ in range(tool_tokens)]
+        for t in range(turns):
+            params = SamplingParams(max_tokens=reply, temperature=0)
+            result = await generate(engine, GenerateRequest(f"s{s}.{t}", tuple(context), params))
+            context += [*result.token_ids, *(rng.randrange(vocab) for _ in range(tool_tokens))]
+
+    async def go():
+        with BuiltinEngine(model, max_batch=sessions, prefix_cache_mb=prefix_cache_mb) as engine:
+            await asyncio.gather(*(agent(engine, s) for s in range(sessions)))
+            return (await engine.stats()).extra
+
+    start = time.perf_counter()
+    extra = asyncio.run(go())
+    return time.perf_counter() - start, extra["prefill_tokens"], extra["prefix_cache_hit_tokens"]
+
+
 @torch.no_grad()
 def run_static(model, jobs: list[Job], batch: int, pad_id: int) -> tuple[int, float]:
     """(useful generated tokens, wall seconds) with left-padded static batches through `generate`."""
@@ -109,6 +131,16 @@ def main() -> None:
         e_rate, s_rate = e_tokens / e_s, s_tokens / s_s
         row = (f"{c}", f"{e_rate:.0f}", f"{s_rate:.0f}", f"{e_rate / s_rate:.2f}", f"{e_s:.1f}", f"{s_s:.1f}")
         print(" ".join(f"{v:>{w}}" for v, w in zip(row, WIDTHS, strict=True)))
+
+    sessions, turns, tool, reply = (4, 3, 200, 16) if args.quick else (4, 8, 400, 32)
+    print(f"\nmulti-turn agents: {sessions} sessions x {turns} turns, {tool} tool tokens + {reply} generated a turn")
+    print(f"{'prefix cache':>12} {'wall s':>7} {'prefilled':>10} {'reused':>8}")
+    walls = []
+    for mb in (0.0, 256.0):
+        wall, prefilled, reused = run_agents(model, mb, sessions, turns, tool, reply, tok.vocab_size)
+        walls.append(wall)
+        print(f"{'on' if mb else 'off':>12} {wall:7.1f} {prefilled:10d} {reused:8d}")
+    print(f"speed-up from prefix caching: {walls[0] / walls[1]:.2f}x")
 
 
 if __name__ == "__main__":

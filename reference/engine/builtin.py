@@ -50,6 +50,7 @@ from reference.engine.base import (
     check_request,
 )
 from reference.engine.kv_cache import KVCache
+from reference.engine.prefix_cache import PrefixCache
 from reference.engine.qwen3_forward import Qwen3Runner
 from reference.engine.sampling import sample
 from reference.model import copy_weights, default_model, load_checkpoint, load_weights
@@ -113,7 +114,10 @@ class BuiltinEngine:
         vocab_limit: int | None = None,
         tokenizer: Tokenizer | None = None,
         command_timeout_s: float = 600.0,
+        prefix_cache_mb: float = 256.0,
     ) -> None:
+        """`prefix_cache_mb`: KV of finished requests kept for reuse by requests that share their
+        prefix (an agent's next turn); 0 turns prefix caching off."""
         config = model.config
         self.max_context = _checked_max_context(config, max_batch, max_context, vocab_limit)
         self.model = model.eval()
@@ -127,6 +131,9 @@ class BuiltinEngine:
             config.num_hidden_layers, kv_heads, attn.head_dim, max_batch, self.max_context, weight.dtype, weight.device
         )
         self._runner = Qwen3Runner(model)
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
+        self._prefix = PrefixCache(int(prefix_cache_mb * 2**20))
         self._rng = random.Random(seed)  # draws per-request seeds, in submission order
         # Worker-owned state (only the worker thread touches it, via commands).
         self._waiting: deque[_Seq] = deque()
@@ -332,12 +339,22 @@ class BuiltinEngine:
         self._cache.ensure(len(self._running), longest)
         for slot, seq in enumerate(self._running):
             if seq.needs_prefill:
-                self._runner.prefill(self._cache, slot, seq.tokens[:-1])
-                self._counters.prefill_tokens += len(seq.tokens) - 1
+                self._prefill(slot, seq.tokens[:-1])
                 seq.needs_prefill = False
         self._decode()
         if not self._running and not self._waiting:
             self._cache.release()
+
+    def _prefill(self, slot: int, context: list[int]) -> None:
+        """Write the KV of `context` into `slot`, copying the longest cached prefix instead of computing it."""
+        hit = self._prefix.lookup(context) if self._prefix.max_bytes else None
+        start = 0
+        if hit is not None:
+            start, k, v = hit
+            self._cache.k[:, slot, :, :start] = k[:, :, :start]
+            self._cache.v[:, slot, :, :start] = v[:, :, :start]
+        self._runner.prefill(self._cache, slot, context[start:], start)
+        self._counters.prefill_tokens += len(context) - start
 
     def _decode(self) -> None:
         running = self._running
@@ -375,6 +392,11 @@ class BuiltinEngine:
     def _retire(self, slot: int, reason: FinishReason) -> None:
         """End running[slot]; the last running request moves into its slot (cache included)."""
         seq, last = self._running[slot], self._running[-1]
+        n = len(seq.tokens) - 1  # the KV in the slot covers every token but the last sampled one
+        if self._prefix.max_bytes and not seq.needs_prefill and n > 0:
+            self._prefix.put(
+                seq.tokens[:n], self._cache.k[:, slot, :, :n].clone(), self._cache.v[:, slot, :, :n].clone()
+            )
         if last is not seq:
             self._cache.move(len(self._running) - 1, slot, len(last.tokens) - 1)
             self._running[slot] = last
@@ -412,12 +434,21 @@ class BuiltinEngine:
         self._require_paused("update_weights")
         if source is not None:
             load_weights(self.model, source)
+        self._stale_kv()  # cached KV was computed by the old weights
         self._version = version
 
     def _cmd_load_state(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self._require_paused("load_state_dict")
         copy_weights(self.model, state_dict, origin="load_state_dict")
+        self._stale_kv()
         self._version = version
+
+    def _stale_kv(self) -> None:
+        """Every KV computed so far came from the old weights: drop the prefix cache, and make sure no
+        running request's KV is reused (resume() recomputes it)."""
+        self._prefix.clear()
+        for seq in self._running:
+            seq.needs_prefill = True
 
     def _cmd_resume(self) -> None:
         if not self._paused:
@@ -436,5 +467,7 @@ class BuiltinEngine:
             "steps": c.steps,
             "max_batch": self.max_batch,
             "cache_capacity": self._cache.capacity,
+            "prefix_cache_hit_tokens": self._prefix.hit_tokens,
+            "prefix_cache_entries": len(self._prefix),
         }
         return EngineStats(len(self._running), len(self._waiting), self._version, self._paused, self.max_context, extra)

@@ -2,7 +2,8 @@
 
 K/V have shape [layers, slots, kv_heads, capacity, head_dim]. Running request i lives in slot i (the
 engine compacts slots with `move` when one retires). Both the slot and the capacity dimension grow by
-doubling, up to `max_slots` and `max_capacity`; there is no paging and no prefix sharing.
+doubling, up to `max_slots` and `max_capacity`; there is no paging. Prefixes are reused by copying
+from `PrefixCache` (prefix_cache.py), not shared in place.
 """
 
 from __future__ import annotations

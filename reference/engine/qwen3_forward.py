@@ -2,9 +2,10 @@
 
 It is written out (embeddings, per-head q/k RMSNorm before RoPE, grouped-query attention, SwiGLU
 MLP, tied or untied head) rather than calling the modules' `forward`, so it can use the engine's own
-slot cache. `prefill` writes one request's context into its slot; `decode` feeds every running
-request one token in a single batched step, attending over the first max(length) positions with a
-per-slot length mask. Parameters are read live on every call, so a weight update needs no refresh.
+slot cache. `prefill` writes one request's context (or the part after a reused prefix) into its
+slot; `decode` feeds every running request one token in a single batched step, attending over the
+first max(length) positions with a per-slot length mask. Parameters are read live on every call, so
+a weight update needs no refresh.
 """
 
 from __future__ import annotations
@@ -67,18 +68,27 @@ class Qwen3Runner:
         cos, sin = self.inner.rotary_emb(x, positions)
         return x, cos.unsqueeze(1), sin.unsqueeze(1)
 
-    def prefill(self, cache: KVCache, slot: int, token_ids: Sequence[int]) -> None:
-        """Write the KV of `token_ids` (positions 0..n-1) into `slot`; no logits are needed."""
+    def prefill(self, cache: KVCache, slot: int, token_ids: Sequence[int], start: int = 0) -> None:
+        """Write the KV of `token_ids` at positions start..start+n-1 into `slot`, attending to the KV of
+        positions 0..start-1 already there (a reused prefix); no logits are needed."""
         n = len(token_ids)
         if n == 0:
             return
-        ids, positions = torch.tensor([list(token_ids)], device=self.device), torch.arange(n, device=self.device)
+        end = start + n
+        ids = torch.tensor([list(token_ids)], device=self.device)
+        positions = torch.arange(start, end, device=self.device)
         x, cos, sin = self._embed(ids, positions[None])
+        # Causal over the whole context: new token j (position start + j) sees positions 0..start + j.
+        mask = None if start == 0 else torch.arange(end, device=self.device)[None, :] <= positions[:, None]
         for i, layer in enumerate(self.inner.layers):
             q, k, v = self._qkv(layer.self_attn, _rms_norm(x, layer.input_layernorm), cos, sin)
-            cache.k[i, slot, :, :n] = k[0]
-            cache.v[i, slot, :, :n] = v[0]
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            cache.k[i, slot, :, start:end] = k[0]
+            cache.v[i, slot, :, start:end] = v[0]
+            if start == 0:
+                attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            else:
+                keys, values = cache.k[i, slot : slot + 1, :, :end], cache.v[i, slot : slot + 1, :, :end]
+                attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
             x = self._finish_layer(layer, x, attended.transpose(1, 2).reshape(1, n, -1))
 
     def decode(self, cache: KVCache, token_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
