@@ -1,9 +1,8 @@
 """Which engine serves a request: least loaded, with session affinity, skipping engines that failed.
 
 Affinity keeps a session's turns on one engine as long as that engine is not more than
-`affinity_slack` requests busier than the least loaded one, so an engine with a prefix cache (vLLM's
-automatic prefix caching) finds the session's history there; the built-in engine has no prefix cache
-and re-prefills each turn.
+`affinity_slack` requests busier than the least loaded one, so the engine's prefix cache (the
+built-in engine's, or vLLM's automatic prefix caching) still holds the session's history.
 An engine that failed is skipped for `cooldown_s`, then tried again.
 """
 
