@@ -26,12 +26,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-delay-s", type=float, default=0.0, help="fake backend: seconds per token")
     p.add_argument("--fake-reply-tokens", type=int, default=12, help="fake backend: tokens before a stop token")
     p.add_argument("--tensor-parallel", type=int, default=1, help="vllm backend: GPUs per engine")
+    p.add_argument("--heartbeat-s", type=float, default=5.0, help="heartbeat of a quiet generation stream")
 
 
 def _spec(args) -> EngineSpec:
     return EngineSpec(
         args.backend, args.model, args.seed, args.max_batch, args.token_delay_s, args.fake_reply_tokens,
-        args.tensor_parallel,
+        args.tensor_parallel, args.heartbeat_s,
     )  # fmt: skip
 
 

@@ -17,8 +17,18 @@ from reference.engine.server import request_to_wire
 
 
 class HTTPEngine:
-    def __init__(self, base_url: str, *, connect_timeout_s: float = 5.0, control_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float = 5.0,
+        control_timeout_s: float = 600.0,
+        stall_timeout_s: float = 60.0,
+    ) -> None:
+        """`stall_timeout_s`: a stream that sends nothing, not even the server's heartbeat, for this
+        long is an engine failure (a hung or frozen process)."""
         self.base_url = base_url.rstrip("/")
+        self.stall_timeout_s = stall_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.control_timeout_s = control_timeout_s
         self._session: aiohttp.ClientSession | None = None
@@ -37,8 +47,9 @@ class HTTPEngine:
             await self._session.close()
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenEvent | Finished]:
-        # No total timeout: a generation may legitimately wait out a long pause for a weight update.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
+        # No total timeout: a generation may legitimately wait out a long pause for a weight update;
+        # the server's heartbeat keeps the read timeout from firing meanwhile.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.stall_timeout_s)
         try:
             async with self._http().post(
                 f"{self.base_url}/generate", json=request_to_wire(request), timeout=timeout
@@ -49,6 +60,8 @@ class HTTPEngine:
                     raise EngineError(f"{self.base_url}: HTTP {response.status}: {await response.text()}")
                 async for raw in response.content:
                     event = _parse_line(raw, self.base_url)
+                    if event is None:  # heartbeat
+                        continue
                     yield event
                     if isinstance(event, Finished):
                         return
@@ -93,12 +106,16 @@ class HTTPEngine:
         return EngineStats(d["running"], d["waiting"], d["version"], d["paused"], d["max_context"], d.get("extra", {}))
 
 
-def _parse_line(raw: bytes, where: str) -> TokenEvent | Finished:
+def _parse_line(raw: bytes, where: str) -> TokenEvent | Finished | None:
     try:
         d = json.loads(raw)
     except json.JSONDecodeError as e:
         raise EngineError(f"{where}: unreadable stream line {raw[:80]!r}") from e
+    if "hb" in d:
+        return None
     if "error" in d:
+        if d.get("kind") == "bad_request":
+            raise ValueError(d["error"])
         raise EngineError(f"{where}: {d['error']}")
     if "finish" in d:
         return Finished(FinishReason(d["finish"]))

@@ -35,6 +35,7 @@ class EngineSpec:
     token_delay_s: float = 0.0  # fake backend only: seconds per token
     fake_reply_tokens: int = 12  # fake backend only: tokens before it samples a stop token
     tensor_parallel: int = 1  # vllm backend only
+    heartbeat_s: float = 5.0  # a quiet generation stream gets a heartbeat line this often
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -48,7 +49,7 @@ class EngineSpec:
             "--backend", self.backend, "--model", self.model, "--seed", str(self.seed),
             "--max-batch", str(self.max_batch), "--token-delay-s", str(self.token_delay_s),
             "--tensor-parallel", str(self.tensor_parallel), "--fake-reply-tokens", str(self.fake_reply_tokens),
-            "--watch-stdin",
+            "--heartbeat-s", str(self.heartbeat_s), "--watch-stdin",
         ]  # fmt: skip
 
 
@@ -107,8 +108,8 @@ class EngineProcess:
         for _ in self._proc.stdout or ():
             pass
 
-    def client(self) -> HTTPEngine:
-        return HTTPEngine(self.url)
+    def client(self, stall_timeout_s: float = 60.0) -> HTTPEngine:
+        return HTTPEngine(self.url, stall_timeout_s=stall_timeout_s)
 
     @property
     def pid(self) -> int:
@@ -145,7 +146,7 @@ async def serve_engine(spec: EngineSpec, host: str, port: int, watch_stdin: bool
     from reference.engine.server import bound_port, start_engine_server
 
     engine = make_engine(spec)
-    runner = await start_engine_server(engine, host, port)
+    runner = await start_engine_server(engine, host, port, spec.heartbeat_s)
     print(f"{READY_PREFIX}{bound_port(runner)}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

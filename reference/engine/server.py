@@ -4,14 +4,16 @@ The trajectory manager never runs a model in its own event loop: it reaches engi
 `HTTPEngine` (reference/engine/client.py), which speaks the small protocol served here.
 
     POST /generate        {"request_id", "prompt_token_ids", "params": {...}} -> NDJSON stream:
-                          {"t": token_id, "l": logprob, "v": version} per token, then {"finish": reason}
+                          {"t": token_id, "l": logprob, "v": version} per token, then {"finish": reason};
+                          {"hb": 1} while quiet; {"error": message, "kind": "bad_request" | "engine"}
     POST /pause | /resume
     POST /update_weights  {"version": int, "source": str | null}
     POST /abort           {"request_id": str}
     GET  /stats | /health
 
-A bad request gets a 400 with {"error": message} before any token is streamed. A client that
-disconnects mid-stream aborts its request, which frees the engine's slot.
+A malformed body gets a 400; a request the engine rejects (a prompt too long, an id outside the
+vocabulary) gets a "bad_request" error line before any token. A client that disconnects
+mid-stream aborts its request, which frees the engine's slot.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from aiohttp import web
@@ -28,6 +31,8 @@ from reference.engine.base import Finished, GenerateRequest, InferenceEngine, Sa
 log = logging.getLogger(__name__)
 
 ENGINE_KEY = web.AppKey("engine", object)
+HEARTBEAT_KEY = web.AppKey("heartbeat_s", float)
+HEARTBEAT_S = 5.0  # a quiet stream gets a {"hb": 1} line this often
 
 
 def _bad(message: str, status: int = 400) -> web.Response:
@@ -86,31 +91,63 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     engine: InferenceEngine = request.app[ENGINE_KEY]
     try:
         gen = parse_generate(await _json_body(request))
-        events = engine.stream(gen)
-        first = await anext(events)  # validation errors surface here, before the response starts
     except ValueError as e:
         return _bad(str(e))
-    except Exception as e:  # the engine failed before the first token
-        log.exception("generation failed to start")
-        return _bad(f"{type(e).__name__}: {e}", 503)
+    # Headers go out at once and a heartbeat line whenever the stream is quiet (a pause for a weight
+    # update can last minutes), so the client can tell a slow engine from a hung one by read timeouts.
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
+    writer = _LineWriter(response, request.app[HEARTBEAT_KEY])
+    events = engine.stream(gen)
     try:
-        event = first
-        while True:
-            await response.write(_event_line(event))
+        async for event in events:
+            await writer.write(_event_line(event))
             if isinstance(event, Finished):
                 break
-            event = await anext(events)
+    except ValueError as e:  # the engine rejected the request, before any token
+        await writer.write(_error_line(str(e), "bad_request"))
     except Exception as e:  # engine failure mid-stream: tell the client, which retries elsewhere
-        if isinstance(e, ConnectionResetError | asyncio.CancelledError):
+        if isinstance(e, ConnectionResetError):
             raise
         log.exception("generation %s failed", gen.request_id)
-        await response.write((json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n").encode())
+        await writer.write(_error_line(f"{type(e).__name__}: {e}", "engine"))
     finally:
+        writer.stop()
         await events.aclose()  # on a disconnect this aborts the request and frees its slot
     await response.write_eof()
     return response
+
+
+class _LineWriter:
+    """Writes whole lines to a streamed response, and a heartbeat line after `heartbeat_s` of quiet."""
+
+    def __init__(self, response: web.StreamResponse, heartbeat_s: float) -> None:
+        self.response, self.heartbeat_s = response, heartbeat_s
+        self._lock = asyncio.Lock()
+        self._last = time.monotonic()
+        self._beat = asyncio.create_task(self._heartbeat()) if heartbeat_s > 0 else None
+
+    async def write(self, line: bytes) -> None:
+        async with self._lock:
+            await self.response.write(line)
+            self._last = time.monotonic()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.0, self._last + self.heartbeat_s - time.monotonic()))
+            if time.monotonic() - self._last >= self.heartbeat_s:
+                try:
+                    await self.write(b'{"hb": 1}\n')
+                except (ConnectionResetError, RuntimeError):
+                    return
+
+    def stop(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+
+
+def _error_line(message: str, kind: str) -> bytes:
+    return (json.dumps({"error": message, "kind": kind}) + "\n").encode()
 
 
 def _event_line(event) -> bytes:
@@ -172,9 +209,12 @@ async def handle_health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-def build_app(engine: InferenceEngine, max_body_bytes: int = 64 << 20) -> web.Application:
+def build_app(
+    engine: InferenceEngine, max_body_bytes: int = 64 << 20, heartbeat_s: float = HEARTBEAT_S
+) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
     app[ENGINE_KEY] = engine
+    app[HEARTBEAT_KEY] = heartbeat_s
     app.add_routes(
         [
             web.post("/generate", handle_generate),
@@ -189,9 +229,11 @@ def build_app(engine: InferenceEngine, max_body_bytes: int = 64 << 20) -> web.Ap
     return app
 
 
-async def start_engine_server(engine: InferenceEngine, host: str = "127.0.0.1", port: int = 0) -> web.AppRunner:
+async def start_engine_server(
+    engine: InferenceEngine, host: str = "127.0.0.1", port: int = 0, heartbeat_s: float = HEARTBEAT_S
+) -> web.AppRunner:
     """Serve `engine` in the running loop; returns the runner (its bound port: `bound_port(runner)`)."""
-    runner = web.AppRunner(build_app(engine), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(build_app(engine, heartbeat_s=heartbeat_s), handler_cancellation=True, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

@@ -135,3 +135,53 @@ def test_all_engines_dead_is_a_clean_503(fake_procs, tok, tmp_path, http):
         _, after = http("GET", f"{m.url}/trajectories/dead")
         assert after == before
         assert http("GET", f"{m.url}/health")[0] == 200
+
+
+def test_frozen_engine_is_detected_by_the_stall_timeout(fake_procs, tok, tmp_path, openai_client):
+    """A process that is alive but sends nothing (SIGSTOP) fails its streams after the stall timeout."""
+    import os
+    import signal
+
+    procs = fake_procs(2, fake_reply_tokens=40, token_delay_s=0.02, heartbeat_s=0.2)
+    engines = {f"e{i}": p.client(stall_timeout_s=1.5) for i, p in enumerate(procs)}
+    with ManagerThread(engines, tok, tmp_path / "t.sqlite", ManagerConfig(default_max_tokens=60)) as m:
+        result = {}
+
+        def agent():
+            with openai_client(m.base_url("frozen")) as client:
+                result["r"] = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+
+        t = threading.Thread(target=agent)
+        t.start()
+        slot = _serving_slot(m.manager)
+        time.sleep(0.2)
+        frozen = procs[int(slot.name[1:])]
+        os.kill(frozen.pid, signal.SIGSTOP)
+        try:
+            t.join(30)
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)
+        assert result["r"].choices[0].finish_reason in ("stop", "length")
+        assert sorted(s.failures for s in m.manager.router.slots) == [0, 1]
+
+
+def test_a_pause_longer_than_the_stall_timeout_is_not_a_failure(fake_procs, tok, tmp_path, openai_client):
+    (proc,) = fake_procs(1, fake_reply_tokens=100, token_delay_s=0.02, heartbeat_s=0.2)
+    config = ManagerConfig(default_max_tokens=120)
+    with ManagerThread({"e0": proc.client(stall_timeout_s=1.0)}, tok, tmp_path / "t.sqlite", config) as m:
+        result = {}
+
+        def agent():
+            with openai_client(m.base_url("patient")) as client:
+                result["r"] = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+
+        t = threading.Thread(target=agent)
+        t.start()
+        _serving_slot(m.manager)
+        m.call(m.manager.pause())
+        time.sleep(3.0)  # three stall timeouts of silence but for heartbeats
+        m.call(m.manager.update_weights(1))
+        m.call(m.manager.resume())
+        t.join(30)
+        versions = result["r"].model_extra["trajectory"]["versions"]
+        assert m.manager.router.slots[0].failures == 0 and versions[-1] == 1
