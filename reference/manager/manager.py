@@ -17,6 +17,7 @@ import asyncio
 import logging
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -48,12 +49,15 @@ class ManagerConfig:
     max_engine_attempts: int = 3  # engines tried for one request before answering 503
     affinity_slack: int = 2
     engine_cooldown_s: float = 5.0
+    max_sessions_in_memory: int = 10_000  # idle sessions beyond this are dropped from memory (the store keeps them)
 
     def __post_init__(self) -> None:
         if self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if self.max_engine_attempts < 1:
             raise ValueError(f"max_engine_attempts must be >= 1, got {self.max_engine_attempts}")
+        if self.max_sessions_in_memory < 1:
+            raise ValueError(f"max_sessions_in_memory must be >= 1, got {self.max_sessions_in_memory}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class Outcome:
 class _Session:
     tree: PrefixTree
     renderer: ChatRenderer
+    in_flight: int = 0  # requests not yet recorded durably: the session must stay in memory
 
 
 @dataclass
@@ -101,7 +106,7 @@ class TrajectoryManager:
         self.router = Router(engines, config.affinity_slack, config.engine_cooldown_s)
         self.max_context = max_context
         self.version = 0
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
         self._pending: list[tuple[tuple, asyncio.Future]] = []  # records waiting for the store
         self._writer: asyncio.Task | None = None
         self._stop_ids = (tokenizer.im_end_id, tokenizer.eos_token_id)
@@ -123,10 +128,21 @@ class TrajectoryManager:
                 param="session_id",
             )
         s = self._sessions.get(session_id)
-        if s is None and (create or self.store.has_session(session_id)):
-            s = self._load_session(session_id)
-            self._sessions[session_id] = s
+        if s is not None:
+            self._sessions.move_to_end(session_id)
+        elif create or self.store.has_session(session_id):
+            s = self._sessions[session_id] = self._load_session(session_id)
+            self._evict()
         return s
+
+    def _evict(self) -> None:
+        """Drop the least recently used idle sessions beyond the limit; they reload from the store."""
+        excess = len(self._sessions) - self.config.max_sessions_in_memory
+        if excess <= 0:
+            return
+        idle = [sid for sid, s in self._sessions.items() if s.in_flight == 0][:excess]
+        for sid in idle:
+            del self._sessions[sid]
 
     def _load_session(self, session_id: str) -> _Session:
         renderer = ChatRenderer(self.tok)
@@ -183,6 +199,17 @@ class TrajectoryManager:
         recorded for it.
         """
         session = self.session(session_id)
+        session.in_flight += 1
+        try:
+            async with aclosing(self._generate(session, prompt, sampling)) as items:
+                async for item in items:
+                    yield item
+        finally:
+            session.in_flight -= 1
+
+    async def _generate(
+        self, session: _Session, prompt: Sequence[int], sampling: Sampling
+    ) -> AsyncIterator[str | Outcome]:
         prompt = tuple(prompt)
         max_tokens = self.budget(len(prompt), sampling)
         request_id = f"req-{uuid.uuid4().hex[:20]}"
@@ -191,6 +218,7 @@ class TrajectoryManager:
         held = max((len(s) for s in sampling.stop), default=1) - 1  # text withheld while a stop may be forming
         emitted, reason, text = 0, "abort", None
         incremental = sampling.stream or bool(sampling.stop)  # otherwise decode once, at the end
+        session_id = session.tree.session_id
         async with aclosing(self._tokens(session_id, request_id, prompt, sampling, max_tokens, progress)) as events:
             async for event in events:
                 if isinstance(event, Finished):

@@ -301,3 +301,23 @@ def test_streaming_client_that_disconnects_frees_its_slot(fake_manager, http):
     assert not engine._running and m.manager.router.slots[0].in_flight == 0
     status, tree = http("GET", f"{m.url}/trajectories/sdc")
     assert status == 200 and tree["num_branches"] == 0  # nothing recorded for an abandoned request
+
+
+def test_idle_sessions_leave_memory_and_come_back_from_the_store(fake_manager, openai_client, http):
+    from reference.manager.manager import ManagerConfig
+
+    m, _ = fake_manager(config=ManagerConfig(default_max_tokens=16, max_sessions_in_memory=2), reply_tokens=6)
+    replies = {}
+    for name in ("a", "b", "c"):
+        with openai_client(m.base_url(name)) as client:
+            replies[name] = chat(client, [{"role": "user", "content": f"hi {name}"}])
+    assert list(m.manager._sessions) == ["b", "c"]  # "a" was the least recently used
+    status, tree = http("GET", f"{m.url}/trajectories/a")  # reloaded from the store
+    assert status == 200 and tree["num_branches"] == 1
+    with openai_client(m.base_url("a")) as client:
+        chat(client, [{"role": "user", "content": "hi a"},
+                      {"role": "assistant", "content": replies["a"].choices[0].message.content},
+                      {"role": "user", "content": "more"}])  # fmt: skip
+    _, tree = http("GET", f"{m.url}/trajectories/a")
+    assert tree["num_branches"] == 1 and len(tree["branches"][0]["request_ids"]) == 2
+    assert http("GET", f"{m.url}/trajectories")[1]["sessions"] == ["a", "b", "c"]
