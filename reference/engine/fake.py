@@ -9,7 +9,7 @@ counts a re-prefill for each unfinished request, `abort` ends a stream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from reference.engine.base import EngineStats, Finished, FinishReason, GenerateRequest, TokenEvent, check_request
 
@@ -63,9 +63,7 @@ class FakeEngine:
                 if request.request_id in self._aborted:
                     reason = FinishReason.ABORT
                     break
-                token = self.next_token(context, self.version, self.vocab_size)
-                if n + 1 == self.reply_tokens and stop:
-                    token = min(stop)
+                token = self._token(request, context, n, stop)
                 context.append(token)
                 yield TokenEvent(token, self.logprob(token), self.version)
                 if token in stop:
@@ -75,6 +73,12 @@ class FakeEngine:
         finally:
             self._running.pop(request.request_id, None)
             self._aborted.discard(request.request_id)
+
+    def _token(self, request: GenerateRequest, context: list[int], n: int, stop: set[int]) -> int:
+        """The n-th token of this request's reply (after `context`)."""
+        if n + 1 == self.reply_tokens and stop:
+            return min(stop)
+        return self.next_token(context, self.version, self.vocab_size)
 
     async def pause(self) -> None:
         self._unpaused.clear()
@@ -94,3 +98,22 @@ class FakeEngine:
 
     async def stats(self) -> EngineStats:
         return EngineStats(len(self._running), 0, self.version, not self._unpaused.is_set(), self.max_context)
+
+
+class ScriptedEngine(FakeEngine):
+    """A fake whose replies are scripted: `script(prompt_token_ids)` returns the reply's token ids, which
+    are emitted in order (then a stop token, if the request has one and the reply does not end on it).
+    For testing agents and parsers on exact model output; everything else is `FakeEngine`'s."""
+
+    def __init__(self, script: Callable[[tuple[int, ...]], Sequence[int]], **kw) -> None:
+        super().__init__(**kw)
+        self.script = script
+        self._replies: dict[str, list[int]] = {}
+
+    def _token(self, request: GenerateRequest, context: list[int], n: int, stop: set[int]) -> int:
+        reply = self._replies.get(request.request_id)
+        if reply is None or n == 0:
+            reply = self._replies[request.request_id] = list(self.script(request.prompt_token_ids))
+        if n < len(reply):
+            return reply[n]
+        return min(stop) if stop else self.next_token(context, self.version, self.vocab_size)

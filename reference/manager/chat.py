@@ -15,26 +15,16 @@ template to one string and tokenising it, both deliberate:
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reference.manager.errors import RequestError
+from reference.manager.tools import call_text, parse_tool_calls, splice_key, tools_system_text, validate_tools
+
 ROLES = ("system", "user", "assistant", "tool")
 MAX_STOP_STRINGS = 4
-
-
-class RequestError(ValueError):
-    """A bad request: becomes an OpenAI-style JSON error with a 4xx status."""
-
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
-
-    def body(self) -> dict:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -56,6 +46,7 @@ class ChatRequest:
     model: str | None
     messages: tuple[dict, ...]
     sampling: Sampling
+    tools: tuple[dict, ...] = ()  # OpenAI function tools, rendered Qwen-style (tools.py)
 
 
 @dataclass(frozen=True)
@@ -160,8 +151,11 @@ def message_text(message: dict, index: int) -> str:
         raise RequestError(
             f"messages[{index}].content must be a string, a list of text parts or null", param="messages"
         )
-    for call in message.get("tool_calls") or ():
-        text += "\n<tool_call>\n" + json.dumps(call.get("function", call), ensure_ascii=False) + "\n</tool_call>"
+    calls = message.get("tool_calls")
+    if calls:
+        if not isinstance(calls, list):
+            raise RequestError(f"messages[{index}].tool_calls must be a list", param="messages")
+        text += ("\n" if text else "") + call_text(calls)
     return text
 
 
@@ -179,7 +173,16 @@ def parse_chat(body: Any) -> ChatRequest:
                 f"messages[{i}].role must be one of {', '.join(ROLES)}; got {m.get('role')!r}", param="messages"
             )
         message_text(m, i)  # validates the content
-    return ChatRequest(_model(body), tuple(messages), parse_sampling(body, logprobs_flag=True))
+    tools = validate_tools(body.get("tools"))
+    choice = body.get("tool_choice", "auto")
+    if choice not in ("auto", "none"):
+        raise RequestError(
+            f"'tool_choice' {choice!r} is not supported (no constrained decoding); use 'auto' or 'none'",
+            param="tool_choice",
+        )
+    return ChatRequest(
+        _model(body), tuple(messages), parse_sampling(body, logprobs_flag=True), tools if choice == "auto" else ()
+    )
 
 
 def parse_completion(body: Any) -> CompletionRequest:
@@ -218,27 +221,62 @@ class ChatRenderer:
         return ids
 
     def remember(self, text: str, token_ids: Sequence[int]) -> None:
-        """Record that this session's agent was answered `text`, sampled as `token_ids`."""
+        """Record that this session's agent was answered `text` (the raw completion), sampled as
+        `token_ids`; found again whether the agent sends back the text or its parsed tool calls."""
         self._generated[text] = tuple(token_ids)
+        content, calls = parse_tool_calls(text)
+        if calls:
+            self._generated[splice_key(content, calls)] = tuple(token_ids)
 
-    def render(self, messages: Sequence[dict]) -> list[int]:
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
         ids: list[int] = []
-        end = self.tok.im_end_id
-        for i, m in enumerate(messages):
-            text = message_text(m, i)
-            ids.append(self.tok.im_start_id)
-            ids.extend(self._encode(f"{m['role']}\n"))
-            spliced = self._generated.get(text) if m["role"] == "assistant" else None
-            if spliced is not None:
-                ids.extend(spliced)
-                if not spliced or spliced[-1] != end:
-                    ids.append(end)
-            else:
-                ids.extend(self._encode(text))
-                ids.append(end)
-            ids.extend(self._encode("\n"))
+        indexed = list(enumerate(messages))
+        if tools:  # the tools block joins (or becomes) the system message, as Qwen's template does
+            first_system = indexed and indexed[0][1]["role"] == "system"
+            system = message_text(indexed[0][1], 0) if first_system else None
+            self._turn(ids, "system", self._encode(tools_system_text(tuple(tools), system)))
+            indexed = indexed[1:] if first_system else indexed
+        k = 0
+        while k < len(indexed):
+            i, m = indexed[k]
+            if m["role"] == "tool":  # consecutive tool results are one user turn of <tool_response> blocks
+                body: list[int] = []
+                while k < len(indexed) and indexed[k][1]["role"] == "tool":
+                    j, t = indexed[k]
+                    body += [*self._encode("\n<tool_response>\n"), *self._encode(message_text(t, j)),
+                             *self._encode("\n</tool_response>")]  # fmt: skip
+                    k += 1
+                self._turn(ids, "user", body, header_newline=False)
+                continue
+            content, spliced = self._content_ids(m, i)
+            self._turn(ids, m["role"], content, spliced=spliced)
+            k += 1
         ids.extend(self.generation_prompt)
         return ids
+
+    def _content_ids(self, m: dict, index: int) -> tuple[tuple[int, ...], bool]:
+        """A message's content tokens, and whether they are an assistant turn this session sampled
+        (spliced back as its exact ids)."""
+        text = message_text(m, index)
+        if m["role"] == "assistant":
+            content = message_text({"content": m.get("content")}, index)
+            spliced = self._generated.get(splice_key(content, m.get("tool_calls")))
+            if spliced is None and not m.get("tool_calls"):
+                spliced = self._generated.get(text)
+            if spliced is not None:
+                return spliced, True
+        return self._encode(text), False
+
+    def _turn(
+        self, ids: list[int], role: str, content: Sequence[int], header_newline: bool = True, spliced: bool = False
+    ) -> None:
+        """<|im_start|>role\n content <|im_end|>\n; a spliced completion that stopped on <|im_end|> has it."""
+        ids.append(self.tok.im_start_id)
+        ids.extend(self._encode(f"{role}\n" if header_newline else role))
+        ids.extend(content)
+        if not (spliced and content and content[-1] == self.tok.im_end_id):
+            ids.append(self.tok.im_end_id)
+        ids.extend(self._encode("\n"))
 
 
 class IncrementalDecoder:

@@ -32,6 +32,7 @@ from reference.manager.chat import (
     usage,
 )
 from reference.manager.manager import Outcome, TrajectoryManager
+from reference.manager.tools import parse_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +90,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     chat = parse_chat(await _body(request))
     manager.check_model(chat.model)
     session = manager.session(sid)
-    prompt = session.renderer.render(chat.messages)
+    prompt = session.renderer.render(chat.messages, chat.tools)
     if chat.sampling.stream:
-        return await _stream(request, manager, sid, prompt, chat.sampling, chat=True)
+        return await _stream(request, manager, sid, prompt, chat.sampling, chat=True, tools=bool(chat.tools))
     o = await _run(manager, sid, prompt, chat.sampling)
+    message, finish = _assistant_message(o, bool(chat.tools))
     choice = {
         "index": 0,
-        "message": {"role": "assistant", "content": o.text},
-        "finish_reason": o.finish_reason,
+        "message": message,
+        "finish_reason": finish,
         "logprobs": chat_logprobs(manager.tok, o.token_ids, o.logprobs) if chat.sampling.logprobs else None,
     }
     return web.json_response(
@@ -110,6 +112,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             "trajectory": _trajectory_info(o),
         }
     )
+
+
+def _assistant_message(o: Outcome, tools: bool) -> tuple[dict, str]:
+    """The OpenAI message for a completion, with tool calls parsed out when tools were offered."""
+    calls = []
+    if tools:
+        content, calls = parse_tool_calls(o.text)
+    if not calls:
+        return {"role": "assistant", "content": o.text}, o.finish_reason
+    finish = "tool_calls" if o.finish_reason == "stop" else o.finish_reason
+    return {"role": "assistant", "content": content, "tool_calls": calls}, finish
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -152,7 +165,11 @@ def _chunk(manager, chat: bool, cid: str, text: str | None, finish: str | None, 
     return {"id": cid, "object": kind, "created": now_s(), "model": manager.config.model_name, "choices": [choice]}
 
 
-async def _stream(request, manager: TrajectoryManager, sid: str, prompt, sampling, chat: bool) -> web.StreamResponse:
+async def _stream(
+    request, manager: TrajectoryManager, sid: str, prompt, sampling, chat: bool, tools: bool = False
+) -> web.StreamResponse:
+    """Server-sent events. With tools offered, the text is held back until the end, when it is sent
+    as content and parsed tool calls (no partial tool-call deltas)."""
     manager.budget(len(prompt), sampling)  # a bad length is a plain 400, before the stream starts
     cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}"
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -168,13 +185,22 @@ async def _stream(request, manager: TrajectoryManager, sid: str, prompt, samplin
         async with aclosing(manager.generate(sid, prompt, sampling)) as events:
             async for item in events:
                 if isinstance(item, Outcome):
-                    final = _chunk(manager, chat, cid, None, item.finish_reason)
+                    finish = item.finish_reason
+                    if tools:
+                        message, finish = _assistant_message(item, tools)
+                        delta = {"content": message["content"]} if message.get("content") else {}
+                        if message.get("tool_calls"):
+                            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+                        chunk = _chunk(manager, chat, cid, None, None)
+                        chunk["choices"][0]["delta"] = delta
+                        await send(chunk)
+                    final = _chunk(manager, chat, cid, None, finish)
                     final["trajectory"] = _trajectory_info(item)
                     await send(final)
                     if sampling.include_usage:
                         u = usage(len(item.prompt_token_ids), len(item.token_ids), item.cached_tokens)
                         await send({**_chunk(manager, chat, cid, None, None), "choices": [], "usage": u})
-                else:
+                elif not tools:
                     await send(_chunk(manager, chat, cid, item, None))
     except RequestError as e:  # the status line is gone: report the error in the stream
         await send(e.body())

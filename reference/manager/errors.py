@@ -1,0 +1,15 @@
+"""The manager's error for a bad request: an OpenAI-style JSON error body with a 4xx (or 5xx) status."""
+
+from __future__ import annotations
+
+
+class RequestError(ValueError):
+    """A bad request: becomes an OpenAI-style JSON error with a 4xx status."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
