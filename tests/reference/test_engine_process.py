@@ -73,6 +73,19 @@ def test_unreachable_engine_is_an_engine_error():
         asyncio.run(main())
 
 
+def _chat_in_background(m: ManagerThread, session: str, openai_client) -> tuple[threading.Thread, dict]:
+    """Start one chat request from another thread; its response lands in result["r"]."""
+    result: dict = {}
+
+    def agent() -> None:
+        with openai_client(m.base_url(session)) as client:
+            result["r"] = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "go"}])
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    return thread, result
+
+
 def _serving_slot(manager, timeout_s: float = 20.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -87,16 +100,7 @@ def test_killed_engine_mid_generation_is_retried_elsewhere(fake_procs, tok, tmp_
     procs = fake_procs(2, fake_reply_tokens=60, token_delay_s=0.02)
     engines = {f"e{i}": p.client() for i, p in enumerate(procs)}
     with ManagerThread(engines, tok, tmp_path / "t.sqlite", ManagerConfig(default_max_tokens=80)) as m:
-        result = {}
-
-        def agent():
-            with openai_client(m.base_url("crash")) as client:
-                result["r"] = client.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": "survive"}]
-                )
-
-        t = threading.Thread(target=agent)
-        t.start()
+        t, result = _chat_in_background(m, "crash", openai_client)
         slot = _serving_slot(m.manager)
         time.sleep(0.3)  # some tokens from the first engine
         procs[int(slot.name[1:])].kill()
@@ -145,14 +149,7 @@ def test_frozen_engine_is_detected_by_the_stall_timeout(fake_procs, tok, tmp_pat
     procs = fake_procs(2, fake_reply_tokens=40, token_delay_s=0.02, heartbeat_s=0.2)
     engines = {f"e{i}": p.client(stall_timeout_s=1.5) for i, p in enumerate(procs)}
     with ManagerThread(engines, tok, tmp_path / "t.sqlite", ManagerConfig(default_max_tokens=60)) as m:
-        result = {}
-
-        def agent():
-            with openai_client(m.base_url("frozen")) as client:
-                result["r"] = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
-
-        t = threading.Thread(target=agent)
-        t.start()
+        t, result = _chat_in_background(m, "frozen", openai_client)
         slot = _serving_slot(m.manager)
         time.sleep(0.2)
         frozen = procs[int(slot.name[1:])]
@@ -169,14 +166,7 @@ def test_a_pause_longer_than_the_stall_timeout_is_not_a_failure(fake_procs, tok,
     (proc,) = fake_procs(1, fake_reply_tokens=100, token_delay_s=0.02, heartbeat_s=0.2)
     config = ManagerConfig(default_max_tokens=120)
     with ManagerThread({"e0": proc.client(stall_timeout_s=1.0)}, tok, tmp_path / "t.sqlite", config) as m:
-        result = {}
-
-        def agent():
-            with openai_client(m.base_url("patient")) as client:
-                result["r"] = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
-
-        t = threading.Thread(target=agent)
-        t.start()
+        t, result = _chat_in_background(m, "patient", openai_client)
         _serving_slot(m.manager)
         m.call(m.manager.pause())
         time.sleep(3.0)  # three stall timeouts of silence but for heartbeats
