@@ -62,6 +62,7 @@ serve: $(STAMP)  ## make serve [PORT=8000] [ENGINES=1]: engines + trajectory man
 figures: $(STAMP)  ## regenerate the simulator figures in experiments/out/
 	$(PY) -m experiments.headline
 	$(PY) -m experiments.sensitivity
+	$(PY) -m experiments.weight_updates
 
 train-math train-swe validate:
 	@echo "make $@: the reference runtime is not built yet (see README, 'Status')." >&2; exit 1

@@ -1,0 +1,264 @@
+"""Weight updates on the real data plane: partial rollout against draining and against abort-and-restart.
+
+Question: agents keep talking to the trajectory manager while a trainer publishes new weights every
+few seconds. What does each way of applying an update cost them and the engine?
+
+- `partial` (SeamlessFlow's partial rollout): pause every engine at a token boundary, load the
+  weights, resume; unfinished requests re-prefill and go on, so one response may mix versions.
+- `drain` (synchronous pipelines): stop admitting turns, wait until every in-flight request has
+  finished, update, admit again; the engine idles while the slowest requests finish.
+- `restart`: abandon every in-flight request (the agents disconnect, which aborts them), update,
+  send the same turns again from scratch; their tokens so far are wasted.
+
+This runs the real runtime on CPU: the built-in engine (tiny Qwen3) in its own process, the
+trajectory manager in a background thread, and agents that stream multi-turn episodes over HTTP
+with long-tailed response lengths and a pause for a "tool call" between turns. Numbers are wall-clock
+measurements of one run on this machine, not deterministic; the comparison is within one run.
+
+    python -m experiments.weight_updates [--agents 16] [--seconds 30] [--interval-s 3] [--out DIR]
+
+Writes, in `--out` (default experiments/out/weight_updates): weight_updates.json (per strategy:
+useful and generated tokens per second, wasted share, prefill tokens, batch occupancy, turn latency
+p50/p99, share of tokens older than the policy when their response finished) and weight_updates.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from experiments._common import NO_STAMP, save_json
+from reference.engine.process import EngineProcess, EngineSpec
+from reference.manager.embedded import ManagerThread
+from reference.tokenizer import default_tokenizer
+
+STRATEGIES = ("partial", "drain", "restart")
+COLOURS = {"partial": "#1f77b4", "drain": "#7f7f7f", "restart": "#d62728"}
+MODEL = "seamlessflow-tiny"
+
+
+@dataclass
+class State:
+    """What the controller and the agents share within one strategy's run."""
+
+    strategy: str
+    version: int = 0
+    epoch: int = 0  # bumped by `restart`: streams started in an older epoch are abandoned
+    stop: bool = False
+    gate: asyncio.Event = field(default_factory=asyncio.Event)  # cleared by `drain`
+    in_flight: int = 0
+
+
+@dataclass
+class Tally:
+    useful_tokens: int = 0
+    stale_tokens: int = 0  # tokens sampled by an older version than the policy's when their response finished
+    turns: int = 0
+    abandoned: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+
+
+def response_length(rng: random.Random, median: int, cap: int) -> int:
+    return max(4, min(cap, int(median * math.exp(rng.gauss(0.0, 0.8)))))
+
+
+async def one_turn(http, url: str, body: dict, state: State, tally: Tally) -> tuple[dict, str] | None:
+    """Stream one completion; (its final chunk, its text), or None if `restart` abandoned it."""
+    epoch, text = state.epoch, []
+    state.in_flight += 1
+    try:
+        async with http.post(url, json=body) as response:
+            async for raw in response.content:
+                if state.epoch != epoch:  # closing the response aborts the engine request
+                    tally.abandoned += 1
+                    return None
+                line = raw.decode().strip()
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                choice = chunk["choices"][0] if chunk.get("choices") else {}
+                text.append(choice.get("delta", {}).get("content") or "")
+                if choice.get("finish_reason"):
+                    return chunk, "".join(text)
+    finally:
+        state.in_flight -= 1
+    raise RuntimeError("stream ended without a final chunk")
+
+
+async def agent(http, base: str, index: int, state: State, tally: Tally, args) -> None:
+    rng = random.Random(index)
+    episode, turn, messages = 0, 0, [{"role": "user", "content": f"agent {index}: fix the failing test"}]
+    body = None
+    while not state.stop:
+        await state.gate.wait()
+        if body is None:  # a new turn (an abandoned one is sent again unchanged)
+            body = {"model": MODEL, "messages": messages, "stream": True, "seed": rng.randrange(1 << 30),
+                    "max_tokens": response_length(rng, args.median_tokens, args.max_tokens)}  # fmt: skip
+            start = time.perf_counter()
+        done = await one_turn(http, f"{base}/s/{state.strategy}-{index}-{episode}/v1/chat/completions", body,
+                              state, tally)  # fmt: skip
+        if done is None:
+            continue  # abandoned by `restart`
+        body = None
+        final, reply = done
+        versions = final["trajectory"]["versions"]
+        tally.latencies_s.append(time.perf_counter() - start)
+        tally.useful_tokens += len(versions)
+        tally.stale_tokens += sum(v < state.version for v in versions)
+        tally.turns += 1
+        turn += 1
+        messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": f"output {turn}"}]
+        if turn == args.turns:
+            episode, turn, messages = episode + 1, 0, messages[:1]
+        await asyncio.sleep(args.tool_s)
+
+
+async def controller(m: ManagerThread, state: State, interval_s: float) -> None:
+    async def call(coro):
+        return await asyncio.wrap_future(m.submit(coro))
+
+    due = time.perf_counter()
+    while not state.stop:
+        due += interval_s  # a fixed schedule, however long an update takes
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        if state.stop:
+            return
+        if state.strategy == "drain":
+            state.gate.clear()
+            while state.in_flight:
+                await asyncio.sleep(0.01)
+        elif state.strategy == "restart":
+            state.epoch += 1
+        await call(m.manager.pause())
+        state.version += 1
+        await call(m.manager.update_weights(state.version))
+        await call(m.manager.resume())
+        state.gate.set()
+
+
+async def sample_occupancy(engine, state: State, samples: list[int]) -> None:
+    while not state.stop:
+        samples.append((await engine.stats()).running)
+        await asyncio.sleep(0.05)
+
+
+async def run_strategy(strategy: str, m: ManagerThread, engine, args) -> dict:
+    state, tally, occupancy = State(strategy), Tally(), []
+    state.gate.set()
+    before = (await engine.stats()).extra
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
+        start = time.perf_counter()
+        agents = [asyncio.create_task(agent(http, m.url, i, state, tally, args)) for i in range(args.agents)]
+        background = [asyncio.create_task(controller(m, state, args.interval_s)),
+                      asyncio.create_task(sample_occupancy(engine, state, occupancy))]  # fmt: skip
+        await asyncio.sleep(args.seconds)
+        state.stop = True
+        state.gate.set()
+        await asyncio.gather(*agents, *background)  # every agent finishes its current turn
+        wall = time.perf_counter() - start
+    after = (await engine.stats()).extra
+    generated = after["tokens_generated"] - before["tokens_generated"]
+    lat = sorted(tally.latencies_s)
+    return {
+        "strategy": strategy,
+        "wall_s": wall,
+        "updates": state.version,
+        "turns": tally.turns,
+        "abandoned_requests": tally.abandoned,
+        "useful_tokens_per_s": tally.useful_tokens / wall,
+        "generated_tokens_per_s": generated / wall,
+        "wasted_share": 1 - tally.useful_tokens / generated if generated else 0.0,
+        "prefill_tokens": after["prefill_tokens"] - before["prefill_tokens"],
+        "reprefills": after["reprefills"] - before["reprefills"],
+        "batch_occupancy": statistics.fmean(occupancy) / args.max_batch if occupancy else 0.0,
+        "idle_share": sum(r == 0 for r in occupancy) / len(occupancy) if occupancy else 0.0,
+        "turn_latency_p50_s": lat[len(lat) // 2] if lat else 0.0,
+        "turn_latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0,
+        "stale_token_share": tally.stale_tokens / tally.useful_tokens if tally.useful_tokens else 0.0,
+    }
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("useful_tokens_per_s", "useful tokens / s", 1),
+        ("batch_occupancy", "engine batch occupancy (%)", 100),
+        ("wasted_share", "generated tokens wasted (%)", 100),
+        ("turn_latency_p99_s", "turn latency p99 (s)", 1),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(13, 3.2))
+    names = [r["strategy"] for r in results]
+    for ax, (key, title, scale) in zip(axes, panels, strict=True):
+        values = [r[key] * scale for r in results]
+        ax.bar(names, values, color=[COLOURS[n] for n in names])
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(0, max(values + [1e-9]) * 1.18)
+        for x, v in enumerate(values):
+            ax.annotate(f"{v:.1f}" if v < 100 else f"{v:.0f}", (x, v), ha="center", va="bottom", fontsize=8)
+    fig.suptitle("Applying a weight update every few seconds while agents stream (built-in engine, CPU)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, metadata=NO_STAMP)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m experiments.weight_updates", description=__doc__.splitlines()[0])
+    p.add_argument("--agents", type=int, default=16, help="concurrent agents (twice the engine batch by default)")
+    p.add_argument("--seconds", type=float, default=30.0, help="measured time per strategy")
+    p.add_argument("--interval-s", type=float, default=3.0, help="seconds between weight updates")
+    p.add_argument("--turns", type=int, default=4, help="turns per episode")
+    p.add_argument("--tool-s", type=float, default=0.2, help="agent-side pause between turns")
+    p.add_argument("--median-tokens", type=int, default=48)
+    p.add_argument("--max-tokens", type=int, default=384)
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--out", default="experiments/out/weight_updates")
+    args = p.parse_args(argv)
+    bad = [s for s in args.strategies.split(",") if s not in STRATEGIES]
+    if bad:
+        p.error(f"unknown strategy {bad[0]!r}; valid choices: {', '.join(STRATEGIES)}")
+    return args
+
+
+async def run_all(args, m: ManagerThread, engine) -> list[dict]:
+    results = []
+    for strategy in args.strategies.split(","):
+        print(f"{strategy}: {args.seconds:.0f} s with {args.agents} agents ...", flush=True)
+        results.append(await run_strategy(strategy, m, engine, args))
+    await engine.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, EngineProcess(EngineSpec(max_batch=args.max_batch)) as proc:
+        with ManagerThread({"e0": proc.client()}, default_tokenizer(), Path(tmp) / "t.sqlite") as m:
+            results = asyncio.run(run_all(args, m, proc.client()))
+    save_json({"args": vars(args), "results": results}, out / "weight_updates.json")
+    plot(results, out / "weight_updates.png")
+    keys = ("useful_tokens_per_s", "batch_occupancy", "idle_share", "wasted_share", "turn_latency_p50_s",
+            "turn_latency_p99_s", "stale_token_share", "updates")  # fmt: skip
+    print(f"{'strategy':>9} " + " ".join(f"{k:>20}" for k in keys))
+    for r in results:
+        print(f"{r['strategy']:>9} " + " ".join(f"{r[k]:20.3f}" for k in keys))
+    print(f"outputs: {out}/")
+
+
+if __name__ == "__main__":
+    main()
