@@ -19,7 +19,9 @@ measurements of one run on this machine, not deterministic; the comparison is wi
 
 Writes, in `--out` (default experiments/out/weight_updates): weight_updates.json (per strategy:
 useful and generated tokens per second, wasted share, prefill tokens, batch occupancy, turn latency
-p50/p99, share of tokens older than the policy when their response finished) and weight_updates.png.
+p50/p99, share of tokens older than the policy when their response finished), weight_updates.png,
+and the engine's own activity log under each strategy as the shared timeline record:
+weight_updates_timeline.png (the pipeline picture) and weight_updates_trace.json (Chrome trace).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ from pathlib import Path
 
 import aiohttp
 
+from core.plot import draw_timeline
+from core.tags import Phase
+from core.timeline import Interval, Timeline
+from core.trace import write_chrome_trace
 from experiments._common import NO_STAMP, save_json
 from reference.engine.process import EngineProcess, EngineSpec
 from reference.manager.embedded import ManagerThread
@@ -156,6 +162,7 @@ async def run_strategy(strategy: str, m: ManagerThread, engine, args) -> dict:
     state, tally, occupancy = State(strategy), Tally(), []
     state.gate.set()
     before = (await engine.stats()).extra
+    t0 = (await engine.timeline())["now_s"]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
         start = time.perf_counter()
         agents = [asyncio.create_task(agent(http, m.url, i, state, tally, args)) for i in range(args.agents)]
@@ -167,6 +174,7 @@ async def run_strategy(strategy: str, m: ManagerThread, engine, args) -> dict:
         await asyncio.gather(*agents, *background)  # every agent finishes its current turn
         wall = time.perf_counter() - start
     after = (await engine.stats()).extra
+    activity = engine_intervals(await engine.timeline(), t0, strategy)
     generated = after["tokens_generated"] - before["tokens_generated"]
     lat = sorted(tally.latencies_s)
     return {
@@ -185,7 +193,30 @@ async def run_strategy(strategy: str, m: ManagerThread, engine, args) -> dict:
         "turn_latency_p50_s": lat[len(lat) // 2] if lat else 0.0,
         "turn_latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0,
         "stale_token_share": tally.stale_tokens / tally.useful_tokens if tally.useful_tokens else 0.0,
+        "activity": activity,
     }
+
+
+def engine_intervals(snapshot: dict, t0: float, name: str) -> list[Interval]:
+    """The engine's intervals since `t0` (its clock), shifted to start at 0 and named after the strategy."""
+    out = []
+    for d in snapshot["intervals"]:
+        if d["start_s"] >= t0:
+            fields = {**d, "resource": name, "tags": tuple(d["tags"]), "phase": Phase(d["phase"])}
+            out.append(Interval(**{**fields, "start_s": d["start_s"] - t0, "end_s": d["end_s"] - t0}))
+    return out
+
+
+def activity_timeline(results: list[dict]) -> Timeline:
+    """One row per strategy; shorter runs padded with idle to the longest."""
+    wall = max(r["activity"][-1].end_s for r in results if r["activity"])
+    intervals = []
+    for r in results:
+        intervals += r["activity"]
+        last = r["activity"][-1]
+        if last.end_s < wall:
+            intervals.append(Interval(last.resource, last.tags, last.active, Phase.IDLE, last.end_s, wall, 0, 0, 1))
+    return Timeline(intervals, [], wall)
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -250,6 +281,12 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp, EngineProcess(EngineSpec(max_batch=args.max_batch)) as proc:
         with ManagerThread({"e0": proc.client()}, default_tokenizer(), Path(tmp) / "t.sqlite") as m:
             results = asyncio.run(run_all(args, m, proc.client()))
+    timeline = activity_timeline(results)
+    write_chrome_trace(timeline, out / "weight_updates_trace.json")
+    title = "the engine under each strategy (pale rollout: few tokens per second; orange: paused for an update)"
+    draw_timeline(timeline, out / "weight_updates_timeline.png", title)
+    for r in results:
+        del r["activity"]
     save_json({"args": vars(args), "results": results}, out / "weight_updates.json")
     plot(results, out / "weight_updates.png")
     keys = ("useful_tokens_per_s", "batch_occupancy", "idle_share", "wasted_share", "turn_latency_p50_s",

@@ -40,6 +40,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen3ForCausalLM
 
+from core.tags import Phase
+from reference.engine.activity import ActivityLog
 from reference.engine.base import (
     EngineError,
     EngineStats,
@@ -134,6 +136,7 @@ class BuiltinEngine:
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         self._prefix = PrefixCache(int(prefix_cache_mb * 2**20))
+        self._activity = ActivityLog()  # worker-owned
         self._rng = random.Random(seed)  # draws per-request seeds, in submission order
         # Worker-owned state (only the worker thread touches it, via commands).
         self._waiting: deque[_Seq] = deque()
@@ -210,6 +213,10 @@ class BuiltinEngine:
     async def stats(self) -> EngineStats:
         return await self._call(self._cmd_stats)
 
+    async def timeline(self) -> dict:
+        """What the engine did so far, as timeline intervals (see reference/engine/activity.py)."""
+        return await self._call(self._activity.snapshot)
+
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the worker (after its current step); open streams end with EngineError."""
         self._closing = True
@@ -275,6 +282,8 @@ class BuiltinEngine:
             # no_grad, not inference_mode: the cache is also written by commands (abort compacts slots).
             with torch.no_grad():
                 while not self._closing:
+                    if not self._busy():
+                        self._activity.mark(Phase.SYNC if self._paused else Phase.IDLE, 0, self._version)
                     self._drain_inbox(block=not self._busy())
                     if self._busy() and not self._closing:
                         self._step()
@@ -335,6 +344,7 @@ class BuiltinEngine:
     def _step(self) -> None:
         while self._waiting and len(self._running) < self.max_batch:
             self._running.append(self._waiting.popleft())
+        self._activity.mark(Phase.ROLLOUT, len(self._running), self._version)
         longest = max(len(s.tokens) for s in self._running)
         self._cache.ensure(len(self._running), longest)
         for slot, seq in enumerate(self._running):
@@ -369,6 +379,7 @@ class BuiltinEngine:
         )
         self._counters.steps += 1
         self._counters.tokens_generated += len(tokens)
+        self._activity.add_tokens(len(tokens))
         finished: list[tuple[int, FinishReason]] = []
         for i, (seq, token, logprob) in enumerate(zip(running, tokens, logprobs, strict=True)):
             seq.tokens.append(token)
@@ -425,6 +436,7 @@ class BuiltinEngine:
 
     def _cmd_pause(self) -> None:
         self._paused = True
+        self._activity.mark(Phase.SYNC, 0, self._version)
 
     def _require_paused(self, what: str) -> None:
         if not self._paused:

@@ -96,6 +96,18 @@ class HTTPEngine:
     async def abort(self, request_id: str) -> None:
         await self._post("/abort", {"request_id": request_id})
 
+    async def timeline(self) -> dict:
+        """The engine's activity log (`GET /timeline`): {"now_s", "intervals": [...]}."""
+        timeout = aiohttp.ClientTimeout(total=self.control_timeout_s, sock_connect=self.connect_timeout_s)
+        try:
+            async with self._http().get(f"{self.base_url}/timeline", timeout=timeout) as response:
+                data = await response.json()
+        except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
+            raise EngineError(f"{self.base_url}/timeline: {type(e).__name__}: {e}") from e
+        if response.status != 200:
+            raise EngineError(f"{self.base_url}/timeline: HTTP {response.status}: {data}")
+        return data
+
     async def stats(self) -> EngineStats:
         timeout = aiohttp.ClientTimeout(total=self.control_timeout_s, sock_connect=self.connect_timeout_s)
         try:

@@ -10,6 +10,7 @@ The trajectory manager never runs a model in its own event loop: it reaches engi
     POST /update_weights  {"version": int, "source": str | null}
     POST /abort           {"request_id": str}
     GET  /stats | /health
+    GET  /timeline        {"now_s", "intervals": [...]}: what the engine did (engines that keep one)
 
 A malformed body gets a 400; a request the engine rejects (a prompt too long, an id outside the
 vocabulary) gets a "bad_request" error line before any token. A client that disconnects
@@ -205,6 +206,13 @@ async def handle_stats(request: web.Request) -> web.Response:
     )
 
 
+async def handle_timeline(request: web.Request) -> web.Response:
+    timeline = getattr(request.app[ENGINE_KEY], "timeline", None)
+    if timeline is None:
+        return _bad("this engine keeps no timeline", 501)
+    return web.json_response(await timeline())
+
+
 async def handle_health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
@@ -223,6 +231,7 @@ def build_app(
             web.post("/update_weights", handle_update_weights),
             web.post("/abort", handle_abort),
             web.get("/stats", handle_stats),
+            web.get("/timeline", handle_timeline),
             web.get("/health", handle_health),
         ]
     )

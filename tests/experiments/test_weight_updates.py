@@ -18,7 +18,10 @@ def test_weight_update_strategies_smoke(tmp_path):
     assert all(r["updates"] >= 1 and r["turns"] > 0 for r in by.values())
     assert by["partial"]["wasted_share"] == pytest.approx(0, abs=1e-9)
     assert by["drain"]["wasted_share"] == pytest.approx(0, abs=1e-9) and by["drain"]["stale_token_share"] == 0
-    assert (tmp_path / "weight_updates.png").stat().st_size > 0
+    for name in ("weight_updates.png", "weight_updates_timeline.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    trace = json.loads((tmp_path / "weight_updates_trace.json").read_text())
+    assert {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"} >= set(by)
 
 
 def test_unknown_strategy_is_refused(capsys):
