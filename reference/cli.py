@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -48,6 +50,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--store", default="results/trajectories.sqlite", help="SQLite trajectory store (WAL)")
     s.add_argument("--model-name", default=None, help="the name agents pass as `model` (default: from --model)")
     s.add_argument("--default-max-tokens", type=int, default=1024)
+    s.add_argument("--admin-token", default=os.environ.get("SEAMLESSFLOW_ADMIN_TOKEN"),
+                   help="require this bearer token on /admin/* (default: $SEAMLESSFLOW_ADMIN_TOKEN; none)")  # fmt: skip
+    s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     _engine_args(s)
     e = sub.add_parser("engine", help="one engine process behind HTTP")
     e.add_argument("--host", default="127.0.0.1")
@@ -84,7 +89,9 @@ async def serve(args) -> None:
     spec = _spec(args)
     tokenizer = _load_tokenizer(args.model)
     model_name = args.model_name or ("seamlessflow-tiny" if args.model == "default" else Path(args.model).name)
-    config = ManagerConfig(model_name=model_name, default_max_tokens=args.default_max_tokens)
+    config = ManagerConfig(
+        model_name=model_name, default_max_tokens=args.default_max_tokens, admin_token=args.admin_token
+    )
     from reference.engine.client import HTTPEngine
 
     procs: list[EngineProcess] = []
@@ -130,6 +137,9 @@ def check(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(args, "log_level", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         if args.command == "serve":
             asyncio.run(serve(args))

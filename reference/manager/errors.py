@@ -11,5 +11,7 @@ class RequestError(ValueError):
         self.status, self.param, self.code = status, param, code
 
     def body(self) -> dict:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        kind = {401: "authentication_error"}.get(
+            self.status, "invalid_request_error" if self.status < 500 else "server_error"
+        )
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}

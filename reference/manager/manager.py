@@ -50,6 +50,7 @@ class ManagerConfig:
     affinity_slack: int = 2
     engine_cooldown_s: float = 5.0
     max_sessions_in_memory: int = 10_000  # idle sessions beyond this are dropped from memory (the store keeps them)
+    admin_token: str | None = None  # when set, /admin/* needs "Authorization: Bearer <token>"
 
     def __post_init__(self) -> None:
         if self.default_max_tokens < 1:

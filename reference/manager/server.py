@@ -15,6 +15,7 @@ Handlers are cancelled when the client disconnects, which aborts the engine requ
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import time
@@ -42,6 +43,8 @@ MANAGER_KEY = web.AppKey("manager", TrajectoryManager)
 @web.middleware
 async def openai_errors(request: web.Request, handler):
     try:
+        if request.path.startswith("/admin/"):
+            _check_admin(request)
         return await handler(request)
     except RequestError as e:
         return web.json_response(e.body(), status=e.status)
@@ -55,6 +58,16 @@ async def openai_errors(request: web.Request, handler):
         log.exception("unhandled error on %s %s", request.method, request.path)
         body = RequestError("internal server error", status=500, code="internal_error").body()
         return web.json_response(body, status=500)
+
+
+def _check_admin(request: web.Request) -> None:
+    token = request.app[MANAGER_KEY].config.admin_token
+    if token is None:
+        return
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise RequestError("admin endpoints need 'Authorization: Bearer <admin token>'", status=401,
+                           code="unauthorized")  # fmt: skip
 
 
 async def _body(request: web.Request):

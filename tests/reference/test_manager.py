@@ -321,3 +321,18 @@ def test_idle_sessions_leave_memory_and_come_back_from_the_store(fake_manager, o
     _, tree = http("GET", f"{m.url}/trajectories/a")
     assert tree["num_branches"] == 1 and len(tree["branches"][0]["request_ids"]) == 2
     assert http("GET", f"{m.url}/trajectories")[1]["sessions"] == ["a", "b", "c"]
+
+
+def test_admin_token_guards_the_control_endpoints(fake_manager, http):
+    import urllib.request
+
+    from reference.manager.manager import ManagerConfig
+
+    m, _ = fake_manager(config=ManagerConfig(admin_token="s3cret"))
+    status, err = http("POST", f"{m.url}/admin/pause", {})
+    assert status == 401 and err["error"]["type"] == "authentication_error"
+    request = urllib.request.Request(f"{m.url}/admin/pause", data=b"{}", method="POST",
+                                     headers={"Authorization": "Bearer s3cret"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    assert http("GET", f"{m.url}/health")[0] == 200  # only /admin/* is guarded
