@@ -336,3 +336,26 @@ def test_admin_token_guards_the_control_endpoints(fake_manager, http):
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
     assert http("GET", f"{m.url}/health")[0] == 200  # only /admin/* is guarded
+
+
+def test_concurrent_requests_in_one_session_replay_identically(fake_manager, openai_client, http, tmp_path):
+    """Parallel turns of one session finish together and are group-committed; the store's replay must
+    equal the live tree, anchors and all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = tmp_path / "parallel.sqlite"
+    m, _ = fake_manager(store=store, reply_tokens=20, token_delay_s=0.001)
+    system = {"role": "system", "content": "You are one of many parallel samples."}
+
+    def ask(i: int):
+        with openai_client(m.base_url("fanout")) as client:
+            return chat(client, [system, {"role": "user", "content": f"variant {i % 4}"}], seed=i)
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        replies = list(pool.map(ask, range(12)))
+    _, live = http("GET", f"{m.url}/trajectories/fanout")
+    assert sum(len(b["request_ids"]) for b in live["branches"]) == 12 == len(replies)
+    m.close()
+    m2, _ = fake_manager(store=store)
+    _, replayed = http("GET", f"{m2.url}/trajectories/fanout")
+    assert replayed == live
