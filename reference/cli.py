@@ -29,12 +29,15 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fake-reply-tokens", type=int, default=12, help="fake backend: tokens before a stop token")
     p.add_argument("--tensor-parallel", type=int, default=1, help="vllm backend: GPUs per engine")
     p.add_argument("--heartbeat-s", type=float, default=5.0, help="heartbeat of a quiet generation stream")
+    p.add_argument("--coalesce-s", type=float, default=0.0,
+                   help="wait this long after a token for more to send in one line (default 0)")  # fmt: skip
 
 
 def _spec(args) -> EngineSpec:
     return EngineSpec(
-        args.backend, args.model, args.seed, args.max_batch, args.token_delay_s, args.fake_reply_tokens,
-        args.tensor_parallel, args.heartbeat_s,
+        backend=args.backend, model=args.model, seed=args.seed, max_batch=args.max_batch,
+        token_delay_s=args.token_delay_s, fake_reply_tokens=args.fake_reply_tokens,
+        tensor_parallel=args.tensor_parallel, heartbeat_s=args.heartbeat_s, coalesce_s=args.coalesce_s,
     )  # fmt: skip
 
 

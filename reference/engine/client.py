@@ -59,12 +59,10 @@ class HTTPEngine:
                 if response.status != 200:
                     raise EngineError(f"{self.base_url}: HTTP {response.status}: {await response.text()}")
                 async for raw in response.content:
-                    event = _parse_line(raw, self.base_url)
-                    if event is None:  # heartbeat
-                        continue
-                    yield event
-                    if isinstance(event, Finished):
-                        return
+                    for event in _parse_line(raw, self.base_url):  # nothing for a heartbeat
+                        yield event
+                        if isinstance(event, Finished):
+                            return
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
             raise EngineError(f"{self.base_url}: {type(e).__name__}: {e}") from e
         raise EngineError(f"{self.base_url}: stream for {request.request_id} ended without a finish line")
@@ -118,17 +116,19 @@ class HTTPEngine:
         return EngineStats(d["running"], d["waiting"], d["version"], d["paused"], d["max_context"], d.get("extra", {}))
 
 
-def _parse_line(raw: bytes, where: str) -> TokenEvent | Finished | None:
+def _parse_line(raw: bytes, where: str) -> list[TokenEvent | Finished]:
     try:
         d = json.loads(raw)
     except json.JSONDecodeError as e:
         raise EngineError(f"{where}: unreadable stream line {raw[:80]!r}") from e
     if "hb" in d:
-        return None
+        return []
     if "error" in d:
         if d.get("kind") == "bad_request":
             raise ValueError(d["error"])
         raise EngineError(f"{where}: {d['error']}")
     if "finish" in d:
-        return Finished(FinishReason(d["finish"]))
-    return TokenEvent(d["t"], d["l"], d["v"])
+        return [Finished(FinishReason(d["finish"]))]
+    if isinstance(d["t"], list):
+        return [TokenEvent(t, lp, v) for t, lp, v in zip(d["t"], d["l"], d["v"], strict=True)]
+    return [TokenEvent(d["t"], d["l"], d["v"])]

@@ -36,6 +36,7 @@ class EngineSpec:
     fake_reply_tokens: int = 12  # fake backend only: tokens before it samples a stop token
     tensor_parallel: int = 1  # vllm backend only
     heartbeat_s: float = 5.0  # a quiet generation stream gets a heartbeat line this often
+    coalesce_s: float = 0.0  # > 0: wait this long after a token for more to send in the same line
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -49,7 +50,7 @@ class EngineSpec:
             "--backend", self.backend, "--model", self.model, "--seed", str(self.seed),
             "--max-batch", str(self.max_batch), "--token-delay-s", str(self.token_delay_s),
             "--tensor-parallel", str(self.tensor_parallel), "--fake-reply-tokens", str(self.fake_reply_tokens),
-            "--heartbeat-s", str(self.heartbeat_s), "--watch-stdin",
+            "--heartbeat-s", str(self.heartbeat_s), "--coalesce-s", str(self.coalesce_s), "--watch-stdin",
         ]  # fmt: skip
 
 
@@ -146,7 +147,7 @@ async def serve_engine(spec: EngineSpec, host: str, port: int, watch_stdin: bool
     from reference.engine.server import bound_port, start_engine_server
 
     engine = make_engine(spec)
-    runner = await start_engine_server(engine, host, port, spec.heartbeat_s)
+    runner = await start_engine_server(engine, host, port, spec.heartbeat_s, spec.coalesce_s)
     print(f"{READY_PREFIX}{bound_port(runner)}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

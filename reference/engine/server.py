@@ -4,7 +4,8 @@ The trajectory manager never runs a model in its own event loop: it reaches engi
 `HTTPEngine` (reference/engine/client.py), which speaks the small protocol served here.
 
     POST /generate        {"request_id", "prompt_token_ids", "params": {...}} -> NDJSON stream:
-                          {"t": token_id, "l": logprob, "v": version} per token, then {"finish": reason};
+                          {"t": [ids], "l": [logprobs], "v": [versions]} per batch of tokens (those
+                          waiting when the line is written), then {"finish": reason};
                           {"hb": 1} while quiet; {"error": message, "kind": "bad_request" | "engine"}
     POST /pause | /resume
     POST /update_weights  {"version": int, "source": str | null}
@@ -27,13 +28,17 @@ from typing import Any
 
 from aiohttp import web
 
-from reference.engine.base import Finished, GenerateRequest, InferenceEngine, SamplingParams
+from reference.engine.base import Finished, GenerateRequest, InferenceEngine, SamplingParams, TokenEvent
 
 log = logging.getLogger(__name__)
 
 ENGINE_KEY = web.AppKey("engine", object)
 HEARTBEAT_KEY = web.AppKey("heartbeat_s", float)
 HEARTBEAT_S = 5.0  # a quiet stream gets a {"hb": 1} line this often
+COALESCE_KEY = web.AppKey("coalesce_s", float)
+# Tokens already waiting when a line is written always travel together; a window > 0 also waits that
+# long after a token for more (fewer lines for the manager to parse, at that much added latency).
+COALESCE_S = 0.0
 
 
 def _bad(message: str, status: int = 400) -> web.Response:
@@ -100,10 +105,15 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     writer = _LineWriter(response, request.app[HEARTBEAT_KEY])
     events = engine.stream(gen)
+    pump = _Pump(events)
     try:
-        async for event in events:
-            await writer.write(_event_line(event))
-            if isinstance(event, Finished):
+        while True:
+            batch = await pump.batch(request.app[COALESCE_KEY])
+            tokens = [e for e in batch if isinstance(e, TokenEvent)]
+            if tokens:
+                await writer.write(_tokens_line(tokens))
+            if isinstance(batch[-1], Finished):
+                await writer.write(_event_line(batch[-1]))
                 break
     except ValueError as e:  # the engine rejected the request, before any token
         await writer.write(_error_line(str(e), "bad_request"))
@@ -114,9 +124,56 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         await writer.write(_error_line(f"{type(e).__name__}: {e}", "engine"))
     finally:
         writer.stop()
-        await events.aclose()  # on a disconnect this aborts the request and frees its slot
+        await pump.close()  # on a disconnect this aborts the request and frees its slot
     await response.write_eof()
     return response
+
+
+class _Pump:
+    """Reads an engine stream in a task, so that tokens that arrive close together can be sent as one
+    line: a fast engine's tokens then cost the manager one JSON parse per batch, not per token."""
+
+    def __init__(self, events) -> None:
+        self.events = events
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            async for event in self.events:
+                self.queue.put_nowait(event)
+        except Exception as e:  # handed to the writer, which reports it
+            self.queue.put_nowait(e)
+
+    async def batch(self, window_s: float, limit: int = 1024) -> list:
+        """The next event, plus whatever else arrived within `window_s` of it (a Finished ends a batch);
+        an engine exception is raised here."""
+        batch = [await self.queue.get()]
+        if window_s > 0 and isinstance(batch[0], TokenEvent):
+            await asyncio.sleep(window_s)
+        while isinstance(batch[-1], TokenEvent) and len(batch) < limit and not self.queue.empty():
+            batch.append(self.queue.get_nowait())
+        if isinstance(batch[-1], Exception):
+            if len(batch) > 1:  # deliver the tokens first; the error comes with the next batch
+                self.queue = _requeued(self.queue, batch.pop())
+            else:
+                raise batch[0]
+        return batch
+
+    async def close(self) -> None:
+        if not self.task.done():
+            self.task.cancel()  # cancels the engine stream, which aborts the request
+            await asyncio.gather(self.task, return_exceptions=True)
+        await self.events.aclose()
+
+
+def _requeued(queue: asyncio.Queue, item) -> asyncio.Queue:
+    """`queue` with `item` put back in front."""
+    fresh: asyncio.Queue = asyncio.Queue()
+    fresh.put_nowait(item)
+    while not queue.empty():
+        fresh.put_nowait(queue.get_nowait())
+    return fresh
 
 
 class _LineWriter:
@@ -154,7 +211,12 @@ def _error_line(message: str, kind: str) -> bytes:
 def _event_line(event) -> bytes:
     if isinstance(event, Finished):
         return (json.dumps({"finish": str(event.reason)}) + "\n").encode()
-    return (json.dumps({"t": event.token_id, "l": event.logprob, "v": event.version}) + "\n").encode()
+    return _tokens_line([event])
+
+
+def _tokens_line(tokens: list[TokenEvent]) -> bytes:
+    ids, logprobs, versions = [t.token_id for t in tokens], [t.logprob for t in tokens], [t.version for t in tokens]
+    return (json.dumps({"t": ids, "l": logprobs, "v": versions}) + "\n").encode()
 
 
 async def handle_pause(request: web.Request) -> web.Response:
@@ -218,11 +280,15 @@ async def handle_health(request: web.Request) -> web.Response:
 
 
 def build_app(
-    engine: InferenceEngine, max_body_bytes: int = 64 << 20, heartbeat_s: float = HEARTBEAT_S
+    engine: InferenceEngine,
+    max_body_bytes: int = 64 << 20,
+    heartbeat_s: float = HEARTBEAT_S,
+    coalesce_s: float = COALESCE_S,
 ) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
     app[ENGINE_KEY] = engine
     app[HEARTBEAT_KEY] = heartbeat_s
+    app[COALESCE_KEY] = coalesce_s
     app.add_routes(
         [
             web.post("/generate", handle_generate),
@@ -239,10 +305,15 @@ def build_app(
 
 
 async def start_engine_server(
-    engine: InferenceEngine, host: str = "127.0.0.1", port: int = 0, heartbeat_s: float = HEARTBEAT_S
+    engine: InferenceEngine,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    heartbeat_s: float = HEARTBEAT_S,
+    coalesce_s: float = COALESCE_S,
 ) -> web.AppRunner:
     """Serve `engine` in the running loop; returns the runner (its bound port: `bound_port(runner)`)."""
-    runner = web.AppRunner(build_app(engine, heartbeat_s=heartbeat_s), handler_cancellation=True, access_log=None)
+    app = build_app(engine, heartbeat_s=heartbeat_s, coalesce_s=coalesce_s)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
