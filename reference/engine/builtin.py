@@ -10,7 +10,9 @@ steps, `pause()` returning means the worker is at a token boundary.
 
 The pieces: `kv_cache.KVCache` (running request i lives in slot i; slots are compacted when one
 retires; capacity doubles up to `max_context`), `qwen3_forward.Qwen3Runner` (prefill and batched
-decode over the Hugging Face modules' weights) and `sampling.sample`.
+decode over the Hugging Face modules' weights), `sampling.sample`, `prefix_cache.PrefixCache`
+(finished requests' KV, copied into a new request that shares their prefix; emptied on every
+weight update) and `activity.ActivityLog` (what the engine did, as timeline intervals).
 
 Logprobs: each TokenEvent carries the RAW model log-probability of the sampled token (temperature 1,
 no top-p, no vocab mask; see `sampling`), i.e. what `reference.model.score_logprobs` computes.
@@ -19,9 +21,9 @@ Stop tokens are only those in `SamplingParams.stop_token_ids` (pass the tokenize
 for chat); the sampled stop token is included in the output. `resume()` re-prefills every running
 request even when the weights did not change (that is what the protocol asks, and what is counted).
 
-Departures from production engines (vLLM): no paged attention or prefix caching, prefills run one
-request at a time, and the cache is a padded tensor per slot. The code follows the model's device,
-but it has only been tested on CPU.
+Departures from production engines (vLLM): no paged attention (prefixes are reused by copying, not
+shared in place), prefills run one request at a time, and the cache is a padded tensor per slot.
+The code follows the model's device, but it has only been tested on CPU.
 """
 
 from __future__ import annotations

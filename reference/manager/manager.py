@@ -9,6 +9,9 @@ survives a manager restart.
 If an engine fails mid-generation, the request continues on another engine from where it stopped
 (prompt + tokens so far, as partial rollout does after a weight update); the agent only sees a
 slower answer. If no engine is left, the request fails with a 503 and nothing is recorded.
+
+Sessions live in memory while in use; idle ones beyond `max_sessions_in_memory` are dropped (least
+recently used first) and rebuilt from the store when they are next used.
 """
 
 from __future__ import annotations
