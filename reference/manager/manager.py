@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import uuid
 from collections import OrderedDict
@@ -62,6 +63,40 @@ class ManagerConfig:
             raise ValueError(f"max_engine_attempts must be >= 1, got {self.max_engine_attempts}")
         if self.max_sessions_in_memory < 1:
             raise ValueError(f"max_sessions_in_memory must be >= 1, got {self.max_sessions_in_memory}")
+
+
+ANNOTATION_KEYS = ("reward", "branch_rewards", "task_id", "meta")
+
+
+def _finite(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestError(f"'{name}' must be a finite number, got {value!r}", param=name)
+    return float(value)
+
+
+def check_annotations(body) -> dict:
+    """A session annotation body, validated: reward (number or null), branch_rewards ({branch id:
+    number}), task_id (string), meta (object)."""
+    if not isinstance(body, dict) or not body:
+        raise RequestError(f"the body must be a non-empty object with some of {', '.join(ANNOTATION_KEYS)}")
+    unknown = sorted(set(body) - set(ANNOTATION_KEYS))
+    if unknown:
+        raise RequestError(
+            f"unknown annotation {unknown[0]!r}; allowed: {', '.join(ANNOTATION_KEYS)}", param=unknown[0]
+        )
+    out = dict(body)
+    if body.get("reward") is not None:
+        out["reward"] = _finite(body["reward"], "reward")
+    if "branch_rewards" in body:
+        rewards = body["branch_rewards"]
+        if not isinstance(rewards, dict) or not all(str(k).isdigit() for k in rewards):
+            raise RequestError("'branch_rewards' must map branch ids to numbers", param="branch_rewards")
+        out["branch_rewards"] = {str(k): _finite(v, f"branch_rewards[{k}]") for k, v in rewards.items()}
+    if "task_id" in body and not isinstance(body["task_id"], str):
+        raise RequestError(f"'task_id' must be a string, got {body['task_id']!r}", param="task_id")
+    if "meta" in body and not isinstance(body["meta"], dict):
+        raise RequestError("'meta' must be an object", param="meta")
+    return out
 
 
 @dataclass(frozen=True)
@@ -160,8 +195,26 @@ class TrajectoryManager:
         return sorted(set(self._sessions) | set(self.store.sessions()))
 
     def trajectory(self, session_id: str) -> dict | None:
+        """The session's tree as JSON, with its annotations; each branch gets its `reward` (the branch's
+        own if one was set, else the session's, else null)."""
         s = self.session(session_id, create=False)
-        return None if s is None else s.tree.to_json()
+        if s is None:
+            return None
+        tree = s.tree.to_json()
+        notes = self.store.annotations(session_id)
+        tree["annotations"] = notes
+        branch_rewards = notes.get("branch_rewards", {})
+        for branch in tree["branches"]:
+            branch["reward"] = branch_rewards.get(str(branch["branch_id"]), notes.get("reward"))
+        return tree
+
+    async def annotate(self, session_id: str, body) -> dict:
+        """Attach a reward (for the session or per branch), a task id or metadata to a session."""
+        updates = check_annotations(body)
+        if self.session(session_id, create=False) is None or not self.store.has_session(session_id):
+            raise RequestError(f"no finished request in session {session_id!r} to annotate", status=404,
+                               code="session_not_found")  # fmt: skip
+        return await asyncio.to_thread(self.store.annotate, session_id, updates)
 
     # ---- generation ----
 

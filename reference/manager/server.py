@@ -4,7 +4,8 @@
     POST /s/<session_id>/v1/completions
     GET  /s/<session_id>/v1/models             (and /v1/models)
     GET  /trajectories                         session ids
-    GET  /trajectories/<session_id>            the session's trajectory tree (prefix_tree.to_json)
+    GET  /trajectories/<session_id>            the session's trajectory tree (prefix_tree.to_json), annotations
+    POST /trajectories/<session_id>            annotate it: {"reward", "branch_rewards", "task_id", "meta"}
     POST /admin/pause | /admin/resume          partial rollout: hold generation at a token boundary
     POST /admin/update_weights                 {"version": int, "source": checkpoint dir | null}
     GET  /health | /stats
@@ -241,6 +242,13 @@ async def get_trajectory(request: web.Request) -> web.Response:
     return web.json_response(tree)
 
 
+async def annotate_trajectory(request: web.Request) -> web.Response:
+    sid = request.match_info["session_id"]
+    manager = request.app[MANAGER_KEY]
+    manager.session(sid, create=False)  # validates the id
+    return web.json_response({"session_id": sid, "annotations": await manager.annotate(sid, await _body(request))})
+
+
 async def admin_pause(request: web.Request) -> web.Response:
     start = time.perf_counter()
     await request.app[MANAGER_KEY].pause()
@@ -289,6 +297,7 @@ def build_app(manager: TrajectoryManager) -> web.Application:
             web.get("/v1/models", models),
             web.get("/trajectories", list_trajectories),
             web.get("/trajectories/{session_id}", get_trajectory),
+            web.post("/trajectories/{session_id}", annotate_trajectory),
             web.post("/admin/pause", admin_pause),
             web.post("/admin/resume", admin_resume),
             web.post("/admin/update_weights", admin_update_weights),

@@ -52,6 +52,14 @@ _SCHEMA = (
         UNIQUE (session_id, request_id)
     )""",
 )
+# Tables added since schema version 1 (created when missing, so older stores open unchanged).
+_ADDITIVE = (
+    """CREATE TABLE IF NOT EXISTS annotations (
+        session_id TEXT PRIMARY KEY,
+        data TEXT NOT NULL,  -- JSON object: reward, branch_rewards, task_id, meta
+        updated_s REAL NOT NULL
+    )""",
+)
 _COLUMNS = (
     "session_id, seq, request_id, anchor_request_id, match_len, num_tokens, new_prompt_token_ids, token_ids, "
     "logprobs, versions, finish_reason, text, created_s, meta"
@@ -178,7 +186,7 @@ class TrajectoryStore:
         with self._transaction():
             tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if not tables:
-                for statement in _SCHEMA:
+                for statement in (*_SCHEMA, *_ADDITIVE):
                     self._conn.execute(statement)
                 self._conn.execute("INSERT INTO schema_version VALUES (?, ?)", (FORMAT, SCHEMA_VERSION))
                 return
@@ -187,6 +195,8 @@ class TrajectoryStore:
                 raise ValueError(
                     f"{self.path} is not a {FORMAT} of schema version {SCHEMA_VERSION}: schema_version holds {found}"
                 )
+            for statement in _ADDITIVE:
+                self._conn.execute(statement)
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -256,6 +266,30 @@ class TrajectoryStore:
             raise ValueError(
                 f"match_len {match_len} is longer than anchor {anchor_request_id!r}'s sequence ({found[0]} tokens)"
             )
+
+    def annotate(self, session_id: str, updates: dict[str, Any]) -> dict[str, Any]:
+        """Merge `updates` into the session's annotations (dict values are merged key by key, others
+        replaced) in one transaction; returns the merged annotations."""
+        _check_name("session_id", session_id)
+        with self._lock, self._transaction():
+            row = self._conn.execute("SELECT data FROM annotations WHERE session_id = ?", (session_id,)).fetchone()
+            merged = json.loads(row[0]) if row else {}
+            for key, value in updates.items():
+                old = merged.get(key)
+                merged[key] = {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
+            data = json.dumps(merged, sort_keys=True, allow_nan=False)
+            self._conn.execute(
+                "INSERT INTO annotations VALUES (?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+                "data = excluded.data, updated_s = excluded.updated_s",
+                (session_id, data, time.time()),
+            )
+        return merged
+
+    def annotations(self, session_id: str) -> dict[str, Any]:
+        """The session's annotations ({} if none)."""
+        with self._lock:
+            row = self._conn.execute("SELECT data FROM annotations WHERE session_id = ?", (session_id,)).fetchone()
+        return json.loads(row[0]) if row else {}
 
     def records(self, session_id: str) -> list[TurnRecord]:
         """The session's records in seq order; [] for an unknown session."""

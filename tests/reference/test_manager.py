@@ -359,3 +359,42 @@ def test_concurrent_requests_in_one_session_replay_identically(fake_manager, ope
     m2, _ = fake_manager(store=store)
     _, replayed = http("GET", f"{m2.url}/trajectories/fanout")
     assert replayed == live
+
+
+def test_rewards_and_task_ids_are_attached_and_survive_a_restart(fake_manager, openai_client, http, tmp_path):
+    store = tmp_path / "rewards.sqlite"
+    m, _ = fake_manager(store=store, reply_tokens=5)
+    with openai_client(m.base_url("graded")) as client:
+        chat(client, [{"role": "user", "content": "task one"}])
+        chat(client, [{"role": "user", "content": "another attempt"}])  # a second branch
+    url = f"{m.url}/trajectories/graded"
+    status, body = http("POST", url, {"reward": 0.0, "task_id": "django__django-11099", "meta": {"grader": "v1"}})
+    assert status == 200 and body["annotations"]["task_id"] == "django__django-11099"
+    status, body = http("POST", url, {"branch_rewards": {"1": 1.0}, "meta": {"tests": 7}})
+    assert body["annotations"]["meta"] == {"grader": "v1", "tests": 7}  # objects merge key by key
+    _, tree = http("GET", url)
+    assert [b["reward"] for b in tree["branches"]] == [0.0, 1.0]
+    m.close()
+    m2, _ = fake_manager(store=store)
+    _, again = http("GET", f"{m2.url}/trajectories/graded")
+    assert again["annotations"] == tree["annotations"] and [b["reward"] for b in again["branches"]] == [0.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ({"reward": "high"}, "'reward' must be a finite number"),
+        ({"reward": float("inf")}, "finite"),  # sent as the non-standard JSON literal Infinity
+        ({"branch_rewards": {"first": 1}}, "branch ids"),
+        ({"score": 1}, "unknown annotation 'score'"),
+        ({}, "non-empty object"),
+        ({"task_id": 5}, "'task_id' must be a string"),
+    ],
+)
+def test_bad_annotations_are_refused(fake_manager, openai_client, http, body, needle):
+    m, _ = fake_manager(reply_tokens=3)
+    with openai_client(m.base_url("a")) as client:
+        chat(client, [{"role": "user", "content": "x"}])
+    status, err = http("POST", f"{m.url}/trajectories/a", body)
+    assert status == 400 and needle in err["error"]["message"]
+    assert http("POST", f"{m.url}/trajectories/nobody", {"reward": 1})[0] == 404
