@@ -94,25 +94,23 @@ class HTTPEngine:
     async def abort(self, request_id: str) -> None:
         await self._post("/abort", {"request_id": request_id})
 
-    async def timeline(self) -> dict:
-        """The engine's activity log (`GET /timeline`): {"now_s", "intervals": [...]}."""
+    async def _get(self, path: str) -> dict:
         timeout = aiohttp.ClientTimeout(total=self.control_timeout_s, sock_connect=self.connect_timeout_s)
         try:
-            async with self._http().get(f"{self.base_url}/timeline", timeout=timeout) as response:
+            async with self._http().get(f"{self.base_url}{path}", timeout=timeout) as response:
                 data = await response.json()
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
-            raise EngineError(f"{self.base_url}/timeline: {type(e).__name__}: {e}") from e
+            raise EngineError(f"{self.base_url}{path}: {type(e).__name__}: {e}") from e
         if response.status != 200:
-            raise EngineError(f"{self.base_url}/timeline: HTTP {response.status}: {data}")
+            raise EngineError(f"{self.base_url}{path}: HTTP {response.status}: {data}")
         return data
 
+    async def timeline(self) -> dict:
+        """The engine's activity log (`GET /timeline`): {"now_s", "intervals": [...]}."""
+        return await self._get("/timeline")
+
     async def stats(self) -> EngineStats:
-        timeout = aiohttp.ClientTimeout(total=self.control_timeout_s, sock_connect=self.connect_timeout_s)
-        try:
-            async with self._http().get(f"{self.base_url}/stats", timeout=timeout) as response:
-                d = await response.json()
-        except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
-            raise EngineError(f"{self.base_url}/stats: {type(e).__name__}: {e}") from e
+        d = await self._get("/stats")
         return EngineStats(d["running"], d["waiting"], d["version"], d["paused"], d["max_context"], d.get("extra", {}))
 
 
