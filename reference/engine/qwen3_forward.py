@@ -98,7 +98,8 @@ class Qwen3Runner:
         pos = torch.tensor(list(positions), device=dev)
         x, cos, sin = self._embed(torch.tensor(list(token_ids), device=dev)[:, None], pos[:, None])
         span = max(positions) + 1
-        mask = (torch.arange(span, device=dev)[None, :] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, span]
+        # [B, 1, 1, span]; a lone request sees every position up to its own, so it needs no mask
+        mask = None if b == 1 else (torch.arange(span, device=dev)[None, :] <= pos[:, None])[:, None, None, :]
         rows = torch.arange(b, device=dev)
         for i, layer in enumerate(self.inner.layers):
             q, k, v = self._qkv(layer.self_attn, _rms_norm(x, layer.input_layernorm), cos, sin)
