@@ -68,6 +68,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0, help="seed of the default model")
     c.add_argument("--session", action="append", help="only these sessions (repeatable)")
     c.add_argument("--version", type=int, default=None, help="compare logprobs only of tokens of this version")
+    x = sub.add_parser("export", help="stored trajectories as JSON Lines, one branch per line")
+    x.add_argument("--store", default="results/trajectories.sqlite")
+    x.add_argument("--out", required=True, help="the .jsonl file to write")
+    x.add_argument("--session", action="append", help="only these sessions (repeatable)")
+    x.add_argument("--rewarded-only", action="store_true", help="skip branches without a reward")
     sub.add_parser("build-tokenizer", help="rebuild reference/assets/tokenizer.json")
     return p
 
@@ -138,6 +143,18 @@ def check(args) -> int:
     return 0 if report.ok else 1
 
 
+def export(args) -> int:
+    from reference.export import export_jsonl
+    from reference.manager.store import TrajectoryStore
+
+    if not Path(args.store).exists():
+        raise FileNotFoundError(f"no trajectory store at {args.store}")
+    with TrajectoryStore(args.store) as store:
+        count = export_jsonl(store, args.out, args.session, args.rewarded_only)
+    print(f"{count} branches written to {args.out}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(
@@ -150,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(serve_engine(_spec(args), args.host, args.port, args.watch_stdin))
         elif args.command == "check":
             return check(args)
+        elif args.command == "export":
+            return export(args)
         elif args.command == "build-tokenizer":
             from reference.tokenizer import rebuild_default_tokenizer
 

@@ -398,3 +398,36 @@ def test_bad_annotations_are_refused(fake_manager, openai_client, http, body, ne
     status, err = http("POST", f"{m.url}/trajectories/a", body)
     assert status == 400 and needle in err["error"]["message"]
     assert http("POST", f"{m.url}/trajectories/nobody", {"reward": 1})[0] == 404
+
+
+def test_export_writes_every_branch_with_its_reward(fake_manager, openai_client, http, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    store = tmp_path / "export.sqlite"
+    m, _ = fake_manager(store=store, reply_tokens=4)
+    with openai_client(m.base_url("e1")) as client:
+        chat(client, [{"role": "user", "content": "one"}])
+        chat(client, [{"role": "user", "content": "two"}])
+    with openai_client(m.base_url("e2")) as client:
+        chat(client, [{"role": "user", "content": "three"}])
+    http("POST", f"{m.url}/trajectories/e1", {"reward": 1.0, "task_id": "t-1"})
+    trees = {sid: http("GET", f"{m.url}/trajectories/{sid}")[1] for sid in ("e1", "e2")}
+    m.close()
+    out = tmp_path / "out.jsonl"
+    cmd = [sys.executable, "-m", "reference", "export", "--store", str(store), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["session_id"], r["branch_id"]) for r in lines] == [("e1", 0), ("e1", 1), ("e2", 0)]
+    for r in lines:
+        branch = next(b for b in trees[r["session_id"]]["branches"] if b["branch_id"] == r["branch_id"])
+        assert r["token_ids"] == branch["token_ids"] and r["logprobs"] == branch["logprobs"]
+        assert r["reward"] == branch["reward"]
+    assert lines[0]["task_id"] == "t-1" and lines[2]["reward"] is None
+    subprocess.run([*cmd, "--rewarded-only"], check=True, capture_output=True)
+    assert len(out.read_text().splitlines()) == 2
+    bad = subprocess.run([*cmd[:-4], "--store", str(tmp_path / "missing.sqlite"), "--out", str(out)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "no trajectory store" in bad.stderr
