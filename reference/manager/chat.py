@@ -25,6 +25,7 @@ from reference.manager.tools import call_text, parse_tool_calls, splice_key, too
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_STOP_STRINGS = 4
+MAX_N = 64  # samples per request
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Sampling:
     stream: bool
     include_usage: bool
     logprobs: bool
+    n: int = 1  # samples of the same prompt (each its own branch of the session)
 
 
 @dataclass(frozen=True)
@@ -94,15 +96,17 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 
 def parse_sampling(body: dict, *, logprobs_flag: bool) -> Sampling:
-    n = _optional_int(body, "n", 1)
-    if n not in (None, 1):
-        raise RequestError(f"'n' must be 1 (send n requests for n samples), got {n}", param="n")
+    n = _optional_int(body, "n", 1) or 1
+    if n > MAX_N:
+        raise RequestError(f"'n' must be at most {MAX_N}, got {n}", param="n")
     max_tokens = _optional_int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _optional_int(body, "max_tokens", 1)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(f"'stream' must be a boolean, got {stream!r}", param="stream")
+    if stream and n > 1:
+        raise RequestError("'stream' with 'n' > 1 is not supported; stream n requests instead", param="n")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise RequestError("'stream_options' must be an object", param="stream_options")
@@ -120,6 +124,7 @@ def parse_sampling(body: dict, *, logprobs_flag: bool) -> Sampling:
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
         logprobs=bool(logprobs),
+        n=n,
     )
 
 

@@ -16,12 +16,14 @@ Handlers are cancelled when the client disconnects, which aborts the engine requ
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import time
 import uuid
 from contextlib import aclosing
+from dataclasses import replace
 
 from aiohttp import web
 
@@ -107,25 +109,36 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt = session.renderer.render(chat.messages, chat.tools)
     if chat.sampling.stream:
         return await _stream(request, manager, sid, prompt, chat.sampling, chat=True, tools=bool(chat.tools))
-    o = await _run(manager, sid, prompt, chat.sampling)
-    message, finish = _assistant_message(o, bool(chat.tools))
-    choice = {
-        "index": 0,
-        "message": message,
-        "finish_reason": finish,
-        "logprobs": chat_logprobs(manager.tok, o.token_ids, o.logprobs) if chat.sampling.logprobs else None,
-    }
+    outcomes = await _run_n(manager, sid, prompt, chat.sampling)
+    choices = []
+    for i, o in enumerate(outcomes):
+        message, finish = _assistant_message(o, bool(chat.tools))
+        logprobs = chat_logprobs(manager.tok, o.token_ids, o.logprobs) if chat.sampling.logprobs else None
+        choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": logprobs,
+                        "trajectory": _trajectory_info(o)})  # fmt: skip
     return web.json_response(
         {
-            "id": f"chatcmpl-{o.request_id}",
+            "id": f"chatcmpl-{outcomes[0].request_id}",
             "object": "chat.completion",
             "created": now_s(),
             "model": manager.config.model_name,
-            "choices": [choice],
-            "usage": usage(len(o.prompt_token_ids), len(o.token_ids), o.cached_tokens),
-            "trajectory": _trajectory_info(o),
+            "choices": choices,
+            "usage": _usage(outcomes),
+            "trajectory": _trajectory_info(outcomes[0]),
         }
     )
+
+
+async def _run_n(manager: TrajectoryManager, sid: str, prompt, sampling) -> list[Outcome]:
+    """`sampling.n` samples of one prompt, generated concurrently (seed + i for sample i when seeded)."""
+    if sampling.n == 1:
+        return [await _run(manager, sid, prompt, sampling)]
+    seeds = [None if sampling.seed is None else sampling.seed + i for i in range(sampling.n)]
+    return list(await asyncio.gather(*(_run(manager, sid, prompt, replace(sampling, seed=s)) for s in seeds)))
+
+
+def _usage(outcomes: list[Outcome]) -> dict:
+    return usage(len(outcomes[0].prompt_token_ids), sum(len(o.token_ids) for o in outcomes), outcomes[0].cached_tokens)
 
 
 def _assistant_message(o: Outcome, tools: bool) -> tuple[dict, str]:
@@ -148,22 +161,26 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompt = manager.tok.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
     if req.sampling.stream:
         return await _stream(request, manager, sid, prompt, req.sampling, chat=False)
-    o = await _run(manager, sid, prompt, req.sampling)
-    text = (req.prompt if isinstance(req.prompt, str) else manager.tok.decode(req.prompt)) if req.echo else ""
-    choice = {"index": 0, "text": text + o.text, "finish_reason": o.finish_reason, "logprobs": None}
-    if req.sampling.logprobs:
-        pieces = [manager.tok.decode([t]) for t in o.token_ids]
-        choice["logprobs"] = {"tokens": pieces, "token_logprobs": list(o.logprobs), "top_logprobs": None,
-                              "text_offset": None}  # fmt: skip
+    outcomes = await _run_n(manager, sid, prompt, req.sampling)
+    echo = (req.prompt if isinstance(req.prompt, str) else manager.tok.decode(req.prompt)) if req.echo else ""
+    choices = []
+    for i, o in enumerate(outcomes):
+        choice = {"index": i, "text": echo + o.text, "finish_reason": o.finish_reason, "logprobs": None,
+                  "trajectory": _trajectory_info(o)}  # fmt: skip
+        if req.sampling.logprobs:
+            pieces = [manager.tok.decode([t]) for t in o.token_ids]
+            choice["logprobs"] = {"tokens": pieces, "token_logprobs": list(o.logprobs), "top_logprobs": None,
+                                  "text_offset": None}  # fmt: skip
+        choices.append(choice)
     return web.json_response(
         {
-            "id": f"cmpl-{o.request_id}",
+            "id": f"cmpl-{outcomes[0].request_id}",
             "object": "text_completion",
             "created": now_s(),
             "model": manager.config.model_name,
-            "choices": [choice],
-            "usage": usage(len(o.prompt_token_ids), len(o.token_ids), o.cached_tokens),
-            "trajectory": _trajectory_info(o),
+            "choices": choices,
+            "usage": _usage(outcomes),
+            "trajectory": _trajectory_info(outcomes[0]),
         }
     )
 

@@ -197,7 +197,8 @@ def test_update_weights_needs_pause(fake_manager, http):
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "'n'"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2, "stream": True}, 400, "'n'"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 65}, 400, "'n' must be at most 64"),
         ({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, 404, "gpt-9"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, 400, "context"),
     ],
@@ -431,3 +432,19 @@ def test_export_writes_every_branch_with_its_reward(fake_manager, openai_client,
     bad = subprocess.run([*cmd[:-4], "--store", str(tmp_path / "missing.sqlite"), "--out", str(out)],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "no trajectory store" in bad.stderr
+
+
+def test_n_samples_of_one_prompt_are_recorded_as_siblings(fake_manager, openai_client, http):
+    m, (engine,) = fake_manager(reply_tokens=6)
+    with openai_client(m.base_url("grpo")) as client:
+        r = chat(client, [{"role": "user", "content": "2+2?"}], n=4, seed=10)
+        c = client.completions.create(model=MODEL, prompt="x", n=3, max_tokens=4)
+    assert [ch.index for ch in r.choices] == [0, 1, 2, 3] and len(c.choices) == 3
+    ids = [ch.model_extra["trajectory"]["request_id"] for ch in r.choices]
+    assert len(set(ids)) == 4
+    assert r.usage.completion_tokens == sum(len(ch.model_extra["trajectory"]["token_ids"]) for ch in r.choices)
+    assert r.usage.prompt_tokens == len(engine.consumed[f"{ids[0]}.0"])
+    _, tree = http("GET", f"{m.url}/trajectories/grpo")
+    assert sorted(rid for b in tree["branches"] for rid in b["request_ids"]) == sorted(
+        [*ids, *(ch.model_extra["trajectory"]["request_id"] for ch in c.choices)]
+    )
