@@ -29,6 +29,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fake-reply-tokens", type=int, default=12, help="fake backend: tokens before a stop token")
     p.add_argument("--tensor-parallel", type=int, default=1, help="vllm backend: GPUs per engine")
     p.add_argument("--heartbeat-s", type=float, default=5.0, help="heartbeat of a quiet generation stream")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="builtin backend: CPU threads per engine (default: cores / engines)")  # fmt: skip
     p.add_argument("--coalesce-s", type=float, default=0.0,
                    help="wait this long after a token for more to send in one line (default 0)")  # fmt: skip
 
@@ -38,7 +40,15 @@ def _spec(args) -> EngineSpec:
         backend=args.backend, model=args.model, seed=args.seed, max_batch=args.max_batch,
         token_delay_s=args.token_delay_s, fake_reply_tokens=args.fake_reply_tokens,
         tensor_parallel=args.tensor_parallel, heartbeat_s=args.heartbeat_s, coalesce_s=args.coalesce_s,
+        torch_threads=_threads(args),
     )  # fmt: skip
+
+
+def _threads(args) -> int:
+    """CPU threads per engine: as asked, else the machine's cores shared among the engines `serve` starts."""
+    if args.torch_threads is not None:
+        return args.torch_threads
+    return max(1, (os.cpu_count() or 1) // max(1, getattr(args, "engines", 1)))
 
 
 def parser() -> argparse.ArgumentParser:

@@ -37,6 +37,7 @@ class EngineSpec:
     tensor_parallel: int = 1  # vllm backend only
     heartbeat_s: float = 5.0  # a quiet generation stream gets a heartbeat line this often
     coalesce_s: float = 0.0  # > 0: wait this long after a token for more to send in the same line
+    torch_threads: int = 0  # builtin backend: CPU threads for torch (0: torch's default, every core)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -50,7 +51,8 @@ class EngineSpec:
             "--backend", self.backend, "--model", self.model, "--seed", str(self.seed),
             "--max-batch", str(self.max_batch), "--token-delay-s", str(self.token_delay_s),
             "--tensor-parallel", str(self.tensor_parallel), "--fake-reply-tokens", str(self.fake_reply_tokens),
-            "--heartbeat-s", str(self.heartbeat_s), "--coalesce-s", str(self.coalesce_s), "--watch-stdin",
+            "--heartbeat-s", str(self.heartbeat_s), "--coalesce-s", str(self.coalesce_s),
+            "--torch-threads", str(self.torch_threads), "--watch-stdin",
         ]  # fmt: skip
 
 
@@ -70,6 +72,10 @@ def make_engine(spec: EngineSpec) -> InferenceEngine:
         return VLLMEngine(spec.model, tensor_parallel_size=spec.tensor_parallel, seed=spec.seed)
     from reference.engine.builtin import BuiltinEngine
 
+    if spec.torch_threads > 0:
+        import torch
+
+        torch.set_num_threads(spec.torch_threads)
     if spec.model == "default":
         return BuiltinEngine.default(seed=spec.seed, max_batch=spec.max_batch)
     return BuiltinEngine.from_checkpoint(spec.model, seed=spec.seed, max_batch=spec.max_batch)
