@@ -147,7 +147,7 @@ def test_frozen_engine_is_detected_by_the_stall_timeout(fake_procs, tok, tmp_pat
     import signal
 
     procs = fake_procs(2, fake_reply_tokens=40, token_delay_s=0.02, heartbeat_s=0.2)
-    engines = {f"e{i}": p.client(stall_timeout_s=1.5) for i, p in enumerate(procs)}
+    engines = {f"e{i}": p.client(stall_timeout_s=3.0) for i, p in enumerate(procs)}
     with ManagerThread(engines, tok, tmp_path / "t.sqlite", ManagerConfig(default_max_tokens=60)) as m:
         t, result = _chat_in_background(m, "frozen", openai_client)
         slot = _serving_slot(m.manager)
@@ -165,11 +165,11 @@ def test_frozen_engine_is_detected_by_the_stall_timeout(fake_procs, tok, tmp_pat
 def test_a_pause_longer_than_the_stall_timeout_is_not_a_failure(fake_procs, tok, tmp_path, openai_client):
     (proc,) = fake_procs(1, fake_reply_tokens=100, token_delay_s=0.02, heartbeat_s=0.2)
     config = ManagerConfig(default_max_tokens=120)
-    with ManagerThread({"e0": proc.client(stall_timeout_s=1.0)}, tok, tmp_path / "t.sqlite", config) as m:
+    with ManagerThread({"e0": proc.client(stall_timeout_s=2.0)}, tok, tmp_path / "t.sqlite", config) as m:
         t, result = _chat_in_background(m, "patient", openai_client)
         _serving_slot(m.manager)
         m.call(m.manager.pause())
-        time.sleep(3.0)  # three stall timeouts of silence but for heartbeats
+        time.sleep(5.0)  # 2.5 stall timeouts of silence but for heartbeats
         m.call(m.manager.update_weights(1))
         m.call(m.manager.resume())
         t.join(30)

@@ -56,7 +56,7 @@ def test_tokens_before_a_failure_are_delivered_then_the_error():
 
 
 def test_heartbeats_keep_a_quiet_stream_alive():
-    events = asyncio.run(_collect(BurstyEngine(2, quiet_s=1.0), heartbeat_s=0.1, stall_s=0.5))
+    events = asyncio.run(_collect(BurstyEngine(2, quiet_s=2.0), heartbeat_s=0.1, stall_s=1.0))
     assert events[-1] == Finished(FinishReason.LENGTH) and len(events) == 3
 
 
