@@ -148,19 +148,21 @@ def test_completions_with_text_and_token_ids(fake_manager, openai_client, tok):
 def test_partial_rollout_across_a_weight_update(fake_manager, openai_client, http):
     """Pause mid-generation, update the version, resume: the request finishes normally and its
     tokens carry the version that produced them."""
-    m, (engine,) = fake_manager(reply_tokens=40, token_delay_s=0.01)
+    m, (engine,) = fake_manager(reply_tokens=80, token_delay_s=0.01)
     result = {}
 
     def agent():
         with openai_client(m.base_url("pr")) as client:
-            result["r"] = chat(client, [{"role": "user", "content": "long answer"}], max_tokens=40)
+            result["r"] = chat(client, [{"role": "user", "content": "long answer"}], max_tokens=80)
 
     t = threading.Thread(target=agent)
     t.start()
     deadline = time.monotonic() + 20
-    while not engine._running and time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # wait for a few tokens under version 0
+        running = dict(engine._running)
+        if any(len(ctx) >= len(engine.consumed.get(rid, ctx)) + 3 for rid, ctx in running.items()):
+            break
         time.sleep(0.005)
-    time.sleep(0.1)  # some tokens under version 0
     assert http("POST", f"{m.url}/admin/pause", {})[0] == 200
     assert http("POST", f"{m.url}/admin/update_weights", {"version": 1})[0] == 200
     assert http("POST", f"{m.url}/admin/resume", {})[0] == 200
