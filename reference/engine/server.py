@@ -136,6 +136,7 @@ class _Pump:
     def __init__(self, events) -> None:
         self.events = events
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.error: Exception | None = None  # an engine failure held back until its tokens are sent
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
@@ -148,16 +149,17 @@ class _Pump:
     async def batch(self, window_s: float, limit: int = 1024) -> list:
         """The next event, plus whatever else arrived within `window_s` of it (a Finished ends a batch);
         an engine exception is raised here."""
+        if self.error is not None:
+            raise self.error
         batch = [await self.queue.get()]
         if window_s > 0 and isinstance(batch[0], TokenEvent):
             await asyncio.sleep(window_s)
         while isinstance(batch[-1], TokenEvent) and len(batch) < limit and not self.queue.empty():
             batch.append(self.queue.get_nowait())
         if isinstance(batch[-1], Exception):
-            if len(batch) > 1:  # deliver the tokens first; the error comes with the next batch
-                self.queue = _requeued(self.queue, batch.pop())
-            else:
+            if len(batch) == 1:
                 raise batch[0]
+            self.error = batch.pop()  # deliver the tokens first; the error comes with the next batch
         return batch
 
     async def close(self) -> None:
@@ -165,15 +167,6 @@ class _Pump:
             self.task.cancel()  # cancels the engine stream, which aborts the request
             await asyncio.gather(self.task, return_exceptions=True)
         await self.events.aclose()
-
-
-def _requeued(queue: asyncio.Queue, item) -> asyncio.Queue:
-    """`queue` with `item` put back in front."""
-    fresh: asyncio.Queue = asyncio.Queue()
-    fresh.put_nowait(item)
-    while not queue.empty():
-        fresh.put_nowait(queue.get_nowait())
-    return fresh
 
 
 class _LineWriter:

@@ -265,9 +265,7 @@ class ChatRenderer:
         text = message_text(m, index)
         if m["role"] == "assistant":
             content = message_text({"content": m.get("content")}, index)
-            spliced = self._generated.get(splice_key(content, m.get("tool_calls")))
-            if spliced is None and not m.get("tool_calls"):
-                spliced = self._generated.get(text)
+            spliced = self._generated.get(splice_key(content, m.get("tool_calls")))  # == text without calls
             if spliced is not None:
                 return spliced, True
         return self._encode(text), False
