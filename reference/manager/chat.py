@@ -15,7 +15,9 @@ template to one string and tokenising it, both deliberate:
 
 from __future__ import annotations
 
+import math
 import time
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,7 @@ from reference.manager.tools import call_text, parse_tool_calls, splice_key, too
 ROLES = ("system", "user", "assistant", "tool")
 MAX_STOP_STRINGS = 4
 MAX_N = 64  # samples per request
+MAX_INT = 2**63 - 1  # integers (seeds, token counts) must fit a signed 64-bit field
 
 
 @dataclass(frozen=True)
@@ -63,22 +66,22 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RequestError(f"'{name}' must be a number, got {value!r}", param=name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestError(f"'{name}' must be a finite number, got {value!r}", param=name)
     if value > hi or value < lo or (lo_open and value == lo):
         interval = f"{'(' if lo_open else '['}{lo}, {hi}]"
         raise RequestError(f"'{name}' must be in {interval}, got {value}", param=name)
     return float(value)
 
 
-def _optional_int(body: dict, name: str, minimum: int) -> int | None:
+def _optional_int(body: dict, name: str, minimum: int, maximum: int = MAX_INT) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(f"'{name}' must be an integer, got {value!r}", param=name)
-    if value < minimum:
-        raise RequestError(f"'{name}' must be >= {minimum}, got {value}", param=name)
+        raise RequestError(f"'{name}' must be an integer, got {value!r:.80}", param=name)
+    if not minimum <= value <= maximum:
+        raise RequestError(f"'{name}' must be in [{minimum}, {maximum}], got {str(value)[:40]}", param=name)
     return value
 
 
@@ -209,37 +212,66 @@ def parse_completion(body: Any) -> CompletionRequest:
 
 
 class ChatRenderer:
-    """Renders one session's chat requests to token ids (see the module docstring)."""
+    """Renders one session's chat requests to token ids (see the module docstring).
 
-    def __init__(self, tokenizer) -> None:
+    Memory: segment ids are cached per session up to `max_cached_tokens`; `render` keeps the segments it
+    tokenised aside, and only `commit` (called once the request is accepted) adds them to the cache, so a
+    rejected request leaves nothing behind. Ids are kept as array('I'), 4 bytes a token."""
+
+    def __init__(self, tokenizer, max_cached_tokens: int = 1 << 18) -> None:
         self.tok = tokenizer
-        self._segments: dict[str, tuple[int, ...]] = {}  # text -> token ids (this session's cache)
-        self._generated: dict[str, tuple[int, ...]] = {}  # completion text -> the ids the engine sampled
-        self.generation_prompt = (tokenizer.im_start_id, *self._encode("assistant\n"))
+        self.max_cached_tokens = max_cached_tokens
+        self._segments: dict[str, array] = {}  # text -> token ids (this session's cache)
+        self._generated: dict[str, array] = {}  # completion text -> the ids the engine sampled
+        self.segment_tokens = self.generated_tokens = 0
+        self.generation_prompt = array("I", [tokenizer.im_start_id, *tokenizer.encode("assistant\n")])
 
-    def _encode(self, text: str) -> tuple[int, ...]:
+    @property
+    def tokens_held(self) -> int:
+        return self.segment_tokens + self.generated_tokens
+
+    def _encode(self, text: str, fresh: dict[str, array]) -> array:
         ids = self._segments.get(text)
         if ids is None:
-            ids = tuple(self.tok.encode(text)) if text else ()
-            if len(text) < 1 << 20:
-                self._segments[text] = ids
+            ids = fresh.get(text)
+            if ids is None:
+                ids = fresh[text] = array("I", self.tok.encode(text)) if text else array("I")
         return ids
+
+    def commit(self, fresh: dict[str, array]) -> None:
+        """Cache the segments an accepted request tokenised (while the cache has room)."""
+        for text, ids in fresh.items():
+            if self.segment_tokens + len(ids) > self.max_cached_tokens:
+                return
+            if text not in self._segments:
+                self._segments[text] = ids
+                self.segment_tokens += len(ids)
 
     def remember(self, text: str, token_ids: Sequence[int]) -> None:
         """Record that this session's agent was answered `text` (the raw completion), sampled as
         `token_ids`; found again whether the agent sends back the text or its parsed tool calls."""
-        self._generated[text] = tuple(token_ids)
+        ids = token_ids if isinstance(token_ids, array) and token_ids.typecode == "I" else array("I", token_ids)
         content, calls = parse_tool_calls(text)
-        if calls:
-            self._generated[splice_key(content, calls)] = tuple(token_ids)
+        for key in (text, splice_key(content, calls)) if calls else (text,):
+            old = self._generated.get(key)
+            self._generated[key] = ids
+            self.generated_tokens += len(ids) - (len(old) if old is not None else 0)
 
     def render(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
+        """Token ids of a chat request; its new segments are cached at once (see `render_pending`)."""
+        ids, fresh = self.render_pending(messages, tools)
+        self.commit(fresh)
+        return ids
+
+    def render_pending(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> tuple[list[int], dict]:
+        """(token ids, the segments tokenised for them that the cache lacks: pass to `commit` to keep them)."""
         ids: list[int] = []
+        fresh: dict[str, array] = {}
         indexed = list(enumerate(messages))
         if tools:  # the tools block joins (or becomes) the system message, as Qwen's template does
             first_system = indexed and indexed[0][1]["role"] == "system"
             system = message_text(indexed[0][1], 0) if first_system else None
-            self._turn(ids, "system", self._encode(tools_system_text(tuple(tools), system)))
+            self._turn(ids, fresh, "system", self._encode(tools_system_text(tuple(tools), system), fresh))
             indexed = indexed[1:] if first_system else indexed
         k = 0
         while k < len(indexed):
@@ -248,18 +280,18 @@ class ChatRenderer:
                 body: list[int] = []
                 while k < len(indexed) and indexed[k][1]["role"] == "tool":
                     j, t = indexed[k]
-                    body += [*self._encode("\n<tool_response>\n"), *self._encode(message_text(t, j)),
-                             *self._encode("\n</tool_response>")]  # fmt: skip
+                    body += [*self._encode("\n<tool_response>\n", fresh), *self._encode(message_text(t, j), fresh),
+                             *self._encode("\n</tool_response>", fresh)]  # fmt: skip
                     k += 1
-                self._turn(ids, "user", body, header_newline=False)
+                self._turn(ids, fresh, "user", body, header_newline=False)
                 continue
-            content, spliced = self._content_ids(m, i)
-            self._turn(ids, m["role"], content, spliced=spliced)
+            content, spliced = self._content_ids(m, i, fresh)
+            self._turn(ids, fresh, m["role"], content, spliced=spliced)
             k += 1
         ids.extend(self.generation_prompt)
-        return ids
+        return ids, fresh
 
-    def _content_ids(self, m: dict, index: int) -> tuple[tuple[int, ...], bool]:
+    def _content_ids(self, m: dict, index: int, fresh: dict) -> tuple[Sequence[int], bool]:
         """A message's content tokens, and whether they are an assistant turn this session sampled
         (spliced back as its exact ids)."""
         text = message_text(m, index)
@@ -268,18 +300,24 @@ class ChatRenderer:
             spliced = self._generated.get(splice_key(content, m.get("tool_calls")))  # == text without calls
             if spliced is not None:
                 return spliced, True
-        return self._encode(text), False
+        return self._encode(text, fresh), False
 
     def _turn(
-        self, ids: list[int], role: str, content: Sequence[int], header_newline: bool = True, spliced: bool = False
+        self,
+        ids: list[int],
+        fresh: dict,
+        role: str,
+        content: Sequence[int],
+        header_newline: bool = True,
+        spliced: bool = False,
     ) -> None:
         """<|im_start|>role\n content <|im_end|>\n; a spliced completion that stopped on <|im_end|> has it."""
         ids.append(self.tok.im_start_id)
-        ids.extend(self._encode(f"{role}\n" if header_newline else role))
+        ids.extend(self._encode(f"{role}\n" if header_newline else role, fresh))
         ids.extend(content)
         if not (spliced and content and content[-1] == self.tok.im_end_id):
             ids.append(self.tok.im_end_id)
-        ids.extend(self._encode("\n"))
+        ids.extend(self._encode("\n", fresh))
 
 
 class IncrementalDecoder:

@@ -6,12 +6,20 @@ from __future__ import annotations
 class RequestError(ValueError):
     """A bad request: becomes an OpenAI-style JSON error with a 4xx status."""
 
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
-        self.status, self.param, self.code = status, param, code
+        self.status, self.param, self.code, self.headers = status, param, code, headers
 
     def body(self) -> dict:
-        kind = {401: "authentication_error"}.get(
+        kind = {401: "authentication_error", 429: "rate_limit_error"}.get(
             self.status, "invalid_request_error" if self.status < 500 else "server_error"
         )
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}

@@ -1,29 +1,29 @@
-"""The trajectory manager's core: sessions, routing, retries, partial rollout control, recording.
+"""The trajectory manager's core: sessions, admission, routing, retries, partial rollout control, recording.
 
-Each session owns a prefix tree (its trajectory), a chat renderer (which splices the session's own
-completions back in as the exact ids the engine sampled) and nothing else. A request is recorded
-only when it finishes: the tree gets its prompt and generated tokens, the durable store gets the
-O(new tokens) delta, and only then does the agent get its answer, so whatever an agent saw
-survives a manager restart.
+Each session owns a prefix tree (its trajectory) and a chat renderer (which splices the session's own
+completions back in as the exact ids the engine sampled); `sessions.py` holds them in memory within a
+budget. A request is recorded only when it finishes: durably first, then in the tree (`recorder.py`),
+and only then does the agent get its answer, so whatever an agent saw survives a manager restart and a
+failed write leaves nothing behind (the agent gets a 503; the session goes on from what is stored).
 
 If an engine fails mid-generation, the request continues on another engine from where it stopped
 (prompt + tokens so far, as partial rollout does after a weight update); the agent only sees a
-slower answer. If no engine is left, the request fails with a 503 and nothing is recorded.
+slower answer. If no engine is left, the request fails with a 503 and nothing is recorded. A request
+the engine rejects as invalid is the agent's fault: a 400, never retried elsewhere.
 
-Sessions live in memory while in use; idle ones beyond `max_sessions_in_memory` are dropped (least
-recently used first) and rebuilt from the store when they are next used.
+Overload is shed, not queued into collapse: beyond `max_in_flight_requests` agent requests at once,
+new ones get a 429 with Retry-After. A pause that is never resumed ends after `max_pause_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import re
+import time
 import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 from reference.engine.base import (
@@ -35,10 +35,13 @@ from reference.engine.base import (
     SamplingParams,
     TokenEvent,
 )
-from reference.manager.chat import ChatRenderer, IncrementalDecoder, RequestError, Sampling, find_stop
-from reference.manager.prefix_tree import PrefixTree
+from reference.manager.annotations import check_annotations
+from reference.manager.chat import IncrementalDecoder, RequestError, Sampling, find_stop
+from reference.manager.recorder import Recorder
 from reference.manager.router import EngineSlot, NoEngineAvailable, Router
-from reference.manager.store import TrajectoryStore
+from reference.manager.sessions import MemoryBudget, Session, SessionTable
+from reference.manager.store import NewTurn, StoreError, TrajectoryStore
+from reference.manager.supervisor import EngineHandle, Supervisor, SupervisorConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,51 +55,28 @@ class ManagerConfig:
     max_body_bytes: int = 8 << 20
     max_engine_attempts: int = 3  # engines tried for one request before answering 503
     affinity_slack: int = 2
-    engine_cooldown_s: float = 5.0
-    max_sessions_in_memory: int = 10_000  # idle sessions beyond this are dropped from memory (the store keeps them)
-    admin_token: str | None = None  # when set, /admin/* needs "Authorization: Bearer <token>"
+    engine_cooldown_s: float = 5.0  # a failed engine is skipped this long, doubling with each failure in a row
+    engine_max_cooldown_s: float = 300.0
+    max_sessions_in_memory: int = 10_000  # idle sessions beyond this leave memory (the store keeps them)
+    max_tokens_in_memory: int = 16_000_000  # tokens all sessions in memory may hold together
+    max_session_tokens_in_memory: int = 2_000_000  # an idle session holding more leaves memory
+    max_in_flight_requests: int = 2048  # agent requests at once; beyond it 429 (0: no cap)
+    max_pause_s: float = 900.0  # a pause not resumed within this is resumed by the manager (0: never)
+    admin_token: str | None = None  # when set, everything but the agents' /s/<session>/v1 calls needs it
 
     def __post_init__(self) -> None:
-        if self.default_max_tokens < 1:
-            raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
-        if self.max_engine_attempts < 1:
-            raise ValueError(f"max_engine_attempts must be >= 1, got {self.max_engine_attempts}")
-        if self.max_sessions_in_memory < 1:
-            raise ValueError(f"max_sessions_in_memory must be >= 1, got {self.max_sessions_in_memory}")
+        for name in ("default_max_tokens", "max_engine_attempts", "max_sessions_in_memory", "max_tokens_in_memory",
+                     "max_session_tokens_in_memory"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_in_flight_requests", "max_pause_s", "engine_cooldown_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.admin_token is not None and not self.admin_token:
+            raise ValueError("admin_token must not be empty (use None for no token)")
 
-
-ANNOTATION_KEYS = ("reward", "branch_rewards", "task_id", "meta")
-
-
-def _finite(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise RequestError(f"'{name}' must be a finite number, got {value!r}", param=name)
-    return float(value)
-
-
-def check_annotations(body) -> dict:
-    """A session annotation body, validated: reward (number or null), branch_rewards ({branch id:
-    number}), task_id (string), meta (object)."""
-    if not isinstance(body, dict) or not body:
-        raise RequestError(f"the body must be a non-empty object with some of {', '.join(ANNOTATION_KEYS)}")
-    unknown = sorted(set(body) - set(ANNOTATION_KEYS))
-    if unknown:
-        raise RequestError(
-            f"unknown annotation {unknown[0]!r}; allowed: {', '.join(ANNOTATION_KEYS)}", param=unknown[0]
-        )
-    out = dict(body)
-    if body.get("reward") is not None:
-        out["reward"] = _finite(body["reward"], "reward")
-    if "branch_rewards" in body:
-        rewards = body["branch_rewards"]
-        if not isinstance(rewards, dict) or not all(str(k).isdigit() for k in rewards):
-            raise RequestError("'branch_rewards' must map branch ids to numbers", param="branch_rewards")
-        out["branch_rewards"] = {str(k): _finite(v, f"branch_rewards[{k}]") for k, v in rewards.items()}
-    if "task_id" in body and not isinstance(body["task_id"], str):
-        raise RequestError(f"'task_id' must be a string, got {body['task_id']!r}", param="task_id")
-    if "meta" in body and not isinstance(body["meta"], dict):
-        raise RequestError("'meta' must be an object", param="meta")
-    return out
+    def budget(self) -> MemoryBudget:
+        return MemoryBudget(self.max_sessions_in_memory, self.max_tokens_in_memory, self.max_session_tokens_in_memory)
 
 
 @dataclass(frozen=True)
@@ -117,18 +97,21 @@ class Outcome:
 
 
 @dataclass
-class _Session:
-    tree: PrefixTree
-    renderer: ChatRenderer
-    in_flight: int = 0  # requests not yet recorded durably: the session must stay in memory
-
-
-@dataclass
 class _Progress:
     token_ids: list[int]
     logprobs: list[float]
     versions: list[int]
     engines: list[str]
+
+
+def check_session_id(session_id: str) -> str:
+    if not SESSION_ID.match(session_id):
+        raise RequestError(
+            f"session id {session_id[:140]!r} must be 1-128 characters of letters, digits and ._:-",
+            param="session_id",
+            code="invalid_session_id",
+        )
+    return session_id
 
 
 class TrajectoryManager:
@@ -139,89 +122,68 @@ class TrajectoryManager:
         store: TrajectoryStore,
         config: ManagerConfig | None = None,
         max_context: int | None = None,
+        processes: dict[str, EngineHandle] | None = None,
+        supervisor: SupervisorConfig | None = None,
     ) -> None:
+        """`processes`: the engine processes this manager may restart, by engine name (see supervisor.py)."""
         self.engines, self.tok, self.store = engines, tokenizer, store
         self.config = config = config or ManagerConfig()
-        self.router = Router(engines, config.affinity_slack, config.engine_cooldown_s)
+        self.router = Router(engines, config.affinity_slack, config.engine_cooldown_s, config.engine_max_cooldown_s)
+        self.sessions = SessionTable(store, tokenizer, config.budget())
+        self.recorder = Recorder(store)
         self.max_context = max_context
         self.version = 0
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
-        self._pending: list[tuple[tuple, asyncio.Future]] = []  # records waiting for the store
-        self._writer: asyncio.Task | None = None
+        self.weights_source: str | None = None  # the last checkpoint loaded (what a restarted engine must load)
+        self.paused_since: float | None = None
+        self.in_flight = 0
+        self.shed = 0  # requests answered 429
+        self.watchdog_resumes = 0
+        self._watchdog: asyncio.Task | None = None
         self._stop_ids = (tokenizer.im_end_id, tokenizer.eos_token_id)
+        self.supervisor = Supervisor(self, processes, supervisor)
 
     async def start(self) -> None:
-        """Learn the context length and policy version from the engines."""
-        stats = await asyncio.gather(*(e.stats() for e in self.engines.values()))
+        """Learn the context length and policy version from the engines that answer (at least one must)."""
+        stats = await asyncio.gather(*(e.stats() for e in self.engines.values()), return_exceptions=True)
+        up = [s for s in stats if not isinstance(s, BaseException)]
+        if not up:
+            raise RuntimeError(f"no engine answered at start-up: {stats[0]}")
         if self.max_context is None:
-            self.max_context = min(s.max_context for s in stats)
-        self.version = max(s.version for s in stats)
+            self.max_context = min(s.max_context for s in up)
+        self.version = max(s.version for s in up)
+        for slot, s in zip(self.router.slots, stats, strict=True):
+            if isinstance(s, BaseException):
+                self.router.hold_down(slot, f"no answer at start-up: {s}")
+                slot.stale = True
+        self.supervisor.start()
 
-    # ---- sessions ----
+    async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        await self.supervisor.close()
 
-    def session(self, session_id: str, create: bool = True) -> _Session | None:
-        if not SESSION_ID.match(session_id):
+    # ---- admission ----
+
+    @contextmanager
+    def admit(self) -> Iterator[None]:
+        """Count an agent request in flight; beyond the cap, a 429 the agent should retry after a while."""
+        cap = self.config.max_in_flight_requests
+        if cap and self.in_flight >= cap:
+            self.shed += 1
             raise RequestError(
-                f"session id {session_id[:140]!r} must be 1-128 characters of letters, digits and ._:-",
-                status=400,
-                param="session_id",
-            )
-        s = self._sessions.get(session_id)
-        if s is not None:
-            self._sessions.move_to_end(session_id)
-        elif create or self.store.has_session(session_id):
-            s = self._sessions[session_id] = self._load_session(session_id)
-            self._evict()
-        return s
-
-    def _evict(self) -> None:
-        """Drop the least recently used idle sessions beyond the limit; they reload from the store."""
-        excess = len(self._sessions) - self.config.max_sessions_in_memory
-        if excess <= 0:
-            return
-        idle = [sid for sid, s in self._sessions.items() if s.in_flight == 0][:excess]
-        for sid in idle:
-            del self._sessions[sid]
-
-    def _load_session(self, session_id: str) -> _Session:
-        renderer = ChatRenderer(self.tok)
-        if not self.store.has_session(session_id):
-            return _Session(PrefixTree(session_id), renderer)
-        for r in self.store.records(session_id):
-            renderer.remember(r.text, r.token_ids)
-        return _Session(self.store.load_tree(session_id), renderer)
-
-    def session_ids(self) -> list[str]:
-        return sorted(set(self._sessions) | set(self.store.sessions()))
-
-    def trajectory(self, session_id: str) -> dict | None:
-        """The session's tree as JSON, with its annotations; each branch gets its `reward` (the branch's
-        own if one was set, else the session's, else null)."""
-        s = self.session(session_id, create=False)
-        if s is None:
-            return None
-        tree = s.tree.to_json()
-        notes = self.store.annotations(session_id)
-        tree["annotations"] = notes
-        branch_rewards = notes.get("branch_rewards", {})
-        for branch in tree["branches"]:
-            branch["reward"] = branch_rewards.get(str(branch["branch_id"]), notes.get("reward"))
-        return tree
-
-    async def annotate(self, session_id: str, body) -> dict:
-        """Attach a reward (for the session or per branch), a task id or metadata to a session."""
-        updates = check_annotations(body)
-        if self.session(session_id, create=False) is None or not self.store.has_session(session_id):
-            raise RequestError(f"no finished request in session {session_id!r} to annotate", status=404,
-                               code="session_not_found")  # fmt: skip
-        return await asyncio.to_thread(self.store.annotate, session_id, updates)
-
-    # ---- generation ----
+                f"the manager is at its limit of {cap} requests in flight; retry shortly",
+                status=429, code="overloaded", headers={"Retry-After": "1"},
+            )  # fmt: skip
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model_name:
             raise RequestError(
-                f"the model {model!r} does not exist; this server serves {self.config.model_name!r}",
+                f"the model {model[:200]!r} does not exist; this server serves {self.config.model_name!r}",
                 status=404,
                 param="model",
                 code="model_not_found",
@@ -247,26 +209,68 @@ class TrajectoryManager:
             )
         return sampling.max_tokens
 
-    async def generate(
-        self, session_id: str, prompt: Sequence[int], sampling: Sampling
-    ) -> AsyncIterator[str | Outcome]:
-        """Yield text pieces as tokens arrive, then the recorded `Outcome`.
+    # ---- sessions ----
 
-        Closing the iterator early (the agent went away) aborts the engine request; nothing is
-        recorded for it.
-        """
-        session = self.session(session_id)
-        session.in_flight += 1
+    async def session(self, session_id: str, create: bool = True) -> Session | None:
+        """The session (from memory or the store); with `create`, a new one for an unknown id, held in
+        memory only once a request of it is accepted (`accepted`)."""
+        return await self.sessions.get(check_session_id(session_id), create)
+
+    @asynccontextmanager
+    async def accepted(self, session: Session, fresh_segments: dict | None = None) -> AsyncIterator[Session]:
+        """Hold `session` in memory for an accepted request (and cache the segments its prompt needed)."""
+        held = self.sessions.attach(session)
+        if fresh_segments:
+            held.renderer.commit(fresh_segments)
         try:
-            async with aclosing(self._generate(session, prompt, sampling)) as items:
-                async for item in items:
-                    yield item
+            yield held
         finally:
-            session.in_flight -= 1
+            self.sessions.release(held)
 
-    async def _generate(
-        self, session: _Session, prompt: Sequence[int], sampling: Sampling
+    async def session_ids(self) -> list[str]:
+        stored = await asyncio.to_thread(self.store.sessions)
+        return sorted(set(self.sessions.ids()) | set(stored))
+
+    async def trajectory(self, session_id: str) -> dict | None:
+        """The session's stored tree as JSON, with its annotations and their history; each branch gets its
+        `reward` (the branch's own if one was set, else the session's, else null). Built from the store in
+        a worker thread, so a huge tree never stalls the event loop."""
+        return await asyncio.to_thread(self._trajectory, check_session_id(session_id))
+
+    def _trajectory(self, session_id: str) -> dict | None:
+        if not self.store.has_session(session_id):
+            return None
+        tree = self.store.load_tree(session_id).to_json()
+        notes = self.store.annotations(session_id)
+        tree["annotations"] = notes
+        tree["annotation_history"] = self.store.annotation_history(session_id)
+        branch_rewards = notes.get("branch_rewards", {})
+        for branch in tree["branches"]:
+            branch["reward"] = branch_rewards.get(str(branch["branch_id"]), notes.get("reward"))
+        return tree
+
+    async def annotate(self, session_id: str, body, author: str) -> dict:
+        """Attach a reward (for the session or per branch), a task id or metadata to a session; every write
+        is kept in the session's annotation history with its author."""
+        updates, claimed = check_annotations(body)
+        check_session_id(session_id)
+        if not await asyncio.to_thread(self.store.has_session, session_id):
+            raise RequestError(f"no finished request in session {session_id!r} to annotate", status=404,
+                               code="session_not_found")  # fmt: skip
+        who = f"{claimed} ({author})" if claimed else author
+        try:
+            return await asyncio.to_thread(self.store.annotate, session_id, updates, who)
+        except StoreError as e:
+            raise _store_unavailable(e) from None
+
+    # ---- generation ----
+
+    async def generate(
+        self, session: Session, prompt: Sequence[int], sampling: Sampling
     ) -> AsyncIterator[str | Outcome]:
+        """Yield text pieces as tokens arrive, then the recorded `Outcome`. `session` must be held
+        (`accepted`). Closing the iterator early (the agent went away) aborts the engine request;
+        nothing is recorded for it."""
         prompt = tuple(prompt)
         max_tokens = self.budget(len(prompt), sampling)
         request_id = f"req-{uuid.uuid4().hex[:20]}"
@@ -275,8 +279,8 @@ class TrajectoryManager:
         held = max((len(s) for s in sampling.stop), default=1) - 1  # text withheld while a stop may be forming
         emitted, reason, text = 0, "abort", None
         incremental = sampling.stream or bool(sampling.stop)  # otherwise decode once, at the end
-        session_id = session.tree.session_id
-        async with aclosing(self._tokens(session_id, request_id, prompt, sampling, max_tokens, progress)) as events:
+        tokens = self._tokens(session.session_id, request_id, prompt, sampling, max_tokens, progress)
+        async with aclosing(tokens) as events:
             async for event in events:
                 if isinstance(event, Finished):
                     reason = str(event.reason)
@@ -329,11 +333,12 @@ class TrajectoryManager:
                 async with aclosing(self._engine_stream(slot, call, progress)) as events:
                     async for event in events:
                         yield event
+                self.router.mark_ok(slot)
                 return
             except EngineError as e:
                 log.warning("engine %s failed on %s after %d tokens: %s", slot.name, request_id,
                             len(progress.token_ids), e)  # fmt: skip
-                self.router.mark_failed(slot)
+                self.router.mark_failed(slot, str(e))
                 excluded.add(slot.name)
         raise RequestError(
             f"generation failed on {self.config.max_engine_attempts} engines; try again",
@@ -356,70 +361,124 @@ class TrajectoryManager:
                 elif event.reason is FinishReason.ABORT and not progress.token_ids:
                     raise EngineError(f"{slot.name} aborted {call.request_id} before its first token")
                 yield event
-        except ValueError as e:
+        except ValueError as e:  # the engine refused the request as invalid: the agent's fault, not retried
             raise RequestError(f"the engine rejected the request: {e}", param="prompt") from None
         finally:
             await stream.aclose()  # closing the stream early aborts the engine's request
             self.router.release(slot)
 
     async def _record(
-        self, session: _Session, request_id: str, prompt: tuple[int, ...], p: _Progress, text: str, reason: str
+        self, session: Session, request_id: str, prompt: tuple[int, ...], p: _Progress, text: str, reason: str
     ) -> Outcome:
-        result = session.tree.insert(prompt, p.token_ids, p.logprobs, p.versions, request_id)
+        match_len, anchor = session.tree.plan(prompt)
+        meta = {"engines": p.engines, "model": self.config.model_name}
+        turn = NewTurn(session.session_id, request_id, anchor, match_len, prompt[match_len:], p.token_ids,
+                       p.logprobs, p.versions, reason, text, meta)  # fmt: skip
+        try:
+            result = await self.recorder.record(session, turn, prompt)
+        except StoreError as e:
+            raise _store_unavailable(e) from None
         session.renderer.remember(text, p.token_ids)
-        await self._persist(
-            (session.tree.session_id, request_id, result.anchor_request_id, result.match_len,
-             prompt[result.match_len :], p.token_ids, p.logprobs, p.versions, reason, text,
-             {"engines": p.engines, "model": self.config.model_name})
-        )  # fmt: skip
         return Outcome(
-            session.tree.session_id, request_id, prompt, tuple(p.token_ids), tuple(p.logprobs),
+            session.session_id, request_id, prompt, tuple(p.token_ids), tuple(p.logprobs),
             tuple(p.versions), text, reason, result.match_len, result.branch_id, tuple(p.engines),
         )  # fmt: skip
 
-    async def _persist(self, record: tuple) -> None:
-        """Write a record durably; records that finish while a write is under way are committed
-        together in the next transaction (group commit), always in the order they were inserted."""
-        done = asyncio.get_running_loop().create_future()
-        self._pending.append((record, done))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_pending())
-        await done
-
-    async def _write_pending(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                await asyncio.to_thread(self.store.append_many, [record for record, _ in batch])
-                results = [None] * len(batch)
-            except Exception:  # one bad record must not sink the others: retry one by one
-                results = []
-                for record, _ in batch:
-                    try:
-                        await asyncio.to_thread(self.store.append, *record)
-                        results.append(None)
-                    except Exception as e:
-                        results.append(e)
-            for (_, done), error in zip(batch, results, strict=True):
-                if not done.done():
-                    done.set_exception(error) if error else done.set_result(None)
-
     # ---- partial rollout: the control plane's hooks ----
 
+    @property
+    def paused(self) -> bool:
+        return self.paused_since is not None
+
     async def pause(self) -> None:
-        await asyncio.gather(*(e.pause() for e in self.engines.values()))
+        await self._broadcast(lambda e: e.pause())
+        if self.paused_since is None:
+            self.paused_since = time.monotonic()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self.config.max_pause_s:
+            self._watchdog = asyncio.create_task(self._pause_watchdog(self.config.max_pause_s))
 
     async def update_weights(self, version: int, source: str | None = None) -> None:
-        await asyncio.gather(*(e.update_weights(version, source) for e in self.engines.values()))
+        if not self.paused:
+            raise RuntimeError("update_weights needs paused engines; POST /admin/pause first")
+        await self._broadcast(lambda e: e.update_weights(version, source))
         self.version = version
+        if source is not None:
+            self.weights_source = source
 
     async def resume(self) -> None:
-        await asyncio.gather(*(e.resume() for e in self.engines.values()))
+        if self._watchdog is not None and self._watchdog is not asyncio.current_task():
+            self._watchdog.cancel()
+        self._watchdog = None
+        await self._broadcast(lambda e: e.resume())
+        self.paused_since = None
+
+    async def _pause_watchdog(self, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        log.error("engines were paused for %.0f s without a resume (max_pause_s); resuming them", after_s)
+        self.watchdog_resumes += 1
+        await self.resume()
+
+    async def _broadcast(self, call) -> None:
+        """Apply a control call to every engine that is up. An engine that is down, or fails the call, is
+        marked stale: no request goes to it until the supervisor has brought it to the fleet's state
+        (paused or not, weights version). A refusal (ValueError: bad source, RuntimeError: not paused)
+        is the caller's error and is raised."""
+        now = time.monotonic()
+        slots = [s for s in self.router.slots if s.up(now)]
+        for s in self.router.slots:
+            s.stale = s.stale or s not in slots
+        results = await asyncio.gather(*(call(s.engine) for s in slots), return_exceptions=True)
+        refusals = []
+        for slot, result in zip(slots, results, strict=True):
+            if isinstance(result, EngineError):
+                log.warning("engine %s failed a control call: %s", slot.name, result)
+                self.router.mark_failed(slot, str(result))
+                slot.stale = True
+            elif isinstance(result, BaseException):
+                refusals.append(result)
+        if refusals:
+            raise refusals[0]
+
+    # ---- observability ----
+
+    def health(self) -> dict:
+        """{"ok", "status": ok | degraded | unhealthy, "reasons": [...]}: unhealthy when no engine is up or
+        the store cannot write; degraded when some engine is down or a pause has lasted over a minute."""
+        reasons, status = [], "ok"
+        if (problem := self.recorder.problem()) is not None:
+            reasons.append(f"store: {problem}")
+            status = "unhealthy"
+        engines = self.router.stats()
+        down = [e for e in engines if not e["up"]]
+        if len(down) == len(engines):
+            reasons.append("no engine is up")
+            status = "unhealthy"
+        elif down and status == "ok":
+            status = "degraded"
+        reasons += [f"engine {e['name']} is down: {e['reason']}" for e in down]
+        if self.paused_since is not None and (paused_s := time.monotonic() - self.paused_since) > 60:
+            reasons.append(f"engines paused for {paused_s:.0f} s")
+            status = "degraded" if status == "ok" else status
+        return {"ok": status != "unhealthy", "status": status, "reasons": reasons}
 
     async def stats(self) -> dict:
         return {
             "version": self.version,
             "max_context": self.max_context,
-            "sessions_in_memory": len(self._sessions),
+            "paused": self.paused,
+            "in_flight": self.in_flight,
+            "shed": self.shed,
+            "sessions_in_memory": len(self.sessions),
+            "tokens_in_memory": self.sessions.tokens_held,
+            "evictions": self.sessions.evictions,
+            "recorded": self.recorder.committed,
+            "record_failures": self.recorder.failed,
+            "watchdog_resumes": self.watchdog_resumes,
             "engines": self.router.stats(),
         }
+
+
+def _store_unavailable(e: StoreError) -> RequestError:
+    return RequestError(f"{e}; nothing was recorded, retry later", status=503, code="store_unavailable")

@@ -206,6 +206,7 @@ class PrefixTree:
         # request id -> (a node at or below the one holding its last token, sequence length). Splits only
         # insert nodes above, so the holder is found by walking up (see _locate).
         self._requests: dict[str, tuple[_Node, int]] = {}
+        self.num_tokens = 0  # tokens held (each stored once, however many requests share it)
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._requests
@@ -248,15 +249,22 @@ class PrefixTree:
 
     def match_len(self, token_ids: Sequence[int]) -> int:
         """Length of the longest prefix of `token_ids` present in the tree (by token id)."""
+        return self.plan(token_ids)[0]
+
+    def plan(self, token_ids: Sequence[int]) -> tuple[int, str | None]:
+        """(match_len, anchor_request_id) that `insert` would report for this prompt now, without changing
+        the tree. The manager stores a request under its plan before inserting it; inserts made in
+        between can only lengthen the match (the tree never shrinks), so the plan stays a valid anchor."""
         ids = _as_ids("token_ids", token_ids)
         if not ids:
-            return 0
+            return 0, None
         view = memoryview(ids).cast("B")
         try:
             node, off = self._match(ids, view)
         finally:
             view.release()
-        return node.start + off
+        match_len = node.start + off
+        return match_len, (node.cover if match_len else None)
 
     def sequence(self, request_id: str) -> tuple[int, ...]:
         """A request's full token sequence: prompt + generated. O(length)."""
@@ -288,7 +296,7 @@ class PrefixTree:
         return {
             "session_id": self.session_id,
             "num_branches": len(branches),
-            "num_tokens": sum(len(n) for n in self._nodes),
+            "num_tokens": self.num_tokens,
             "branches": [b.to_json() for b in branches],
             "nodes": [  # parents before children
                 {
@@ -338,6 +346,7 @@ class PrefixTree:
     def _attach(self, node: _Node, off: int, segment: _Segment, request_id: str) -> tuple[_Node, int]:
         """Add new tokens after (node, off): in place at the end of a leaf, else as a new leaf (splitting
         the node first when off falls inside it). Returns the end point."""
+        self.num_tokens += len(segment[1])
         if node is not self._root and off == len(node) and not node.children:
             ids, mask, logprobs, versions = segment
             node.ids += ids

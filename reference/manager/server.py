@@ -5,13 +5,20 @@
     GET  /s/<session_id>/v1/models             (and /v1/models)
     GET  /trajectories                         session ids
     GET  /trajectories/<session_id>            the session's trajectory tree (prefix_tree.to_json), annotations
-    POST /trajectories/<session_id>            annotate it: {"reward", "branch_rewards", "task_id", "meta"}
+    POST /trajectories/<session_id>            annotate it: {"reward", "branch_rewards", "task_id", "meta", "author"}
     POST /admin/pause | /admin/resume          partial rollout: hold generation at a token boundary
     POST /admin/update_weights                 {"version": int, "source": checkpoint dir | null}
     GET  /health | /stats
 
-Every error is an OpenAI-style JSON body with a 4xx/5xx status, and the server keeps serving.
-Handlers are cancelled when the client disconnects, which aborts the engine request.
+Access: with an admin token set, everything except the agents' own `/s/<session>/v1/*` calls, `/v1/models`
+and `/health` needs `Authorization: Bearer <token>`: reading and annotating trajectories (rewards decide
+what the model learns), stats, and the control endpoints.
+
+Every error is an OpenAI-style JSON body with a 4xx/5xx status (also for what aiohttp rejects before a
+handler runs: an over-long request line, a malformed header), and the server keeps serving. Large
+bodies are parsed and tokenised in a worker thread (the tokenizer releases the GIL), so one huge request
+never stalls the others; trees are serialised off the loop too. Handlers are cancelled when the client
+disconnects, which aborts the engine request.
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ import time
 import uuid
 from contextlib import aclosing
 from dataclasses import replace
+from http import HTTPStatus
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from reference.manager.chat import (
     RequestError,
@@ -35,50 +44,87 @@ from reference.manager.chat import (
     parse_completion,
     usage,
 )
-from reference.manager.manager import Outcome, TrajectoryManager
+from reference.manager.manager import Outcome, TrajectoryManager, check_session_id
 from reference.manager.tools import parse_tool_calls
 
 log = logging.getLogger(__name__)
 
 MANAGER_KEY = web.AppKey("manager", TrajectoryManager)
+OPEN_PATHS = ("/health", "/v1/models")  # needing no token (besides the agents' /s/<session>/v1/*)
+MAX_JSON_DEPTH = 64  # nesting of objects and arrays in a request body
+OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are parsed and tokenised in a worker thread
+MAX_LINE_BYTES = 64 << 10  # request line and header lines
+MAX_SEED = 2**63 - 1
 
 
 @web.middleware
 async def openai_errors(request: web.Request, handler):
     try:
-        if request.path.startswith("/admin/"):
-            _check_admin(request)
+        if not (request.path.startswith("/s/") or request.path in OPEN_PATHS):
+            _check_token(request)
         return await handler(request)
     except RequestError as e:
-        return web.json_response(e.body(), status=e.status)
+        return web.json_response(e.body(), status=e.status, headers=e.headers)
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status)
-        body = RequestError(e.reason if e.status != 413 else e.text or e.reason, status=e.status, code=code).body()
-        return web.json_response(body, status=e.status)
+        return _error_response(e.status, e.text if e.status == 413 and e.text else e.reason)
     except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        body = RequestError("internal server error", status=500, code="internal_error").body()
-        return web.json_response(body, status=500)
+        log.exception("unhandled error on %s %s", request.method, request.path[:200])
+        return _error_response(500, "internal server error")
 
 
-def _check_admin(request: web.Request) -> None:
+def _error_response(status: int, message: str) -> web.Response:
+    code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status)
+    return web.json_response(RequestError(message, status=status, code=code).body(), status=status)
+
+
+def _check_token(request: web.Request) -> None:
     token = request.app[MANAGER_KEY].config.admin_token
     if token is None:
         return
-    given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-        raise RequestError("admin endpoints need 'Authorization: Bearer <admin token>'", status=401,
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(given, f"Bearer {token}".encode()):
+        raise RequestError(f"{request.path[:100]} needs 'Authorization: Bearer <admin token>'", status=401,
                            code="unauthorized")  # fmt: skip
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_depth(value, limit: int = MAX_JSON_DEPTH) -> None:
+    """Objects and arrays nested deeper than `limit` are refused (without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if items is None:
+            continue
+        if depth > limit:
+            raise RequestError(f"the request body nests objects and arrays deeper than {limit} levels",
+                               code="invalid_json")  # fmt: skip
+        stack.extend((x, depth + 1) for x in items if isinstance(x, dict | list))
+
+
+def _parse_json(raw: bytes):
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        message = "it nests too deeply" if isinstance(e, RecursionError) else str(e)[:200]
+        raise RequestError(f"the request body is not valid JSON: {message}", code="invalid_json") from None
+    _check_depth(body)
+    return body
+
+
+async def _off_loop(size: int, fn, *args):
+    """fn(*args), in a worker thread when the request is large."""
+    return await asyncio.to_thread(fn, *args) if size > OFF_LOOP_BYTES else fn(*args)
 
 
 async def _body(request: web.Request):
     raw = await request.read()  # aiohttp answers 413 here for a body over client_max_size
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    return await _off_loop(len(raw), _parse_json, raw), len(raw)
 
 
 def _trajectory_info(o: Outcome) -> dict:
@@ -92,8 +138,8 @@ def _trajectory_info(o: Outcome) -> dict:
     }
 
 
-async def _run(manager: TrajectoryManager, sid: str, prompt, sampling) -> Outcome:
-    async with aclosing(manager.generate(sid, prompt, sampling)) as events:
+async def _run(manager: TrajectoryManager, session, prompt, sampling) -> Outcome:
+    async with aclosing(manager.generate(session, prompt, sampling)) as events:
         async for item in events:
             if isinstance(item, Outcome):
                 return item
@@ -102,14 +148,19 @@ async def _run(manager: TrajectoryManager, sid: str, prompt, sampling) -> Outcom
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
-    sid = request.match_info["session_id"]
-    chat = parse_chat(await _body(request))
-    manager.check_model(chat.model)
-    session = manager.session(sid)
-    prompt = session.renderer.render(chat.messages, chat.tools)
-    if chat.sampling.stream:
-        return await _stream(request, manager, sid, prompt, chat.sampling, chat=True, tools=bool(chat.tools))
-    outcomes = await _run_n(manager, sid, prompt, chat.sampling)
+    sid = check_session_id(request.match_info["session_id"])
+    with manager.admit():
+        body, size = await _body(request)
+        chat = await _off_loop(size, parse_chat, body)
+        manager.check_model(chat.model)
+        session = await manager.session(sid)
+        prompt, fresh = await _off_loop(size, session.renderer.render_pending, chat.messages, chat.tools)
+        manager.budget(len(prompt), chat.sampling)  # a rejected request leaves nothing behind
+        async with manager.accepted(session, fresh) as session:
+            if chat.sampling.stream:
+                return await _stream(request, manager, session, prompt, chat.sampling, chat=True,
+                                     tools=bool(chat.tools))  # fmt: skip
+            outcomes = await _run_n(manager, session, prompt, chat.sampling)
     choices = []
     for i, o in enumerate(outcomes):
         message, finish = _assistant_message(o, bool(chat.tools))
@@ -129,12 +180,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
 
 
-async def _run_n(manager: TrajectoryManager, sid: str, prompt, sampling) -> list[Outcome]:
-    """`sampling.n` samples of one prompt, generated concurrently (seed + i for sample i when seeded)."""
+async def _run_n(manager: TrajectoryManager, session, prompt, sampling) -> list[Outcome]:
+    """`sampling.n` samples of one prompt, generated concurrently (seed + i for sample i when seeded,
+    wrapping around within the allowed seed range)."""
     if sampling.n == 1:
-        return [await _run(manager, sid, prompt, sampling)]
-    seeds = [None if sampling.seed is None else sampling.seed + i for i in range(sampling.n)]
-    return list(await asyncio.gather(*(_run(manager, sid, prompt, replace(sampling, seed=s)) for s in seeds)))
+        return [await _run(manager, session, prompt, sampling)]
+    seeds = [None if sampling.seed is None else (sampling.seed + i) % (MAX_SEED + 1) for i in range(sampling.n)]
+    return list(await asyncio.gather(*(_run(manager, session, prompt, replace(sampling, seed=s)) for s in seeds)))
 
 
 def _usage(outcomes: list[Outcome]) -> dict:
@@ -154,14 +206,18 @@ def _assistant_message(o: Outcome, tools: bool) -> tuple[dict, str]:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
-    sid = request.match_info["session_id"]
-    req = parse_completion(await _body(request))
-    manager.check_model(req.model)
-    manager.session(sid)
-    prompt = manager.tok.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
-    if req.sampling.stream:
-        return await _stream(request, manager, sid, prompt, req.sampling, chat=False)
-    outcomes = await _run_n(manager, sid, prompt, req.sampling)
+    sid = check_session_id(request.match_info["session_id"])
+    with manager.admit():
+        body, size = await _body(request)
+        req = parse_completion(body)
+        manager.check_model(req.model)
+        session = await manager.session(sid)
+        prompt = await _off_loop(size, manager.tok.encode, req.prompt) if isinstance(req.prompt, str) else req.prompt
+        manager.budget(len(prompt), req.sampling)
+        async with manager.accepted(session) as session:
+            if req.sampling.stream:
+                return await _stream(request, manager, session, prompt, req.sampling, chat=False)
+            outcomes = await _run_n(manager, session, prompt, req.sampling)
     echo = (req.prompt if isinstance(req.prompt, str) else manager.tok.decode(req.prompt)) if req.echo else ""
     choices = []
     for i, o in enumerate(outcomes):
@@ -197,11 +253,10 @@ def _chunk(manager, chat: bool, cid: str, text: str | None, finish: str | None, 
 
 
 async def _stream(
-    request, manager: TrajectoryManager, sid: str, prompt, sampling, chat: bool, tools: bool = False
+    request, manager: TrajectoryManager, session, prompt, sampling, chat: bool, tools: bool = False
 ) -> web.StreamResponse:
     """Server-sent events. With tools offered, the text is held back until the end, when it is sent
     as content and parsed tool calls (no partial tool-call deltas)."""
-    manager.budget(len(prompt), sampling)  # a bad length is a plain 400, before the stream starts
     cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}"
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -213,7 +268,7 @@ async def _stream(
     if chat:
         await send(_chunk(manager, chat, cid, "", None, first=True))
     try:
-        async with aclosing(manager.generate(sid, prompt, sampling)) as events:
+        async with aclosing(manager.generate(session, prompt, sampling)) as events:
             async for item in events:
                 if isinstance(item, Outcome):
                     finish = item.finish_reason
@@ -248,22 +303,24 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def list_trajectories(request: web.Request) -> web.Response:
-    return web.json_response({"sessions": request.app[MANAGER_KEY].session_ids()})
+    return web.json_response({"sessions": await request.app[MANAGER_KEY].session_ids()})
 
 
 async def get_trajectory(request: web.Request) -> web.Response:
     sid = request.match_info["session_id"]
-    tree = request.app[MANAGER_KEY].trajectory(sid)
+    tree = await request.app[MANAGER_KEY].trajectory(sid)
     if tree is None:
         raise RequestError(f"no session {sid!r}", status=404, code="session_not_found")
-    return web.json_response(tree)
+    text = await asyncio.to_thread(json.dumps, tree)  # a big tree serialises off the loop
+    return web.Response(text=text, content_type="application/json")
 
 
 async def annotate_trajectory(request: web.Request) -> web.Response:
     sid = request.match_info["session_id"]
     manager = request.app[MANAGER_KEY]
-    manager.session(sid, create=False)  # validates the id
-    return web.json_response({"session_id": sid, "annotations": await manager.annotate(sid, await _body(request))})
+    body, _ = await _body(request)
+    author = f"{request.remote} {request.headers.get('User-Agent', '')[:80]}".strip()
+    return web.json_response({"session_id": sid, "annotations": await manager.annotate(sid, body, author)})
 
 
 async def admin_pause(request: web.Request) -> web.Response:
@@ -278,7 +335,7 @@ async def admin_resume(request: web.Request) -> web.Response:
 
 
 async def admin_update_weights(request: web.Request) -> web.Response:
-    body = await _body(request)
+    body, _ = await _body(request)
     version = body.get("version") if isinstance(body, dict) else None
     source = body.get("source") if isinstance(body, dict) else None
     if not isinstance(version, int) or isinstance(version, bool):
@@ -295,7 +352,8 @@ async def admin_update_weights(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
+    report = request.app[MANAGER_KEY].health()
+    return web.json_response(report, status=200 if report["ok"] else 503)
 
 
 async def stats(request: web.Request) -> web.Response:
@@ -305,6 +363,7 @@ async def stats(request: web.Request) -> web.Response:
 def build_app(manager: TrajectoryManager) -> web.Application:
     app = web.Application(middlewares=[openai_errors], client_max_size=manager.config.max_body_bytes)
     app[MANAGER_KEY] = manager
+    app.on_cleanup.append(lambda _: manager.close())
     prefix = "/s/{session_id}/v1"
     app.add_routes(
         [
@@ -325,10 +384,30 @@ def build_app(manager: TrajectoryManager) -> web.Application:
     return app
 
 
+class _JSONErrors(RequestHandler):
+    """What aiohttp rejects before any handler runs (an over-long request line, a malformed header or
+    method) is answered with the same OpenAI-style JSON error as everything else."""
+
+    def handle_error(self, request, status: int = 500, exc=None, message=None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; raises if a response was already sent
+        text = "internal server error" if status >= 500 else (message or HTTPStatus(status).phrase)
+        response = _error_response(status, text.splitlines()[0][:300] if text else HTTPStatus(status).phrase)
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _JSONErrors(self, loop=self._loop, **self._kwargs)
+
+
 async def start_manager_server(manager: TrajectoryManager, host: str = "127.0.0.1", port: int = 8000):
     """Serve in the running loop; returns the runner (see reference.engine.server.bound_port)."""
     await manager.start()
-    runner = web.AppRunner(build_app(manager), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(build_app(manager), handler_cancellation=True, access_log=None,
+                           max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES)  # fmt: skip
     await runner.setup()
+    if type(runner.server) is web.Server:
+        runner.server.__class__ = _Server
     await web.TCPSite(runner, host, port).start()
     return runner

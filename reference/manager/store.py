@@ -8,13 +8,20 @@ order. The manager passes the `InsertResult` of `PrefixTree.insert` straight thr
 
 Durability: WAL with synchronous=NORMAL, so a committed append survives the process being killed (power
 loss may lose the last commits since the last checkpoint). Token arrays are stored as little-endian blobs
-(uint32 ids, float64 logprobs, int32 versions), not JSON. One connection, used by one thread at a time
-under a lock: the manager calls in from worker threads via `asyncio.to_thread`.
+(uint32 ids, float64 logprobs, int32 versions), not JSON. Two connections, each used by one thread at a
+time under its own lock: one writes, one reads (WAL readers never wait for the writer). The manager calls
+in from worker threads via `asyncio.to_thread`, never from its event loop.
+
+Failures are explicit: a write that SQLite cannot complete (disk full, another process holding the write
+lock past `busy_timeout_s`) raises `StoreError` and leaves nothing half-written; before every write the
+store checks that its files are still the ones it opened, so a store deleted or replaced while serving is
+reported at once instead of silently losing everything at the next restart.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import sys
 import threading
@@ -59,11 +66,40 @@ _ADDITIVE = (
         data TEXT NOT NULL,  -- JSON object: reward, branch_rewards, task_id, meta
         updated_s REAL NOT NULL
     )""",
+    """CREATE TABLE IF NOT EXISTS annotation_history (
+        session_id TEXT NOT NULL,
+        at_s REAL NOT NULL,
+        author TEXT NOT NULL,  -- who wrote it: the caller's address and what it said about itself
+        updates TEXT NOT NULL  -- JSON object: the fields this write set
+    )""",
+    "CREATE INDEX IF NOT EXISTS annotation_history_session ON annotation_history (session_id)",
 )
 _COLUMNS = (
     "session_id, seq, request_id, anchor_request_id, match_len, num_tokens, new_prompt_token_ids, token_ids, "
     "logprobs, versions, finish_reason, text, created_s, meta"
 )
+
+
+class StoreError(RuntimeError):
+    """The durable store cannot take a write (disk full, locked too long, its files removed or replaced)."""
+
+
+@dataclass(frozen=True)
+class NewTurn:
+    """A finished request to store: the contract between the manager and the store. The request's prompt is
+    sequence(anchor_request_id)[:match_len] + new_prompt_token_ids (see `PrefixTree.plan`)."""
+
+    session_id: str
+    request_id: str
+    anchor_request_id: str | None
+    match_len: int
+    new_prompt_token_ids: Sequence[int]
+    token_ids: Sequence[int]
+    logprobs: Sequence[float]
+    versions: Sequence[int]
+    finish_reason: str
+    text: str
+    meta: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -117,20 +153,13 @@ def _check_name(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a non-empty str, got {value!r}")
 
 
-def _prepare(
-    session_id: str,
-    request_id: str,
-    anchor_request_id: str | None,
-    match_len: int,
-    new_prompt_token_ids: Sequence[int],
-    token_ids: Sequence[int],
-    logprobs: Sequence[float],
-    versions: Sequence[int],
-    finish_reason: str,
-    text: str,
-    meta: dict[str, Any] | None = None,
-) -> tuple:
+def _prepare(turn: NewTurn) -> tuple:
     """Validate one record and pack its arrays (no database access)."""
+    session_id, request_id, anchor_request_id, match_len = (
+        turn.session_id, turn.request_id, turn.anchor_request_id, turn.match_len)  # fmt: skip
+    new_prompt_token_ids, token_ids, logprobs, versions = (
+        turn.new_prompt_token_ids, turn.token_ids, turn.logprobs, turn.versions)  # fmt: skip
+    finish_reason, text, meta = turn.finish_reason, turn.text, turn.meta
     _check_name("session_id", session_id)
     _check_name("request_id", request_id)
     if not isinstance(match_len, int) or match_len < 0:
@@ -160,25 +189,60 @@ def _prepare(
 
 
 class TrajectoryStore:
-    """Append-only SQLite store of `TurnRecord`s; ':memory:' keeps it in memory (tests)."""
+    """Append-only SQLite store of `TurnRecord`s; ':memory:' keeps it in memory (tests).
 
-    def __init__(self, path: str | Path) -> None:
+    `busy_timeout_s`: how long a write waits for another process's write lock before failing with
+    `StoreError` (reads never wait for writers in WAL mode)."""
+
+    def __init__(self, path: str | Path, busy_timeout_s: float = 10.0) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
+        self.memory = self.path == ":memory:"
+        if not self.memory:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         try:
-            self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            self._conn = self._connect(busy_timeout_s)
         except sqlite3.Error as e:
             raise ValueError(f"cannot open a trajectory store at {self.path}: {e}") from None
         try:
             self._open()
+            self._read, self._read_lock = self._conn, self._lock
+            if not self.memory:
+                self._read, self._read_lock = self._connect(5.0), threading.Lock()
         except sqlite3.DatabaseError as e:
             self._conn.close()
             raise ValueError(f"{self.path} is not a trajectory store: {e}") from None
         except BaseException:
             self._conn.close()
             raise
+        self._identity = self._file_identity()
+
+    def _connect(self, timeout_s: float) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
+
+    def _file_identity(self) -> dict[str, tuple[int, int]]:
+        """(device, inode) of the database file and its write-ahead log, as opened."""
+        if self.memory:
+            return {}
+        found = {}
+        for name in (self.path, self.path + "-wal"):
+            try:
+                st = os.stat(name)
+            except FileNotFoundError:
+                continue
+            found[name] = (st.st_dev, st.st_ino)
+        return found
+
+    def problem(self) -> str | None:
+        """Why the store cannot be trusted with writes any more (its files removed or replaced), or None."""
+        for name, identity in self._identity.items():
+            try:
+                st = os.stat(name)
+            except FileNotFoundError:
+                return f"the trajectory store file {name} was removed while the manager was running"
+            if (st.st_dev, st.st_ino) != identity:
+                return f"the trajectory store file {name} was replaced while the manager was running"
+        return None
 
     def _open(self) -> None:
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -203,14 +267,32 @@ class TrajectoryStore:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self._conn.execute("COMMIT")
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._conn.in_transaction:  # SQLite may already have rolled back (e.g. disk full)
+                self._conn.execute("ROLLBACK")
             raise
-        self._conn.execute("COMMIT")
+
+    @contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """A write transaction under the write lock; SQLite failures and a missing file become StoreError."""
+        with self._lock:
+            if (problem := self.problem()) is not None:
+                raise StoreError(f"{problem}; refusing to {what} (restart the manager to open a store)")
+            try:
+                with self._transaction():
+                    yield
+            except sqlite3.Error as e:
+                raise StoreError(f"the trajectory store {self.path} could not {what}: {e}") from e
+        if len(self._identity) < 2:  # the write-ahead log appears with the first write
+            self._identity = self._file_identity()
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+        if self._read is not self._conn:
+            with self._read_lock:
+                self._read.close()
 
     def __enter__(self) -> TrajectoryStore:
         return self
@@ -233,15 +315,17 @@ class TrajectoryStore:
         meta: dict[str, Any] | None = None,
     ) -> TurnRecord:
         """Store one finished request in one transaction; assigns its seq and created_s."""
-        args = (session_id, request_id, anchor_request_id, match_len, new_prompt_token_ids, token_ids, logprobs)
-        return self.append_many([(*args, versions, finish_reason, text, meta)])[0]
+        turn = NewTurn(session_id, request_id, anchor_request_id, match_len, new_prompt_token_ids, token_ids,
+                       logprobs, versions, finish_reason, text, meta)  # fmt: skip
+        return self.append_many([turn])[0]
 
-    def append_many(self, items: Sequence[tuple]) -> list[TurnRecord]:
-        """Store several finished requests (each a tuple of `append`'s arguments, in order) in ONE
-        transaction: all or none. A busy manager commits the requests that finished together at once."""
-        prepared = [_prepare(*item) for item in items]
+    def append_many(self, turns: Sequence[NewTurn]) -> list[TurnRecord]:
+        """Store several finished requests, in order, in ONE transaction: all or none. A busy manager
+        commits the requests that finished together at once. ValueError for a malformed or inconsistent
+        record; StoreError when the store cannot write."""
+        prepared = [_prepare(t) for t in turns]
         records = []
-        with self._lock, self._transaction():
+        with self._writing("store a finished request"):
             for session_id, request_id, anchor, match_len, num_tokens, blobs, tail in prepared:
                 self._check_new(session_id, request_id, anchor, match_len)
                 self._conn.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?)", (session_id, tail[2]))
@@ -267,11 +351,17 @@ class TrajectoryStore:
                 f"match_len {match_len} is longer than anchor {anchor_request_id!r}'s sequence ({found[0]} tokens)"
             )
 
-    def annotate(self, session_id: str, updates: dict[str, Any]) -> dict[str, Any]:
+    def annotate(self, session_id: str, updates: dict[str, Any], author: str = "") -> dict[str, Any]:
         """Merge `updates` into the session's annotations (dict values are merged key by key, others
-        replaced) in one transaction; returns the merged annotations."""
+        replaced) and append them to the session's annotation history, in one transaction; returns the
+        merged annotations."""
         _check_name("session_id", session_id)
-        with self._lock, self._transaction():
+        now = time.time()
+        with self._writing("annotate a session"):
+            self._conn.execute(
+                "INSERT INTO annotation_history VALUES (?, ?, ?, ?)",
+                (session_id, now, author, json.dumps(updates, sort_keys=True, allow_nan=False)),
+            )
             row = self._conn.execute("SELECT data FROM annotations WHERE session_id = ?", (session_id,)).fetchone()
             merged = json.loads(row[0]) if row else {}
             for key, value in updates.items():
@@ -281,38 +371,47 @@ class TrajectoryStore:
             self._conn.execute(
                 "INSERT INTO annotations VALUES (?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
                 "data = excluded.data, updated_s = excluded.updated_s",
-                (session_id, data, time.time()),
+                (session_id, data, now),
             )
         return merged
 
     def annotations(self, session_id: str) -> dict[str, Any]:
         """The session's annotations ({} if none)."""
-        with self._lock:
-            row = self._conn.execute("SELECT data FROM annotations WHERE session_id = ?", (session_id,)).fetchone()
+        with self._read_lock:
+            row = self._read.execute("SELECT data FROM annotations WHERE session_id = ?", (session_id,)).fetchone()
         return json.loads(row[0]) if row else {}
+
+    def annotation_history(self, session_id: str) -> list[dict[str, Any]]:
+        """Every annotation write to the session, oldest first: {"at_s", "author", "updates"}."""
+        with self._read_lock:
+            rows = self._read.execute(
+                "SELECT at_s, author, updates FROM annotation_history WHERE session_id = ? ORDER BY rowid",
+                (session_id,),
+            ).fetchall()
+        return [{"at_s": at, "author": author, "updates": json.loads(u)} for at, author, u in rows]
 
     def records(self, session_id: str) -> list[TurnRecord]:
         """The session's records in seq order; [] for an unknown session."""
-        with self._lock:
-            rows = self._conn.execute(
+        with self._read_lock:
+            rows = self._read.execute(
                 f"SELECT {_COLUMNS} FROM turns WHERE session_id = ? ORDER BY seq", (session_id,)
             ).fetchall()
         return [_record(row) for row in rows]
 
     def sessions(self) -> list[str]:
         """Every session id, in the order of their first record."""
-        with self._lock:
-            return [r[0] for r in self._conn.execute("SELECT session_id FROM sessions ORDER BY rowid")]
+        with self._read_lock:
+            return [r[0] for r in self._read.execute("SELECT session_id FROM sessions ORDER BY rowid")]
 
     def has_session(self, session_id: str) -> bool:
-        with self._lock:
+        with self._read_lock:
             query = "SELECT 1 FROM sessions WHERE session_id = ?"
-            return self._conn.execute(query, (session_id,)).fetchone() is not None
+            return self._read.execute(query, (session_id,)).fetchone() is not None
 
     def load_tree(self, session_id: str) -> PrefixTree:
         """Rebuild the session's tree by replaying its records in order (KeyError for an unknown session)."""
-        with self._lock:
-            rows = self._conn.execute(
+        with self._read_lock:
+            rows = self._read.execute(
                 "SELECT request_id, anchor_request_id, match_len, new_prompt_token_ids, token_ids, logprobs, "
                 "versions FROM turns WHERE session_id = ? ORDER BY seq",
                 (session_id,),
@@ -324,7 +423,7 @@ class TrajectoryStore:
             prompt = array("I") if anchor is None else tree.sequence_array(anchor)[:match_len]
             prompt += _unpack("I", new_prompt)
             result = tree.insert(prompt, _unpack("I", ids), _unpack("d", logprobs), _unpack("i", versions), request_id)
-            if result.match_len != match_len:
+            if result.match_len < match_len:  # longer is fine: a request committed with it was planned before it
                 raise ValueError(
                     f"replaying {request_id!r} of session {session_id!r} matched {result.match_len} tokens where "
                     f"the store recorded {match_len}: the store does not describe this tree"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
 
 import pytest
 
 from reference.engine.base import EngineError, GenerateRequest, SamplingParams, generate
+from reference.engine.client import HTTPEngine
 from reference.engine.fake import FakeEngine
 from reference.engine.process import EngineProcess, EngineSpec
 from reference.manager.embedded import ManagerThread
@@ -21,8 +24,8 @@ MODEL = "seamlessflow-tiny"
 def fake_procs():
     procs: list[EngineProcess] = []
 
-    def make(n: int, **kw) -> list[EngineProcess]:
-        procs.extend(EngineProcess(EngineSpec(backend="fake", **kw)) for _ in range(n))
+    def make(n: int, token: str | None = None, **kw) -> list[EngineProcess]:
+        procs.extend(EngineProcess(EngineSpec(backend="fake", **kw), token=token) for _ in range(n))
         return procs[-n:]
 
     yield make
@@ -60,8 +63,6 @@ def test_http_engine_round_trip_and_errors(fake_procs, tok):
 
 
 def test_unreachable_engine_is_an_engine_error():
-    from reference.engine.client import HTTPEngine
-
     async def main():
         client = HTTPEngine("http://127.0.0.1:9", connect_timeout_s=1)
         try:
@@ -71,6 +72,91 @@ def test_unreachable_engine_is_an_engine_error():
 
     with pytest.raises(EngineError):
         asyncio.run(main())
+
+
+def test_an_engine_process_demands_its_token(fake_procs):
+    (proc,) = fake_procs(1)
+    with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+        argv = f.read().decode()
+
+    async def main():
+        stranger = HTTPEngine(proc.url)
+        owner = proc.client()
+        try:
+            with pytest.raises(EngineError, match="refused the token"):
+                await stranger.stats()
+            return await owner.stats()
+        finally:
+            await stranger.close()
+            await owner.close()
+
+    assert asyncio.run(main()).running == 0
+    assert len(proc.token) >= 32
+    assert proc.token not in argv  # `ps` shows the command line
+
+
+def test_an_engine_process_takes_a_given_token(fake_procs):
+    (proc,) = fake_procs(1, token="given-token")
+
+    async def main():
+        client = HTTPEngine(proc.url, token="given-token")
+        try:
+            return await generate(client, GenerateRequest("r", (1, 2), SamplingParams(max_tokens=3)))
+        finally:
+            await client.close()
+
+    assert proc.token == "given-token"
+    assert len(asyncio.run(main()).token_ids) == 3
+
+
+def test_restart_replaces_a_dead_or_live_child_with_the_same_token(fake_procs):
+    (proc,) = fake_procs(1)
+    client = proc.client()
+
+    async def served(rid: str) -> int:
+        result = await generate(client, GenerateRequest(rid, (1, 2), SamplingParams(max_tokens=3)))
+        return len(result.token_ids)
+
+    async def main():
+        try:
+            outcomes = [await served("before")]
+            first_pid = proc.pid
+            proc.kill()  # a crash
+            outcomes.append(await client.health())
+            proc.restart(start_timeout_s=60)
+            client.base_url = proc.url
+            outcomes += [await client.health(), await served("after crash"), proc.pid != first_pid]
+            live_pid = proc.pid
+            proc.restart(start_timeout_s=60)  # a hung but live child is killed first
+            client.base_url = proc.url + "/"
+            outcomes += [await served("after restart"), proc.pid != live_pid, _gone(live_pid)]
+            return outcomes
+        finally:
+            await client.close()
+
+    assert asyncio.run(main()) == [3, False, True, 3, True, 3, True, True]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+class _SilentSpec(EngineSpec):
+    """A child that starts but never announces its port."""
+
+    def argv(self, host: str, port: int) -> list[str]:
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_a_child_that_never_announces_its_port_times_out():
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not start within 1.0 s"):
+        EngineProcess(_SilentSpec(backend="fake"), start_timeout_s=1.0)
+    assert time.monotonic() - started < 30
 
 
 def _chat_in_background(m: ManagerThread, session: str, openai_client) -> tuple[threading.Thread, dict]:
@@ -138,7 +224,9 @@ def test_all_engines_dead_is_a_clean_503(fake_procs, tok, tmp_path, http):
         assert status == 503 and err["error"]["code"] == "engine_unavailable"
         _, after = http("GET", f"{m.url}/trajectories/dead")
         assert after == before
-        assert http("GET", f"{m.url}/health")[0] == 200
+        status, health = http("GET", f"{m.url}/health")
+        assert status == 503, health  # the manager says it cannot serve
+        assert health["status"] == "unhealthy" and "no engine is up" in health["reasons"]
 
 
 def test_frozen_engine_is_detected_by_the_stall_timeout(fake_procs, tok, tmp_path, openai_client):
