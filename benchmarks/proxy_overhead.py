@@ -1,13 +1,22 @@
-"""What does the trajectory manager add to an engine call? (proxy overhead benchmark)
+"""What does the trajectory manager add to an engine call, and how much of it is recording? (proxy overhead)
 
-    python -m benchmarks.proxy_overhead [--levels 1,64,256] [--turns 4] [--reply-tokens 16]
+    python -m benchmarks.proxy_overhead [--levels 1,64,256] [--turns 4] [--reply-tokens 16] [--rounds 2]
+                                        [--quick] [--json FILE] [--no-pin] [--profile-manager FILE]
 
-Starts a fast fake engine in its own process and the trajectory manager (`python -m reference
-serve --engine-url ...`) in another. At each concurrency level, that many sessions each run a
-multi-turn conversation, once straight against the engine (the same token ids, rendered here)
-and once through the manager's OpenAI endpoint. Prints p50 / p99 latency of both, the added
-latency, and requests per second. The load generator shares the machine's cores with both
-servers, so absolute numbers are pessimistic; the comparison is within one run.
+Starts a fast fake engine in its own process, and in two more the trajectory manager (`python -m
+reference serve --engine-url ...`) and the anchor (`benchmarks/anchor_proxy.py`: a minimal OpenAI proxy
+that parses, renders, calls the engine and decodes as the manager does, but records nothing). At each
+concurrency level that many sessions each run multi-turn conversations straight against the engine
+(the same token ids, rendered here), through the anchor and through the manager; the two proxies take
+turns (`--rounds`), so a drift in the machine's speed hits both. Prints p50 / p99 latency of each path,
+its requests per second, each proxy's CPU per request (user + system of its process, from /proc) and
+the ratio manager / anchor: the cost of recording (issue 7's goal: at most 1.3). The highest
+requests/s over the levels is each path's ceiling (a closed loop: each session sends its next turn
+when the last is answered).
+
+By default the proxy under test has a core of its own and the engine and the load generator share the
+others (`--no-pin` lets the scheduler place everything); `busy` is the share of its core the proxy
+used, so a ceiling reached near 100% busy is the proxy's own, not the load generator's.
 """
 
 from __future__ import annotations
@@ -16,89 +25,66 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import statistics
-import subprocess
-import sys
+import pstats
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
+from benchmarks.harness import (
+    MODEL,
+    ServerProcess,
+    conversation,
+    cpu_s,
+    engine_headers,
+    engine_token,
+    pct,
+    pinned,
+    start_anchor,
+    start_manager,
+    stderr_to,
+    thread_cpu_s,
+)
 from reference.engine.process import EngineProcess, EngineSpec
 from reference.manager.chat import ChatRenderer
 from reference.tokenizer import default_tokenizer
 
-MODEL = "seamlessflow-tiny"
+PROXIES = ("anchor", "manager")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_manager(engine_url: str, store: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "reference", "serve", "--engine-url", engine_url, "--port", str(port),
-         "--store", str(store)],
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc, url
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the manager did not start")
-
-
-def conversation(session: int, turn: int) -> list[dict]:
-    messages = [{"role": "system", "content": "You are a coding agent."}]
-    for k in range(turn):
-        messages += [
-            {"role": "user", "content": f"session {session} step {k}: run the tests and report"},
-            {"role": "assistant", "content": f"ran step {k}"},
-        ]
-    return [*messages, {"role": "user", "content": f"session {session} step {turn}: what next?"}]
-
-
-async def direct_session(http, engine_url, tok, session: int, turns: int, reply: int, lat: list[float]) -> None:
+async def direct_session(http, engine_url, headers, tok, session: int, turns: int, reply: int, lat) -> None:
     renderer = ChatRenderer(tok)
     for turn in range(turns):
         body = {"request_id": f"d{session}.{turn}.{time.monotonic_ns()}",
                 "prompt_token_ids": renderer.render(conversation(session, turn)),
                 "params": {"max_tokens": reply, "stop_token_ids": [tok.im_end_id, tok.eos_token_id]}}  # fmt: skip
         start = time.perf_counter()
-        async with http.post(f"{engine_url}/generate", json=body) as r:
+        async with http.post(f"{engine_url}/generate", json=body, headers=headers) as r:
+            if r.status != 200:
+                raise RuntimeError(f"the engine answered {r.status}: {(await r.read())[:200]!r}")
             async for line in r.content:
                 if b"finish" in line:
                     break
         lat.append(time.perf_counter() - start)
 
 
-async def proxy_session(http, manager_url, session: int, turns: int, reply: int, lat: list[float]) -> None:
+async def proxy_session(http, url, session: int, turns: int, reply: int, lat: list[float]) -> None:
     for turn in range(turns):
         body = {"model": MODEL, "messages": conversation(session, turn), "max_tokens": reply}
         start = time.perf_counter()
-        async with http.post(f"{manager_url}/s/bench-{session}/v1/chat/completions", json=body) as r:
+        async with http.post(f"{url}/s/bench-{session}/v1/chat/completions", json=body) as r:
             payload = await r.read()
             if r.status != 200:
-                raise RuntimeError(f"manager answered {r.status}: {payload[:200]!r}")
+                raise RuntimeError(f"{url} answered {r.status}: {payload[:200]!r}")
             json.loads(payload)
         lat.append(time.perf_counter() - start)
 
 
-async def run_level(
-    mode: str, url: str, tok, concurrency: int, turns: int, reply: int, min_requests: int
-) -> tuple[list[float], float]:
+async def run_level(path: str, url: str, headers, tok, concurrency: int, turns: int, reply: int, min_requests: int,
+                    first_session: int) -> tuple[list[float], float]:  # fmt: skip
     """`concurrency` workers, each running sessions of `turns` turns one after another, until at
-    least `min_requests` requests were made. Returns the latencies and requests per second."""
+    least `min_requests` requests were made. Returns the latencies and the wall time."""
     lat: list[float] = []
     sessions_per_worker = max(1, -(-min_requests // (concurrency * turns)))
     connector = aiohttp.TCPConnector(limit=0)
@@ -106,9 +92,9 @@ async def run_level(
 
     async def worker(w: int) -> None:
         for k in range(sessions_per_worker):
-            session = (w * sessions_per_worker + k) + concurrency * 100_000  # unique per level
-            if mode == "direct":
-                await direct_session(http, url, tok, session, turns, reply, lat)
+            session = first_session + w * sessions_per_worker + k
+            if path == "direct":
+                await direct_session(http, url, headers, tok, session, turns, reply, lat)
             else:
                 await proxy_session(http, url, session, turns, reply, lat)
 
@@ -116,51 +102,154 @@ async def run_level(
         start = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         wall = time.perf_counter() - start
-    return lat, len(lat) / wall
+    return lat, wall
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+class PathStats:
+    """One path's requests at one level, summed over rounds."""
+
+    def __init__(self) -> None:
+        self.lat: list[float] = []
+        self.wall_s = 0.0
+        self.cpu_s = {"proxy": 0.0, "proxy_threads": 0.0, "engine": 0.0}
+
+    def add(self, lat: list[float], wall_s: float, before: dict[str, float], after: dict[str, float]) -> None:
+        self.lat += lat
+        self.wall_s += wall_s
+        for name in self.cpu_s:
+            self.cpu_s[name] += after[name] - before[name]
+
+    def figures(self) -> dict:
+        n, cpu = len(self.lat), self.cpu_s
+        return {
+            "requests": n,
+            "p50_ms": 1e3 * pct(self.lat, 50),
+            "p99_ms": 1e3 * pct(self.lat, 99),
+            "rps": n / self.wall_s,
+            "cpu_ms_per_request": 1e3 * cpu["proxy"] / n,
+            "worker_thread_cpu_ms_per_request": 1e3 * cpu["proxy_threads"] / n,  # off the event loop
+            "busy": cpu["proxy"] / self.wall_s,  # share of one core
+            "engine_cpu_ms_per_request": 1e3 * cpu["engine"] / n,
+        }
 
 
-def pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+def cpu_now(server: ServerProcess | None, engine: EngineProcess) -> dict[str, float]:
+    if server is None:
+        return {"proxy": 0.0, "proxy_threads": 0.0, "engine": cpu_s(engine.pid)}
+    return {"proxy": server.cpu_s(), "proxy_threads": thread_cpu_s(server.pid)[1], "engine": cpu_s(engine.pid)}
 
 
-def main() -> None:
+def measure_level(args, tok, engine, headers, servers: dict[str, ServerProcess], n: int, level_index: int) -> dict:
+    stats = {path: PathStats() for path in ("direct", *PROXIES)}
+    per_round = max(1, args.min_requests // args.rounds)
+    order = ["direct"]
+    for r in range(args.rounds):  # the proxies alternate which goes first
+        order += list(PROXIES) if r % 2 == 0 else list(reversed(PROXIES))
+    for k, path in enumerate(order):
+        server = servers.get(path)
+        url = server.url if server else engine.url
+        first_session = (level_index * 100 + k) * 1_000_000  # unique sessions per run
+        count = per_round if server else args.min_requests
+        before = cpu_now(server, engine)
+        lat, wall = asyncio.run(run_level(path, url, headers, tok, n, args.turns, args.reply_tokens, count,
+                                          first_session))  # fmt: skip
+        stats[path].add(lat, wall, before, cpu_now(server, engine))
+    figures = {path: s.figures() for path, s in stats.items()}
+    figures["cpu_ratio"] = figures["manager"]["cpu_ms_per_request"] / figures["anchor"]["cpu_ms_per_request"]
+    return figures
+
+
+HEADER = (f"{'sessions':>8} | {'direct p50/p99':>15} | {'anchor p50/p99':>15} | {'manager p50/p99':>15} | "
+          f"{'req/s dir/anc/mgr':>18} | {'CPU ms anc/mgr':>14} | {'ratio':>5} | {'mgr thr':>7} | "
+          f"{'busy anc/mgr':>12}")  # fmt: skip
+
+
+def legend(args, proxy_cpus: set[int] | None, load: float) -> str:
+    return (f"fake engine, {args.reply_tokens} tokens a reply, {args.turns} turns a session; latency in ms; CPU: "
+            f"milliseconds per request of the proxy's process; ratio: manager / anchor; mgr thr: the part of the "
+            f"manager's CPU spent in its worker threads; busy: share of a core; proxy cores "
+            f"{sorted(proxy_cpus) if proxy_cpus else 'any'}; load average {load:.1f}")  # fmt: skip
+
+
+def row(n: int, f: dict) -> str:
+    d, a, m = f["direct"], f["anchor"], f["manager"]
+    lat = " | ".join(f"{x['p50_ms']:6.1f} / {x['p99_ms']:6.1f}" for x in (d, a, m))
+    return (f"{n:>8} | {lat} | {d['rps']:6.0f}{a['rps']:6.0f}{m['rps']:6.0f} | "
+            f"{a['cpu_ms_per_request']:6.2f} {m['cpu_ms_per_request']:6.2f} | {f['cpu_ratio']:5.2f} | "
+            f"{m['worker_thread_cpu_ms_per_request']:7.2f} | "
+            f"{100 * a['busy']:5.0f}% {100 * m['busy']:4.0f}%")  # fmt: skip
+
+
+def cpu_plan(pin: bool) -> tuple[set[int] | None, set[int] | None]:
+    """(cores of the proxy under test, cores of the engine and load generator); None: unpinned."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not pin or len(cores) < 2:
+        return None, None
+    return {cores[-1]}, set(cores[:-1])
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--levels", default="1,64,256", help="concurrent sessions per level (comma-separated)")
     ap.add_argument("--turns", type=int, default=4, help="requests per session")
     ap.add_argument("--reply-tokens", type=int, default=16)
-    ap.add_argument("--min-requests", type=int, default=400, help="requests per level and path, at least")
+    ap.add_argument("--min-requests", type=int, default=800, help="requests per level and path, at least")
+    ap.add_argument("--rounds", type=int, default=2, help="turns each proxy takes per level (alternating)")
+    ap.add_argument("--quick", action="store_true", help="fewer requests and one round (well under a minute)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false", help="do not give the proxy a core of its own")
+    ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    ap.add_argument("--profile-manager", type=Path, help="run the manager under cProfile, stats to this file")
     args = ap.parse_args()
+    if args.quick:
+        args.min_requests, args.rounds = min(args.min_requests, 200), 1
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     tok = default_tokenizer()
     levels = [int(x) for x in args.levels.split(",")]
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        EngineProcess(EngineSpec(backend="fake", fake_reply_tokens=args.reply_tokens)) as engine,
-    ):
-        manager, manager_url = start_manager(engine.url, Path(tmp) / "bench.sqlite")
+    proxy_cpus, other_cpus = cpu_plan(args.pin)
+    load = os.getloadavg()[0]  # other work on the machine at the start
+    results = []
+    servers: dict[str, ServerProcess] = {}
+    with tempfile.TemporaryDirectory() as tmp, pinned(other_cpus):
+        with stderr_to(Path(tmp) / "engine.log"):
+            engine = EngineProcess(EngineSpec(backend="fake", fake_reply_tokens=args.reply_tokens))
         try:
-            print(f"fake engine, {args.reply_tokens} tokens a reply, {args.turns} turns a session; latency in ms; "
-                  "CPU: manager milliseconds per request")  # fmt: skip
-            print(f"{'sessions':>8} | {'direct p50/p99':>15} | {'proxy p50/p99':>15} | {'added p50/p99':>15} | "
-                  f"{'direct rps':>10} | {'proxy rps':>9} | {'CPU':>5}")  # fmt: skip
-            for n in levels:
-                run = (tok, n, args.turns, args.reply_tokens, args.min_requests)
-                d, d_rps = asyncio.run(run_level("direct", engine.url, *run))
-                before = cpu_s(manager.pid)
-                p, p_rps = asyncio.run(run_level("proxy", manager_url, *run))
-                cpu_ms = 1e3 * (cpu_s(manager.pid) - before) / len(p)
-                d50, d99, p50, p99 = (1e3 * x for x in (pct(d, 50), pct(d, 99), pct(p, 50), pct(p, 99)))
-                print(f"{n:>8} | {d50:6.1f} / {d99:6.1f} | {p50:6.1f} / {p99:6.1f} | {p50 - d50:6.1f} / "
-                      f"{p99 - d99:6.1f} | {d_rps:10.0f} | {p_rps:9.0f} | {cpu_ms:5.2f}")  # fmt: skip
+            token = engine_token(engine)
+            with pinned(proxy_cpus):
+                servers["anchor"] = start_anchor(engine.url, Path(tmp), token)
+                servers["manager"] = start_manager(engine.url, Path(tmp), token, profile=args.profile_manager)
+            print(legend(args, proxy_cpus, load))
+            print(HEADER)
+            for i, n in enumerate(levels):
+                figures = measure_level(args, tok, engine, engine_headers(token), servers, n, i)
+                results.append({"sessions": n, **figures})
+                print(row(n, figures), flush=True)
         finally:
-            manager.terminate()
-            manager.wait(timeout=30)
+            for server in servers.values():
+                server.close()
+            engine.close()
+    report(args, results, {"proxy_cores": sorted(proxy_cpus) if proxy_cpus else None, "load_average": load})
+
+
+def report(args, results: list[dict], machine: dict) -> None:
+    """The ceilings, the JSON file and the manager's profile, after the table."""
+    ceiling = {p: max(r[p]["rps"] for r in results) for p in ("direct", *PROXIES)}
+    # What one core could serve at the last level's CPU cost: the ceiling a proxy would reach if the
+    # engine and load generator kept up (they share the other cores here).
+    capacity = {p: 1e3 / results[-1][p]["cpu_ms_per_request"] for p in PROXIES}
+    print("ceiling (highest req/s over the levels): " + ", ".join(f"{p} {v:.0f}" for p, v in ceiling.items())
+          + "; one core's worth at the last level's CPU cost: "
+          + ", ".join(f"{p} {v:.0f}" for p, v in capacity.items()))  # fmt: skip
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k not in ("json", "profile_manager")}
+        config.update(machine, cpus=os.cpu_count())
+        out = {"config": config, "levels": results, "ceiling_rps": ceiling, "one_core_capacity_rps": capacity}
+        args.json.write_text(json.dumps(out, indent=2))
+    if args.profile_manager:
+        pstats.Stats(str(args.profile_manager)).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":
