@@ -8,9 +8,10 @@ protocol, so what it records is exactly what an engine consumed and produced: no
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Protocol
 
 
@@ -20,21 +21,46 @@ class FinishReason(enum.StrEnum):
     ABORT = "abort"  # aborted by the caller; tokens so far are kept
 
 
+MAX_TEMPERATURE = 2.0
+MAX_SEED = 2**63 - 1  # torch's and vLLM's generators take any seed in [0, 2**63 - 1]
+
+
 @dataclass(frozen=True)
 class SamplingParams:
+    """How to sample one request; every field is validated on construction (ValueError names the bad value)."""
+
     max_tokens: int
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None  # per-request RNG seed; None draws from the engine's seeded RNG
+    temperature: float = 1.0  # in [0, MAX_TEMPERATURE]; 0 means greedy
+    top_p: float = 1.0  # in (0, 1]
+    stop_token_ids: tuple[int, ...] = ()  # a list is accepted and stored as a tuple
+    seed: int | None = None  # in [0, MAX_SEED]; None draws a seed from the engine's seeded RNG
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not _is_real(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be a finite number in [0, {MAX_TEMPERATURE}], got {self.temperature!r}")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be a finite number in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.stop_token_ids, tuple | list):
+            raise ValueError(f"stop_token_ids must be a tuple of integers, got {self.stop_token_ids!r}")
+        bad = [t for t in self.stop_token_ids if not _is_int(t)]
+        if bad:
+            raise ValueError(f"stop_token_ids must be integers, got {bad[0]!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be null or an integer in [0, 2**63 - 1], got {self.seed!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    """A finite real number (not a bool, NaN or an infinity)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return False
+    return isinstance(value, Integral) or math.isfinite(value)  # isfinite overflows on a huge int
 
 
 @dataclass(frozen=True)
@@ -119,6 +145,9 @@ def check_request(request: GenerateRequest, vocab_size: int, max_context: int, r
     bad = [t for t in prompt if not (isinstance(t, Integral) and 0 <= t < vocab_size)]
     if bad:
         raise ValueError(f"request {rid!r}: token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})")
+    bad = [t for t in request.params.stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"request {rid!r}: stop token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})")
     if len(prompt) >= max_context:
         raise ValueError(
             f"request {rid!r}: prompt of {len(prompt)} tokens leaves no room in the {max_context}-token context"

@@ -6,7 +6,8 @@ new one (one forward over its context except the last token, writing its KV), th
 step that feeds every running request its last token and samples one new token each. Requests join
 and leave between steps. Callers' event loops never run the model: tokens go back through
 `loop.call_soon_threadsafe` into a per-request asyncio.Queue. Because commands only run between
-steps, `pause()` returning means the worker is at a token boundary.
+steps, `pause()` returning means the worker is at a token boundary. A failure inside a command or a
+step fails only the requests it concerns (each stream gets an EngineError); the worker keeps serving.
 
 The pieces: `kv_cache.KVCache` (running request i lives in slot i; slots are compacted when one
 retires; capacity doubles up to `max_context`), `qwen3_forward.Qwen3Runner` (prefill and batched
@@ -307,7 +308,7 @@ class BuiltinEngine:
         while True:
             fn, args, future = item
             if future is None:
-                fn(*args)
+                self._run_quietly(fn, args)
             elif future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args))
@@ -317,6 +318,16 @@ class BuiltinEngine:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _run_quietly(self, fn: Callable, args: tuple) -> None:
+        """Run a command nobody waits on (submit, abort); if it fails, only the request it concerns fails."""
+        try:
+            fn(*args)
+        except Exception as err:  # noqa: BLE001 - one bad request must not end the worker
+            log.exception("built-in engine command %s failed", fn.__name__)
+            for seq in args:
+                if isinstance(seq, _Seq):
+                    self._emit(seq, _request_error(seq, err))
 
     def _fail(self, error: EngineError) -> None:
         self._error = error
@@ -344,18 +355,41 @@ class BuiltinEngine:
             return False
 
     def _step(self) -> None:
+        """Admit, prefill, decode. A failure fails only the requests it touched (a prefill: its request;
+        anything else: every running request, whose KV is then dropped); the worker goes on serving."""
         while self._waiting and len(self._running) < self.max_batch:
             self._running.append(self._waiting.popleft())
-        self._activity.mark(Phase.ROLLOUT, len(self._running), self._version)
-        longest = max(len(s.tokens) for s in self._running)
-        self._cache.ensure(len(self._running), longest)
-        for slot, seq in enumerate(self._running):
-            if seq.needs_prefill:
-                self._prefill(slot, seq.tokens[:-1])
-                seq.needs_prefill = False
-        self._decode()
+        try:
+            self._activity.mark(Phase.ROLLOUT, len(self._running), self._version)
+            longest = max(len(s.tokens) for s in self._running)
+            self._cache.ensure(len(self._running), longest)
+            self._prefill_new()
+            if self._running:
+                self._decode()
+        except Exception as err:  # noqa: BLE001 - a failed step fails its requests, not the engine
+            log.exception("built-in engine step failed; failing its %d requests", len(self._running))
+            for seq in self._running:
+                self._emit(seq, _request_error(seq, err))
+            self._running.clear()
+            self._cache.release()  # its contents may be half-written; the next step allocates afresh
         if not self._running and not self._waiting:
             self._cache.release()
+
+    def _prefill_new(self) -> None:
+        """Prefill every running request that needs it; one whose prefill fails is dropped with its error."""
+        failed: list[tuple[int, Exception]] = []
+        for slot, seq in enumerate(self._running):
+            if seq.needs_prefill:
+                try:
+                    self._prefill(slot, seq.tokens[:-1])
+                    seq.needs_prefill = False
+                except Exception as err:  # noqa: BLE001 - fails this request only
+                    log.exception("prefill of %s failed", seq.request.request_id)
+                    failed.append((slot, err))
+        for slot, err in reversed(failed):
+            seq = self._running[slot]
+            self._remove(slot)
+            self._emit(seq, _request_error(seq, err))
 
     def _prefill(self, slot: int, context: list[int]) -> None:
         """Write the KV of `context` into `slot`, copying the longest cached prefix instead of computing it."""
@@ -404,17 +438,23 @@ class BuiltinEngine:
 
     def _retire(self, slot: int, reason: FinishReason) -> None:
         """End running[slot]; the last running request moves into its slot (cache included)."""
-        seq, last = self._running[slot], self._running[-1]
+        seq = self._running[slot]
         n = len(seq.tokens) - 1  # the KV in the slot covers every token but the last sampled one
         if self._prefix.max_bytes and not seq.needs_prefill and n > 0:
             self._prefix.put(
                 seq.tokens[:n], self._cache.k[:, slot, :, :n].clone(), self._cache.v[:, slot, :, :n].clone()
             )
-        if last is not seq:
-            self._cache.move(len(self._running) - 1, slot, len(last.tokens) - 1)
+        self._remove(slot)
+        self._emit(seq, Finished(reason))
+
+    def _remove(self, slot: int) -> None:
+        """Take running[slot] out; the last running request moves into its slot (cache included)."""
+        last = self._running[-1]
+        if last is not self._running[slot]:
+            if not last.needs_prefill:
+                self._cache.move(len(self._running) - 1, slot, len(last.tokens) - 1)
             self._running[slot] = last
         self._running.pop()
-        self._emit(seq, Finished(reason))
 
     # ---- commands (run on the worker thread, between steps) ----
 
@@ -485,3 +525,9 @@ class BuiltinEngine:
             "prefix_cache_entries": len(self._prefix),
         }
         return EngineStats(len(self._running), len(self._waiting), self._version, self._paused, self.max_context, extra)
+
+
+def _request_error(seq: _Seq, err: Exception) -> EngineError:
+    error = EngineError(f"the built-in engine failed on request {seq.request.request_id!r}: {err!r}")
+    error.__cause__ = err
+    return error

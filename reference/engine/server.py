@@ -13,7 +13,8 @@ The trajectory manager never runs a model in its own event loop: it reaches engi
     GET  /stats | /health
     GET  /timeline        {"now_s", "intervals": [...]}: what the engine did (engines that keep one)
 
-A malformed body gets a 400; a request the engine rejects (a prompt too long, an id outside the
+A malformed body gets a 400 (wrong JSON types are never coerced; NaN, Infinity and too deeply
+nested JSON are malformed); a request the engine rejects (a prompt too long, an id outside the
 vocabulary) gets a "bad_request" error line before any token. A client that disconnects
 mid-stream aborts its request, which frees the engine's slot.
 """
@@ -46,29 +47,55 @@ def _bad(message: str, status: int = 400) -> web.Response:
 
 
 def parse_generate(body: Any) -> GenerateRequest:
-    """The wire form of a generate call, validated; ValueError names the bad field."""
+    """The wire form of a generate call, validated without coercion; ValueError names the bad field."""
     if not isinstance(body, dict):
         raise ValueError("body must be a JSON object")
     request_id = body.get("request_id")
     if not isinstance(request_id, str) or not request_id:
         raise ValueError("request_id must be a non-empty string")
     prompt = body.get("prompt_token_ids")
-    if not isinstance(prompt, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if not isinstance(prompt, list) or not all(_is_int(t) for t in prompt):
         raise ValueError("prompt_token_ids must be a list of integers")
-    p = body.get("params") or {}
+    p = body.get("params")
+    p = {} if p is None else p
     if not isinstance(p, dict):
-        raise ValueError("params must be a JSON object")
+        raise ValueError(f"params must be a JSON object, got {p!r}")
+    _check_param_types(p)
     try:
         params = SamplingParams(
-            max_tokens=int(p.get("max_tokens", 16)),
-            temperature=float(p.get("temperature", 1.0)),
-            top_p=float(p.get("top_p", 1.0)),
-            stop_token_ids=tuple(int(t) for t in p.get("stop_token_ids", ())),
-            seed=None if p.get("seed") is None else int(p["seed"]),
+            max_tokens=p.get("max_tokens", 16),
+            temperature=p.get("temperature", 1.0),
+            top_p=p.get("top_p", 1.0),
+            stop_token_ids=tuple(p.get("stop_token_ids", ())),
+            seed=p.get("seed"),
         )
-    except (TypeError, ValueError) as e:
+    except ValueError as e:
         raise ValueError(f"bad sampling params: {e}") from None
     return GenerateRequest(request_id, tuple(prompt), params)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_param_types(p: dict) -> None:
+    """JSON types of the sampling params, checked before their ranges (SamplingParams checks those)."""
+    unknown = sorted(set(p) - set(_PARAM_TYPES))
+    if unknown:
+        raise ValueError(f"unknown sampling param {unknown[0]!r}; allowed: {', '.join(_PARAM_TYPES)}")
+    for name, value in p.items():
+        what, check = _PARAM_TYPES[name]
+        if not check(value):
+            raise ValueError(f"params.{name} must be {what}, got {value!r}")
+
+
+_PARAM_TYPES = {
+    "max_tokens": ("an integer", _is_int),
+    "temperature": ("a number", lambda v: _is_int(v) or isinstance(v, float)),
+    "top_p": ("a number", lambda v: _is_int(v) or isinstance(v, float)),
+    "stop_token_ids": ("a list of integers", lambda v: isinstance(v, list) and all(_is_int(t) for t in v)),
+    "seed": ("an integer or null", lambda v: v is None or _is_int(v)),
+}
 
 
 def request_to_wire(request: GenerateRequest) -> dict:
@@ -86,11 +113,26 @@ def request_to_wire(request: GenerateRequest) -> dict:
     }
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"body is not valid JSON: {name} is not a number JSON allows")
+
+
+def loads_strict(text: str) -> Any:
+    """`json.loads` without NaN or Infinity, and a ValueError (not RecursionError) for too deep nesting."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError("body is not valid JSON: nested too deeply") from None
+
+
 async def _json_body(request: web.Request) -> Any:
     try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        text = await request.text()
+    except UnicodeDecodeError as e:
         raise ValueError(f"body is not valid JSON: {e}") from None
+    return loads_strict(text)
 
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:
@@ -225,6 +267,8 @@ async def handle_resume(request: web.Request) -> web.Response:
 async def handle_update_weights(request: web.Request) -> web.Response:
     try:
         body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise ValueError("body must be a JSON object")
         version, source = body.get("version"), body.get("source")
         if not isinstance(version, int) or isinstance(version, bool):
             raise ValueError(f"version must be an integer, got {version!r}")

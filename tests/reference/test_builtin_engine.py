@@ -359,12 +359,106 @@ def test_max_batch_limits_running_requests(model):
     assert all(len(r.token_ids) == 60 for r in results)
 
 
-def test_worker_failure_fails_streams_and_later_calls(model):
+async def _wait_for(condition, timeout_s: float = 30.0) -> None:
+    """Poll an async `condition()` until it is true; fail after `timeout_s`."""
+    async with asyncio.timeout(timeout_s):
+        while not await condition():
+            await asyncio.sleep(0.005)
+
+
+async def _outcome(task: asyncio.Task):
+    """A generate task's result, or the EngineError it raised."""
+    try:
+        return await task
+    except EngineError as e:
+        return e
+
+
+async def _run_queued(engine: BuiltinEngine, requests: list[GenerateRequest]) -> list:
+    """Queue `requests` while the engine is paused, so that one step admits them all; their outcomes."""
+    await engine.pause()
+    tasks = [asyncio.create_task(generate(engine, r)) for r in requests]
+
+    async def all_waiting() -> bool:
+        return (await engine.stats()).waiting == len(requests)
+
+    await _wait_for(all_waiting)
+    await engine.resume()
+    return [await _outcome(t) for t in tasks]
+
+
+def _fail_once(method, error: Exception, when=lambda *args: True):
+    """`method`, except that its first call whose arguments satisfy `when` raises `error`."""
+    armed = [True]
+
+    def wrapped(*args):
+        if armed[0] and when(*args):
+            armed[0] = False
+            raise error
+        return method(*args)
+
+    return wrapped
+
+
+def test_a_failed_decode_fails_its_step_and_the_engine_keeps_serving(model):
+    async def run():
+        with BuiltinEngine(model) as engine:
+            engine._runner.decode = _fail_once(engine._runner.decode, RuntimeError("boom"))
+            failed = await _run_queued(engine, [req("a", prompt(3)), req("b", prompt(4, 1))])
+            later = await generate(engine, req("c", prompt(5, 2), 12, temperature=0))
+            return failed, later, await engine.stats()
+
+    failed, later, stats = asyncio.run(run())
+    for outcome in failed:
+        assert isinstance(outcome, EngineError)
+        assert "boom" in str(outcome)
+    assert list(later.token_ids) == hf_greedy(model, prompt(5, 2), 12)
+    assert (stats.running, stats.waiting) == (0, 0)
+
+
+def test_a_failed_prefill_fails_only_its_request(model):
+    bad = prompt(7, 4)
+
+    def is_bad(cache, slot, context, start) -> bool:
+        return list(context) == bad[:-1]
+
+    async def run():
+        with BuiltinEngine(model) as engine:
+            engine._runner.prefill = _fail_once(engine._runner.prefill, RuntimeError("bad prefill"), is_bad)
+            good = [req("a", prompt(5, 1), 12, temperature=0), req("c", prompt(9, 2), 12, temperature=0)]
+            return await _run_queued(engine, [good[0], req("b", bad), good[1]])
+
+    a, b, c = asyncio.run(run())
+    assert isinstance(b, EngineError)
+    assert "bad prefill" in str(b)
+    assert list(a.token_ids) == hf_greedy(model, prompt(5, 1), 12)
+    assert list(c.token_ids) == hf_greedy(model, prompt(9, 2), 12)
+
+
+def test_a_failing_command_fails_only_its_request(model):
+    """A request that slips past validation (here: a seed torch cannot take) fails alone."""
+    unseedable = req("a", prompt(3))
+    object.__setattr__(unseedable.params, "seed", 2**64)
+
+    async def run():
+        with BuiltinEngine(model) as engine:
+            with pytest.raises(EngineError, match="request 'a'"):
+                await generate(engine, unseedable)
+            return await generate(engine, req("b", prompt(3), 5))
+
+    assert asyncio.run(run()).finish_reason == FinishReason.LENGTH
+
+
+class _Fatal(BaseException):
+    """Not an Exception: what the worker cannot survive (as a KeyboardInterrupt would be)."""
+
+
+def test_worker_death_fails_streams_and_later_calls(model):
     async def run():
         engine = BuiltinEngine(model)
 
         def broken(*args):
-            raise RuntimeError("boom")
+            raise _Fatal("boom")
 
         engine._runner.decode = broken
         try:

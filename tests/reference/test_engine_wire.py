@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -65,20 +66,56 @@ def test_without_heartbeats_a_quiet_stream_stalls():
     assert len(events) == 1 and isinstance(events[0], EngineError)
 
 
+async def _post_generate(body: bytes) -> tuple[int, str]:
+    import aiohttp
+
+    runner = await start_engine_server(BurstyEngine(1))
+    try:
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{bound_port(runner)}/generate"
+            async with http.post(url, data=body) as r:
+                return r.status, await r.text()
+    finally:
+        await runner.cleanup()
+
+
 @pytest.mark.parametrize("body", [b"{", b"[]", b'{"request_id": "", "prompt_token_ids": [1]}',
                                   b'{"request_id": "x", "prompt_token_ids": ["a"]}'])  # fmt: skip
 def test_malformed_generate_bodies_get_400(body):
-    import aiohttp
+    status, payload = asyncio.run(_post_generate(body))
+    assert status == 400 and json.loads(payload)["error"]
 
-    async def main():
-        runner = await start_engine_server(BurstyEngine(1))
-        try:
-            async with aiohttp.ClientSession() as http:
-                url = f"http://127.0.0.1:{bound_port(runner)}/generate"
-                async with http.post(url, data=body) as r:
-                    return r.status, await r.json()
-        finally:
-            await runner.cleanup()
 
-    status, payload = asyncio.run(main())
-    assert status == 400 and payload["error"]
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ('{"max_tokens": "5"}', "params.max_tokens must be an integer, got '5'"),
+        ('{"max_tokens": 5.7}', "params.max_tokens must be an integer, got 5.7"),
+        ('{"max_tokens": true}', "params.max_tokens must be an integer, got True"),
+        ('{"temperature": "1"}', "params.temperature must be a number, got '1'"),
+        ('{"top_p": null}', "params.top_p must be a number, got None"),
+        ('{"stop_token_ids": [1.5]}', "params.stop_token_ids must be a list of integers, got [1.5]"),
+        ('{"stop_token_ids": "12"}', "params.stop_token_ids must be a list of integers, got '12'"),
+        ('{"seed": "7"}', "params.seed must be an integer or null, got '7'"),
+        ('{"seed": 1.5}', "params.seed must be an integer or null, got 1.5"),
+        ('{"seed": 18446744073709551616}', "seed must be null or an integer in [0, 2**63 - 1]"),
+        ('{"top_p": 0}', "top_p must be a finite number in (0, 1], got 0"),
+        ('{"temperature": 1e999}', "temperature must be a finite number in [0, 2.0], got inf"),
+        ('{"temperature": NaN}', "NaN is not a number JSON allows"),
+        ('{"top_p": Infinity}', "Infinity is not a number JSON allows"),
+        ('{"temperature": -Infinity}', "-Infinity is not a number JSON allows"),
+        ('{"topp": 0.5}', "unknown sampling param 'topp'"),
+        ("[]", "params must be a JSON object, got []"),
+    ],
+)
+def test_sampling_params_are_never_coerced(params, message):
+    body = f'{{"request_id": "x", "prompt_token_ids": [1], "params": {params}}}'.encode()
+    status, payload = asyncio.run(_post_generate(body))
+    assert status == 400
+    assert message in json.loads(payload)["error"]
+
+
+def test_deeply_nested_json_is_a_400():
+    status, payload = asyncio.run(_post_generate(b"[" * 100_000 + b"]" * 100_000))
+    assert status == 400
+    assert "nested too deeply" in json.loads(payload)["error"]
