@@ -17,7 +17,10 @@ import signal
 import sys
 from pathlib import Path
 
+from reference.engine.auth import is_loopback, token_from_env
 from reference.engine.process import BACKENDS, EngineProcess, EngineSpec, serve_engine
+
+ADMIN_TOKEN_ENV = "SEAMLESSFLOW_ADMIN_TOKEN"
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -63,8 +66,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--store", default="results/trajectories.sqlite", help="SQLite trajectory store (WAL)")
     s.add_argument("--model-name", default=None, help="the name agents pass as `model` (default: from --model)")
     s.add_argument("--default-max-tokens", type=int, default=1024)
-    s.add_argument("--admin-token", default=os.environ.get("SEAMLESSFLOW_ADMIN_TOKEN"),
-                   help="require this bearer token on /admin/* (default: $SEAMLESSFLOW_ADMIN_TOKEN; none)")  # fmt: skip
+    s.add_argument("--admin-token-file", default=None,
+                   help=f"a file holding the token that everything but the agents' calls needs "
+                        f"(default: ${ADMIN_TOKEN_ENV}; none). Required to bind a non-loopback --host")  # fmt: skip
+    s.add_argument("--max-in-flight", type=int, default=2048,
+                   help="agent requests served at once; beyond it 429 (0: no cap; default 2048)")  # fmt: skip
+    s.add_argument("--max-tokens-in-memory", type=int, default=16_000_000,
+                   help="tokens all sessions in memory may hold; idle ones beyond it leave for the store")  # fmt: skip
+    s.add_argument("--max-session-tokens", type=int, default=2_000_000,
+                   help="an idle session holding more tokens than this leaves memory for the store")  # fmt: skip
+    s.add_argument("--max-pause-s", type=float, default=900.0,
+                   help="resume engines paused longer than this without a resume (0: never; default 900)")  # fmt: skip
     s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     _engine_args(s)
     e = sub.add_parser("engine", help="one engine process behind HTTP")
@@ -99,30 +111,59 @@ def _load_tokenizer(name: str):
     return default_tokenizer() if name == "default" else Tokenizer.load(name)
 
 
+def admin_token(args) -> str | None:
+    """The manager's token: from --admin-token-file, else $SEAMLESSFLOW_ADMIN_TOKEN; never from argv,
+    which every local user can read. A non-loopback --host without one is refused."""
+    token = os.environ.get(ADMIN_TOKEN_ENV) or None
+    if args.admin_token_file:
+        try:
+            token = Path(args.admin_token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read --admin-token-file {args.admin_token_file}: {e}") from None
+        if not token:
+            raise ValueError(f"--admin-token-file {args.admin_token_file} is empty")
+    if token is None and not is_loopback(args.host):
+        raise ValueError(
+            f"refusing to serve on non-loopback host {args.host!r} without a token: anyone who can reach the "
+            f"port could read trajectories and change rewards and weights. Set ${ADMIN_TOKEN_ENV} or "
+            f"--admin-token-file, or bind 127.0.0.1"
+        )
+    return token
+
+
+def _config(args, model_name: str):
+    from reference.manager.manager import ManagerConfig
+
+    return ManagerConfig(
+        model_name=model_name, default_max_tokens=args.default_max_tokens, admin_token=admin_token(args),
+        max_in_flight_requests=args.max_in_flight, max_tokens_in_memory=args.max_tokens_in_memory,
+        max_session_tokens_in_memory=args.max_session_tokens, max_pause_s=args.max_pause_s,
+    )  # fmt: skip
+
+
 async def serve(args) -> None:
-    from reference.manager.manager import ManagerConfig, TrajectoryManager
+    from reference.engine.client import HTTPEngine
+    from reference.manager.manager import TrajectoryManager
     from reference.manager.server import start_manager_server
     from reference.manager.store import TrajectoryStore
 
     spec = _spec(args)
-    tokenizer = _load_tokenizer(args.model)
     model_name = args.model_name or ("seamlessflow-tiny" if args.model == "default" else Path(args.model).name)
-    config = ManagerConfig(
-        model_name=model_name, default_max_tokens=args.default_max_tokens, admin_token=args.admin_token
-    )
-    from reference.engine.client import HTTPEngine
-
-    procs: list[EngineProcess] = []
-    if args.engine_url:
-        engines = {f"engine-{i}": HTTPEngine(url) for i, url in enumerate(args.engine_url)}
-    else:
-        print(f"starting {args.engines} {spec.backend} engine(s) for {args.model} ...", file=sys.stderr)
-        procs = [EngineProcess(spec) for _ in range(args.engines)]
-        engines = {f"engine-{i}": p.client() for i, p in enumerate(procs)}
-    store = TrajectoryStore(args.store)
-    runner = None
+    config = _config(args, model_name)
+    tokenizer = _load_tokenizer(args.model)
+    procs: dict[str, EngineProcess] = {}
+    store = runner = None
     try:
-        manager = TrajectoryManager(engines, tokenizer, store, config)
+        if args.engine_url:  # engines started elsewhere: their token comes from the environment
+            token = token_from_env()
+            engines = {f"engine-{i}": HTTPEngine(url, token=token) for i, url in enumerate(args.engine_url)}
+        else:
+            print(f"starting {args.engines} {spec.backend} engine(s) for {args.model} ...", file=sys.stderr)
+            for i in range(args.engines):
+                procs[f"engine-{i}"] = EngineProcess(spec)
+            engines = {name: p.client() for name, p in procs.items()}
+        store = TrajectoryStore(args.store)
+        manager = TrajectoryManager(engines, tokenizer, store, config, processes=procs)
         runner = await start_manager_server(manager, args.host, args.port)
         print(f"trajectory manager on http://{args.host}:{args.port}/s/<session_id>/v1 (model {model_name!r}); "
               f"trajectories in {args.store}; Ctrl-C stops", file=sys.stderr)  # fmt: skip
@@ -133,11 +174,12 @@ async def serve(args) -> None:
     finally:
         if runner is not None:
             await runner.cleanup()
-        for client in engines.values():
+        for client in locals().get("engines", {}).values():
             await client.close()
-        for p in procs:
+        for p in procs.values():
             p.close()
-        store.close()
+        if store is not None:
+            store.close()
 
 
 def check(args) -> int:

@@ -23,6 +23,7 @@ from reference.engine.server import bound_port
 from reference.manager.manager import ManagerConfig, TrajectoryManager
 from reference.manager.server import start_manager_server
 from reference.manager.store import TrajectoryStore
+from reference.manager.supervisor import EngineHandle, SupervisorConfig
 
 
 class ManagerThread:
@@ -30,14 +31,19 @@ class ManagerThread:
         self,
         engines: dict[str, InferenceEngine],
         tokenizer,
-        store_path: str | Path = ":memory:",
+        store_path: str | Path | TrajectoryStore = ":memory:",
         config: ManagerConfig | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         start_timeout_s: float = 60.0,
+        processes: dict[str, EngineHandle] | None = None,
+        supervisor: SupervisorConfig | None = None,
     ) -> None:
-        self.store = TrajectoryStore(store_path)
-        self.manager = TrajectoryManager(engines, tokenizer, self.store, config or ManagerConfig())
+        """`store_path`: a path, or an open store (which `close()` then closes); `processes`: engine processes
+        the manager may restart (see supervisor.py)."""
+        self.store = store_path if isinstance(store_path, TrajectoryStore) else TrajectoryStore(store_path)
+        self.manager = TrajectoryManager(engines, tokenizer, self.store, config or ManagerConfig(),
+                                         processes=processes, supervisor=supervisor)  # fmt: skip
         self.host = host
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trajectory-manager", daemon=True)

@@ -416,7 +416,7 @@ class TrajectoryManager:
 
     async def _pause_watchdog(self, after_s: float) -> None:
         await asyncio.sleep(after_s)
-        log.error("engines were paused for %.0f s without a resume (max_pause_s); resuming them", after_s)
+        log.error("engines were paused for %g s without a resume (max_pause_s); resuming them", after_s)
         self.watchdog_resumes += 1
         await self.resume()
 

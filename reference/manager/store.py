@@ -192,9 +192,9 @@ class TrajectoryStore:
     """Append-only SQLite store of `TurnRecord`s; ':memory:' keeps it in memory (tests).
 
     `busy_timeout_s`: how long a write waits for another process's write lock before failing with
-    `StoreError` (reads never wait for writers in WAL mode)."""
+    `StoreError` (reads never wait for writers in WAL mode). `max_bytes`: a cap on the database's size."""
 
-    def __init__(self, path: str | Path, busy_timeout_s: float = 10.0) -> None:
+    def __init__(self, path: str | Path, busy_timeout_s: float = 10.0, max_bytes: int | None = None) -> None:
         self.path = str(path)
         self.memory = self.path == ":memory:"
         if not self.memory:
@@ -216,6 +216,17 @@ class TrajectoryStore:
             self._conn.close()
             raise
         self._identity = self._file_identity()
+        if max_bytes is not None:
+            self.set_max_bytes(max_bytes)
+
+    def set_max_bytes(self, max_bytes: int | None) -> None:
+        """Cap the database's size (a write past it fails like a full disk: StoreError); None lifts the cap."""
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
+            raise ValueError(f"max_bytes must be a positive integer or None, got {max_bytes!r}")
+        with self._lock:
+            page = self._conn.execute("PRAGMA page_size").fetchone()[0]
+            pages = (max_bytes + page - 1) // page if max_bytes is not None else 2**31 - 2
+            self._conn.execute(f"PRAGMA max_page_count = {int(pages)}")
 
     def _connect(self, timeout_s: float) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False)

@@ -1,0 +1,282 @@
+"""The trajectory manager under hostile input and operator mistakes: each test is one finding of an audit.
+
+Store failures (a full disk, files deleted while serving, another process holding the write lock), the
+event loop blocked by one huge request, memory kept for rejected requests, access control, bad input
+that used to get a 500 or be accepted, overload.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from reference.manager.manager import ManagerConfig
+from reference.manager.store import TrajectoryStore
+
+MODEL = "seamlessflow-tiny"
+
+
+def say(text: str, **kw) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], **kw}
+
+
+def wait_for(condition, timeout_s: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def raw(method: str, url: str, data: bytes | None = None, headers: dict | None = None) -> tuple[int, dict, dict]:
+    """(status, JSON body, headers) of an HTTP call with arbitrary bytes and headers."""
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read() or b"null"), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null"), dict(e.headers)
+
+
+# ---- the durable store ----
+
+
+def test_a_failed_store_write_answers_503_and_the_session_goes_on_when_space_returns(fake_manager, http, tmp_path):
+    store = TrajectoryStore(tmp_path / "t.sqlite")
+    m, _ = fake_manager(store=store, reply_tokens=4)
+    url = f"{m.base_url('disk')}/chat/completions"
+    status, first = http("POST", url, say("hello"))
+    assert status == 200, first
+    history = [{"role": "user", "content": "hello"}, first["choices"][0]["message"]]
+    store.set_max_bytes(1)  # the disk is full: no new page can be written
+    status, err = http("POST", url, {"model": MODEL, "messages": [*history, {"role": "user", "content": "words " * 1500}]})
+    assert status == 503, err
+    assert err["error"]["code"] == "store_unavailable" and "full" in err["error"]["message"]
+    status, health = http("GET", f"{m.url}/health")
+    assert status == 503 and health["status"] == "unhealthy", health
+    store.set_max_bytes(None)  # space returns
+    status, third = http("POST", url, {"model": MODEL, "messages": [*history, {"role": "user", "content": "again"}]})
+    assert status == 200, third
+    _, tree = http("GET", f"{m.url}/trajectories/disk")
+    assert tree["num_branches"] == 1 and len(tree["branches"][0]["request_ids"]) == 2  # the failed turn left nothing
+    assert third["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # turn 3 extends turn 1 in the tree
+    assert http("GET", f"{m.url}/health") == (200, {"ok": True, "status": "ok", "reasons": []})
+
+
+def test_a_store_deleted_while_serving_is_noticed(fake_manager, http, tmp_path):
+    path = tmp_path / "t.sqlite"
+    m, _ = fake_manager(store=path, reply_tokens=3)
+    assert http("POST", f"{m.base_url('a')}/chat/completions", say("one"))[0] == 200
+    for p in tmp_path.glob("t.sqlite*"):
+        p.unlink()
+    status, health = http("GET", f"{m.url}/health")
+    assert status == 503 and "was removed" in health["reasons"][0], health
+    status, err = http("POST", f"{m.base_url('a')}/chat/completions", say("two"))
+    assert status == 503 and "was removed" in err["error"]["message"], err
+
+
+def test_another_process_holding_the_write_lock_does_not_freeze_the_server(fake_manager, http, tmp_path):
+    path = tmp_path / "t.sqlite"
+    m, _ = fake_manager(store=TrajectoryStore(path, busy_timeout_s=1.0), reply_tokens=3)
+    assert http("POST", f"{m.base_url('a')}/chat/completions", say("one"))[0] == 200
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process takes the write lock and keeps it
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            blocked = pool.submit(http, "POST", f"{m.base_url('b')}/chat/completions", say("two"))
+            wait_for(lambda: http("GET", f"{m.url}/stats")[1]["in_flight"] == 1, what="the request to start")
+            assert http("GET", f"{m.url}/health")[0] == 200  # answered while the write waits for the lock
+            assert http("GET", f"{m.url}/trajectories/a")[0] == 200  # reads do not wait for the writer
+            status, err = blocked.result(timeout=60)
+        assert status == 503 and "locked" in err["error"]["message"], err
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert http("POST", f"{m.base_url('b')}/chat/completions", say("three"))[0] == 200
+
+
+# ---- the event loop ----
+
+
+def test_a_huge_message_does_not_stall_other_clients(fake_manager, http):
+    m, _ = fake_manager(reply_tokens=3)
+    huge = json.dumps(say("lorem ipsum dolor sit amet " * 280_000)).encode()  # 7.3 MiB, under the 8 MiB limit
+    with ThreadPoolExecutor(1) as pool:
+        big = pool.submit(raw, "POST", f"{m.base_url('big')}/chat/completions", huge,
+                          {"Content-Type": "application/json"})  # fmt: skip
+        wait_for(lambda: http("GET", f"{m.url}/stats")[1]["in_flight"] == 1, what="the huge request to start")
+        status, _ = http("GET", f"{m.url}/health")
+        answered_first = not big.done()  # /health came back while the huge message was still being tokenised
+        status_big, err, _ = big.result(timeout=120)
+    assert status == 200
+    assert answered_first
+    assert status_big == 400 and err["error"]["code"] == "context_length_exceeded"
+
+
+# ---- memory ----
+
+
+def test_rejected_requests_keep_nothing(fake_manager, http):
+    m, _ = fake_manager(reply_tokens=3)
+    big = "x " * 450_000  # 0.9 MB: far over the context
+    for i in range(10):
+        status, err = http("POST", f"{m.base_url(f'r{i}')}/chat/completions", say(big))
+        assert status == 400 and err["error"]["code"] == "context_length_exceeded"
+    stats = http("GET", f"{m.url}/stats")[1]
+    assert (stats["sessions_in_memory"], stats["tokens_in_memory"]) == (0, 0)
+    assert http("GET", f"{m.url}/trajectories")[1]["sessions"] == []
+
+
+def test_sessions_stay_within_the_memory_budget(fake_manager, openai_client, http):
+    config = ManagerConfig(default_max_tokens=8, max_tokens_in_memory=400, max_session_tokens_in_memory=150)
+    m, _ = fake_manager(config=config, reply_tokens=8)
+    long_history = [{"role": "user", "content": "word " * 200}]  # one session larger than its budget
+    status, _ = http("POST", f"{m.base_url('long')}/chat/completions", {"model": MODEL, "messages": long_history})
+    assert status == 200
+    assert "long" not in m.manager.sessions.ids()  # over its own budget: it left memory once idle
+    for i in range(12):
+        assert http("POST", f"{m.base_url(f's{i}')}/chat/completions", say(f"hello number {i}"))[0] == 200
+        assert http("GET", f"{m.url}/stats")[1]["tokens_in_memory"] <= 400
+    stats = http("GET", f"{m.url}/stats")[1]
+    assert stats["evictions"] > 0 and stats["sessions_in_memory"] < 12
+    _, tree = http("GET", f"{m.url}/trajectories/long")  # everything is still in the store
+    assert tree["num_branches"] == 1 and tree["num_tokens"] > 200
+
+
+# ---- access ----
+
+
+def test_with_a_token_only_the_agents_calls_are_open(fake_manager, http):
+    m, _ = fake_manager(config=ManagerConfig(admin_token="s3cret", default_max_tokens=8), reply_tokens=3)
+    assert http("POST", f"{m.base_url('a')}/chat/completions", say("hi"))[0] == 200  # agents need no token
+    assert http("GET", f"{m.base_url('a')}/models")[0] == 200
+    assert http("GET", f"{m.url}/health")[0] == 200
+    for method, path, body in [("GET", "/trajectories", None), ("GET", "/trajectories/a", None),
+                               ("POST", "/trajectories/a", {"reward": 1.0}), ("GET", "/stats", None),
+                               ("POST", "/admin/pause", {}), ("POST", "/admin/resume", {})]:  # fmt: skip
+        status, err = http(method, f"{m.url}{path}", body)
+        assert status == 401 and err["error"]["code"] == "unauthorized", (path, err)
+    headers = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+    assert raw("GET", f"{m.url}/trajectories/a", headers=headers)[0] == 200
+    bad = {"Authorization": "Bearer s3cr\xe9t"}  # latin-1 on the wire: not ASCII
+    status, err, _ = raw("GET", f"{m.url}/stats", headers=bad)
+    assert status == 401 and err["error"]["type"] == "authentication_error"
+
+
+def test_annotations_keep_their_history(fake_manager, http):
+    m, _ = fake_manager(reply_tokens=3)
+    assert http("POST", f"{m.base_url('g')}/chat/completions", say("solve it"))[0] == 200
+    assert http("POST", f"{m.url}/trajectories/g", {"reward": 0.0, "author": "grader-1"})[0] == 200
+    assert http("POST", f"{m.url}/trajectories/g", {"reward": 1.0})[0] == 200  # someone raises the reward
+    _, tree = http("GET", f"{m.url}/trajectories/g")
+    assert tree["annotations"]["reward"] == 1.0
+    history = tree["annotation_history"]
+    assert [h["updates"] for h in history] == [{"reward": 0.0}, {"reward": 1.0}]
+    assert history[0]["author"].startswith("grader-1 (127.0.0.1")
+    assert history[1]["author"].startswith("127.0.0.1")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5"])
+def test_serve_refuses_a_public_host_without_a_token(host, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "."}
+    result = subprocess.run(
+        [sys.executable, "-m", "reference", "serve", "--host", host, "--backend", "fake", "--store",
+         str(tmp_path / "t.sqlite")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "non-loopback host" in result.stderr, result.stderr
+
+
+# ---- bad input ----
+
+NESTED = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (NESTED.encode(), "not valid JSON"),
+        (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": json.loads("[" * 80 + "]" * 80)}]})
+         .encode(), "deeper than 64"),  # fmt: skip
+        (b'{"model": "seamlessflow-tiny", "messages": [{"role": "user", "content": "a"}], "top_p": NaN}', "NaN"),
+        (json.dumps(say("a", temperature=float("nan"))).encode(), "NaN"),
+        (json.dumps(say("a", seed=2**64)).encode(), "'seed' must be in [0, 9223372036854775807]"),
+        (json.dumps(say("a", max_tokens=10**5000 // 10**4700)).encode(), "'max_tokens' must be in"),
+    ],
+)
+def test_bad_bodies_get_400s(fake_manager, body, needle):
+    m, _ = fake_manager(reply_tokens=3)
+    status, err, _ = raw("POST", f"{m.base_url('x')}/chat/completions", body, {"Content-Type": "application/json"})
+    assert status == 400 and needle in err["error"]["message"], err
+    assert raw("GET", f"{m.url}/health")[0] == 200
+
+
+def test_nested_meta_and_long_urls_get_json_errors(fake_manager, http):
+    m, _ = fake_manager(reply_tokens=3)
+    assert http("POST", f"{m.base_url('n')}/chat/completions", say("hi"))[0] == 200
+    meta = json.loads('{"a":' * 70 + "1" + "}" * 70)
+    status, err = http("POST", f"{m.url}/trajectories/n", {"meta": meta})
+    assert status == 400 and "deeper than 64" in err["error"]["message"]
+    status, err = http("POST", f"{m.base_url('s' * 10_000)}/chat/completions", say("hi"))
+    assert status == 400 and err["error"]["param"] == "session_id"
+    status, err = http("GET", f"{m.url}/trajectories/{'s' * 100_000}")  # past the request-line limit
+    assert 400 <= status < 500 and "error" in err
+
+
+def test_seeds_near_the_limit_work_with_n_samples(fake_manager, http):
+    m, _ = fake_manager(reply_tokens=3)
+    status, body = http("POST", f"{m.base_url('seed')}/chat/completions", say("hi", seed=2**63 - 1, n=3))
+    assert status == 200 and len(body["choices"]) == 3
+
+
+# ---- overload ----
+
+
+def test_requests_beyond_the_in_flight_cap_get_429(fake_manager, http):
+    m, engines = fake_manager(config=ManagerConfig(max_in_flight_requests=2, default_max_tokens=8), reply_tokens=8)
+    m.call(m.manager.pause())  # hold the first two requests in flight
+    with ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(http, "POST", f"{m.base_url(f'h{i}')}/chat/completions", say("wait")) for i in range(2)]
+        wait_for(lambda: m.manager.in_flight == 2, what="two requests in flight")
+        status, err, headers = raw("POST", f"{m.base_url('third')}/chat/completions", json.dumps(say("hi")).encode(),
+                                   {"Content-Type": "application/json"})  # fmt: skip
+        m.call(m.manager.resume())
+        assert [f.result(timeout=60)[0] for f in held] == [200, 200]
+    assert status == 429 and err["error"]["code"] == "overloaded" and headers["Retry-After"] == "1"
+    assert http("POST", f"{m.base_url('third')}/chat/completions", say("hi"))[0] == 200
+
+
+def test_a_pause_that_is_never_resumed_ends(fake_manager, http):
+    m, _ = fake_manager(config=ManagerConfig(max_pause_s=0.5, default_max_tokens=8), reply_tokens=4)
+    m.call(m.manager.pause())
+    status, body = http("POST", f"{m.base_url('w')}/chat/completions", say("still there?"))  # waits out the pause
+    assert status == 200 and body["choices"][0]["message"]["content"] is not None
+    assert http("GET", f"{m.url}/stats")[1]["watchdog_resumes"] == 1
+
+
+def test_many_threads_of_bad_and_good_requests(fake_manager, http):
+    """Bad requests mixed into good ones: every good one is answered and stored, the server stays up."""
+    m, _ = fake_manager(reply_tokens=3)
+    bad = [b"{", b"[]", json.dumps(say("a", top_p=0)).encode(), NESTED.encode()[:20000]]
+
+    def client(i: int) -> int:
+        if i % 3 == 0:
+            return raw("POST", f"{m.base_url(f'c{i}')}/chat/completions", bad[i % len(bad)],
+                       {"Content-Type": "application/json"})[0]  # fmt: skip
+        return http("POST", f"{m.base_url(f'c{i}')}/chat/completions", say(f"n{i}"))[0]
+
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(client, range(60)))
+    assert all(s == 400 for s in statuses[::3]) and all(s == 200 for i, s in enumerate(statuses) if i % 3)
+    assert len(http("GET", f"{m.url}/trajectories")[1]["sessions"]) == 40
+    assert threading.active_count() < 50
