@@ -34,8 +34,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
-
 from benchmarks.harness import (
     MODEL,
     conversation,
@@ -51,11 +49,11 @@ from benchmarks.harness import (
     start_manager,
     stderr_to,
 )
+from benchmarks.lean_http import LeanClient, request_bytes
 from reference.engine.process import EngineProcess, EngineSpec
 
 CAP_FLAG = "--max-in-flight"
 TARGETS = ("manager", "anchor")
-JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 @dataclass
@@ -86,31 +84,26 @@ class LevelResult:
         }
 
 
-def bodies(n: int, turns: int) -> list[bytes]:
-    """Request i is turn i % turns of session i // turns (built before the level, not while it runs)."""
-    return [json.dumps({"model": MODEL, "messages": conversation(i // turns, i % turns), "max_tokens": 16}).encode()
-            for i in range(n)]  # fmt: skip
+def requests(client: LeanClient, n: int, turns: int, tag: str) -> list[bytes]:
+    """Request i is turn i % turns of session `tag`-(i // turns), as bytes (built before the level starts)."""
+    out = []
+    for i in range(n):
+        body = json.dumps({"model": MODEL, "messages": conversation(i // turns, i % turns), "max_tokens": 16})
+        path = f"/s/{tag}-{i // turns}/v1/chat/completions"
+        out.append(request_bytes("POST", client.host, client.port, path, body.encode()))
+    return out
 
 
-async def offer(http: aiohttp.ClientSession, url: str, rate: int, duration_s: float, turns: int, tag: str,
-                pids: dict[str, int]) -> LevelResult:  # fmt: skip
-    """Send `rate` requests a second for `duration_s`, open loop; wait for every answer or timeout."""
-    total = int(rate * duration_s)
-    payloads = bodies(total, turns)
+async def offer(client: LeanClient, rate: int, args, tag: str, pids: dict[str, int]) -> LevelResult:
+    """Send `rate` requests a second for `args.level_s`, open loop; wait for every answer or timeout."""
+    duration_s = args.level_s
+    payloads = requests(client, int(rate * duration_s), args.turns, tag)
     result = LevelResult(rate, duration_s)
     tasks: set[asyncio.Task] = set()
 
     async def one(i: int) -> None:
         sent = time.perf_counter()
-        try:
-            async with http.post(f"{url}/s/{tag}-{i // turns}/v1/chat/completions", data=payloads[i],
-                                 headers=JSON_HEADERS) as r:  # fmt: skip
-                await r.read()
-                status = r.status
-        except TimeoutError:
-            status = "timeout"
-        except (aiohttp.ClientError, OSError):
-            status = "error"
+        status = await client.send(payloads[i], args.timeout_s)
         done = time.perf_counter()
         result.statuses[status] += 1
         if status == 200:
@@ -121,8 +114,8 @@ async def offer(http: aiohttp.ClientSession, url: str, rate: int, duration_s: fl
     gen_before, drops_before = time.process_time(), listen_drops()
     start = time.perf_counter()
     i = 0
-    while i < total:
-        due = min(total, int((time.perf_counter() - start) * rate) + 1)
+    while i < len(payloads):
+        due = min(len(payloads), int((time.perf_counter() - start) * rate) + 1)
         for j in range(i, due):
             task = asyncio.create_task(one(j))
             tasks.add(task)
@@ -139,22 +132,25 @@ async def offer(http: aiohttp.ClientSession, url: str, rate: int, duration_s: fl
     return result
 
 
-async def wait_idle(http: aiohttp.ClientSession, url: str) -> None:
+async def wait_idle(client: LeanClient) -> None:
     """Until the server answers /health again (it has worked off the last level's backlog)."""
-    async with http.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=60)) as r:
-        await r.read()
+    status = await client.send(request_bytes("GET", client.host, client.port, "/health"), 60.0)
+    if status != 200:
+        raise RuntimeError(f"the server answered /health with {status}")
     await asyncio.sleep(0.5)
 
 
-async def run_levels(url: str, args, case: str, pids: dict[str, int]) -> list[dict]:
-    connector = aiohttp.TCPConnector(limit=0)
+async def run_levels(port: int, args, case: str, pids: dict[str, int]) -> list[dict]:
+    client = LeanClient("127.0.0.1", port)
     levels = []
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=args.timeout_s)) as http:
+    try:
         for rate in args.rates:
-            await wait_idle(http, url)
-            result = await offer(http, url, rate, args.level_s, args.turns, f"ol-{case}-{rate}", pids)
+            await wait_idle(client)
+            result = await offer(client, rate, args, f"ol-{case}-{rate}", pids)
             levels.append(result.figures())
             print(row(levels[-1]), flush=True)
+    finally:
+        client.close()
     return levels
 
 
@@ -216,7 +212,7 @@ def run_target(args, engine: EngineProcess, case: str, cap: int, cpus: set[int] 
     try:
         what = f"{case} ({CAP_FLAG} {cap})" if args.target == "manager" else "no cap"
         print(f"\n{args.target}, {what}\n{HEADER}")
-        levels = asyncio.run(run_levels(server.url, args, case, {"proxy": server.pid, "engine": engine.pid}))
+        levels = asyncio.run(run_levels(server.port, args, case, {"proxy": server.pid, "engine": engine.pid}))
     finally:
         server.close()
     result = {"max_in_flight": cap, "levels": levels, **summary(levels)}

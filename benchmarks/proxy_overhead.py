@@ -16,7 +16,9 @@ when the last is answered).
 
 By default the proxy under test has a core of its own and the engine and the load generator share the
 others (`--no-pin` lets the scheduler place everything); `busy` is the share of its core the proxy
-used, so a ceiling reached near 100% busy is the proxy's own, not the load generator's.
+used, so a ceiling reached near 100% busy is the proxy's own, not the load generator's. The load
+generator sends pre-rendered bytes over keep-alive connections (benchmarks/lean_http.py), so that it
+costs far less per request than what it measures.
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ import pstats
 import tempfile
 import time
 from pathlib import Path
-
-import aiohttp
 
 from benchmarks.harness import (
     MODEL,
@@ -46,6 +46,7 @@ from benchmarks.harness import (
     stderr_to,
     thread_cpu_s,
 )
+from benchmarks.lean_http import LeanClient, request_bytes
 from reference.engine.process import EngineProcess, EngineSpec
 from reference.manager.chat import ChatRenderer
 from reference.tokenizer import default_tokenizer
@@ -53,55 +54,66 @@ from reference.tokenizer import default_tokenizer
 PROXIES = ("anchor", "manager")
 
 
-async def direct_session(http, engine_url, headers, tok, session: int, turns: int, reply: int, lat) -> None:
-    renderer = ChatRenderer(tok)
-    for turn in range(turns):
+TIMEOUT_S = 600.0
+
+
+def direct_request(port: int, token: str | None, tok, reply: int):
+    """Turn `turn` of session `session` as an engine call, rendered here as the proxies render it."""
+    headers = "".join(f"{k}: {v}\r\n" for k, v in engine_headers(token).items())
+    stop = [tok.im_end_id, tok.eos_token_id]
+
+    def build(session: int, turn: int) -> bytes:
         body = {"request_id": f"d{session}.{turn}.{time.monotonic_ns()}",
-                "prompt_token_ids": renderer.render(conversation(session, turn)),
-                "params": {"max_tokens": reply, "stop_token_ids": [tok.im_end_id, tok.eos_token_id]}}  # fmt: skip
-        start = time.perf_counter()
-        async with http.post(f"{engine_url}/generate", json=body, headers=headers) as r:
-            if r.status != 200:
-                raise RuntimeError(f"the engine answered {r.status}: {(await r.read())[:200]!r}")
-            async for line in r.content:
-                if b"finish" in line:
-                    break
-        lat.append(time.perf_counter() - start)
+                "prompt_token_ids": ChatRenderer(tok).render(conversation(session, turn)),
+                "params": {"max_tokens": reply, "stop_token_ids": stop}}  # fmt: skip
+        return request_bytes("POST", "127.0.0.1", port, "/generate", json.dumps(body).encode(), headers)
+
+    return build
 
 
-async def proxy_session(http, url, session: int, turns: int, reply: int, lat: list[float]) -> None:
-    for turn in range(turns):
+def proxy_request(port: int, reply: int):
+    """Turn `turn` of session `session` as an OpenAI chat request."""
+
+    def build(session: int, turn: int) -> bytes:
         body = {"model": MODEL, "messages": conversation(session, turn), "max_tokens": reply}
-        start = time.perf_counter()
-        async with http.post(f"{url}/s/bench-{session}/v1/chat/completions", json=body) as r:
-            payload = await r.read()
-            if r.status != 200:
-                raise RuntimeError(f"{url} answered {r.status}: {payload[:200]!r}")
-            json.loads(payload)
-        lat.append(time.perf_counter() - start)
+        return request_bytes("POST", "127.0.0.1", port, f"/s/bench-{session}/v1/chat/completions",
+                             json.dumps(body).encode())  # fmt: skip
+
+    return build
 
 
-async def run_level(path: str, url: str, headers, tok, concurrency: int, turns: int, reply: int, min_requests: int,
+def check_answer(path: str, status: int | str, body: bytes) -> None:
+    if status != 200:
+        raise RuntimeError(f"{path} answered {status}: {body[:200]!r}")
+    answered = b'"finish"' in body if path == "direct" else "choices" in json.loads(body)
+    if not answered:
+        raise RuntimeError(f"{path} answered 200 with {body[:200]!r}")
+
+
+async def run_level(path: str, port: int, build, concurrency: int, turns: int, min_requests: int,
                     first_session: int) -> tuple[list[float], float]:  # fmt: skip
-    """`concurrency` workers, each running sessions of `turns` turns one after another, until at
-    least `min_requests` requests were made. Returns the latencies and the wall time."""
+    """`concurrency` workers, each running sessions of `turns` turns one after another (closed loop),
+    until at least `min_requests` requests were made. Returns the latencies and the wall time."""
     lat: list[float] = []
     sessions_per_worker = max(1, -(-min_requests // (concurrency * turns)))
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=600)
+    client = LeanClient("127.0.0.1", port)
 
     async def worker(w: int) -> None:
         for k in range(sessions_per_worker):
             session = first_session + w * sessions_per_worker + k
-            if path == "direct":
-                await direct_session(http, url, headers, tok, session, turns, reply, lat)
-            else:
-                await proxy_session(http, url, session, turns, reply, lat)
+            for turn in range(turns):
+                data = build(session, turn)
+                start = time.perf_counter()
+                status, body = await client.fetch(data, TIMEOUT_S)
+                lat.append(time.perf_counter() - start)
+                check_answer(path, status, body)
 
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+    try:
         start = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         wall = time.perf_counter() - start
+    finally:
+        client.close()
     return lat, wall
 
 
@@ -139,7 +151,7 @@ def cpu_now(server: ServerProcess | None, engine: EngineProcess) -> dict[str, fl
     return {"proxy": server.cpu_s(), "proxy_threads": thread_cpu_s(server.pid)[1], "engine": cpu_s(engine.pid)}
 
 
-def measure_level(args, tok, engine, headers, servers: dict[str, ServerProcess], n: int, level_index: int) -> dict:
+def measure_level(args, tok, engine, servers: dict[str, ServerProcess], n: int, level_index: int) -> dict:
     stats = {path: PathStats() for path in ("direct", *PROXIES)}
     per_round = max(1, args.min_requests // args.rounds)
     order = ["direct"]
@@ -147,11 +159,13 @@ def measure_level(args, tok, engine, headers, servers: dict[str, ServerProcess],
         order += list(PROXIES) if r % 2 == 0 else list(reversed(PROXIES))
     for k, path in enumerate(order):
         server = servers.get(path)
-        url = server.url if server else engine.url
+        if server is None:
+            port, build = engine.port, direct_request(engine.port, engine_token(engine), tok, args.reply_tokens)
+        else:
+            port, build = server.port, proxy_request(server.port, args.reply_tokens)
         first_session = (level_index * 100 + k) * 1_000_000  # unique sessions per run
-        count = per_round if server else args.min_requests
         before = cpu_now(server, engine)
-        lat, wall = asyncio.run(run_level(path, url, headers, tok, n, args.turns, args.reply_tokens, count,
+        lat, wall = asyncio.run(run_level(path, port, build, n, args.turns, per_round if server else args.min_requests,
                                           first_session))  # fmt: skip
         stats[path].add(lat, wall, before, cpu_now(server, engine))
     figures = {path: s.figures() for path, s in stats.items()}
@@ -224,7 +238,7 @@ def main() -> None:
             print(legend(args, proxy_cpus, load))
             print(HEADER)
             for i, n in enumerate(levels):
-                figures = measure_level(args, tok, engine, engine_headers(token), servers, n, i)
+                figures = measure_level(args, tok, engine, servers, n, i)
                 results.append({"sessions": n, **figures})
                 print(row(n, figures), flush=True)
         finally:
