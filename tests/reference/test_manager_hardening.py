@@ -58,7 +58,8 @@ def test_a_failed_store_write_answers_503_and_the_session_goes_on_when_space_ret
     assert status == 200, first
     history = [{"role": "user", "content": "hello"}, first["choices"][0]["message"]]
     store.set_max_bytes(1)  # the disk is full: no new page can be written
-    status, err = http("POST", url, {"model": MODEL, "messages": [*history, {"role": "user", "content": "words " * 1500}]})
+    long_turn = {"role": "user", "content": "words " * 1500}
+    status, err = http("POST", url, {"model": MODEL, "messages": [*history, long_turn]})
     assert status == 503, err
     assert err["error"]["code"] == "store_unavailable" and "full" in err["error"]["message"]
     status, health = http("GET", f"{m.url}/health")
@@ -206,8 +207,12 @@ NESTED = "[" * 100_000 + "]" * 100_000
     ("body", "needle"),
     [
         (NESTED.encode(), "not valid JSON"),
-        (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": json.loads("[" * 80 + "]" * 80)}]})
-         .encode(), "deeper than 64"),  # fmt: skip
+        (
+            json.dumps(
+                {"model": MODEL, "messages": [{"role": "user", "content": json.loads("[" * 80 + "]" * 80)}]}
+            ).encode(),
+            "deeper than 64",
+        ),  # fmt: skip
         (b'{"model": "seamlessflow-tiny", "messages": [{"role": "user", "content": "a"}], "top_p": NaN}', "NaN"),
         (json.dumps(say("a", temperature=float("nan"))).encode(), "NaN"),
         (json.dumps(say("a", seed=2**64)).encode(), "'seed' must be in [0, 9223372036854775807]"),
