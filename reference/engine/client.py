@@ -1,8 +1,9 @@
 """`HTTPEngine`: the `InferenceEngine` protocol over HTTP, reaching an engine in another process.
 
-A connection failure, a dropped stream or a 5xx becomes `EngineError` (the manager retries the
-request elsewhere); a 400 becomes `ValueError` with the engine's message (the agent's fault).
-Closing a stream early closes the HTTP response, which makes the engine abort the request.
+A connection failure, a dropped stream, a 5xx or a refused token (401) becomes `EngineError` (the
+manager retries the request elsewhere); a 400 becomes `ValueError` with the engine's message (the
+agent's fault). Closing a stream early closes the HTTP response, which makes the engine abort the
+request. `base_url` may be reassigned (an engine restarted on another port); every call reads it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
+from reference.engine.auth import bearer_headers, check_token
 from reference.engine.base import EngineError, EngineStats, Finished, FinishReason, GenerateRequest, TokenEvent
 from reference.engine.server import request_to_wire
 
@@ -21,13 +23,16 @@ class HTTPEngine:
         self,
         base_url: str,
         *,
+        token: str | None = None,
         connect_timeout_s: float = 5.0,
         control_timeout_s: float = 600.0,
         stall_timeout_s: float = 60.0,
     ) -> None:
-        """`stall_timeout_s`: a stream that sends nothing, not even the server's heartbeat, for this
-        long is an engine failure (a hung or frozen process)."""
-        self.base_url = base_url.rstrip("/")
+        """`token`: the engine's bearer token (sent on every call but `health`). `stall_timeout_s`: a
+        stream that sends nothing, not even the server's heartbeat, for this long is an engine failure
+        (a hung or frozen process)."""
+        self.base_url = base_url
+        self._headers = bearer_headers(None if token is None else check_token(token))
         self.stall_timeout_s = stall_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.control_timeout_s = control_timeout_s
@@ -35,6 +40,17 @@ class HTTPEngine:
 
     def __repr__(self) -> str:
         return f"HTTPEngine({self.base_url!r})"
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @base_url.setter
+    def base_url(self, url: str) -> None:
+        self._base_url = url.rstrip("/")
+
+    def _refused(self, path: str) -> EngineError:
+        return EngineError(f"engine {self.base_url} refused the token on {path} (HTTP 401)")
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -52,8 +68,10 @@ class HTTPEngine:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.stall_timeout_s)
         try:
             async with self._http().post(
-                f"{self.base_url}/generate", json=request_to_wire(request), timeout=timeout
+                f"{self.base_url}/generate", json=request_to_wire(request), headers=self._headers, timeout=timeout
             ) as response:
+                if response.status == 401:
+                    raise self._refused("/generate")
                 if response.status == 400:
                     raise ValueError((await response.json()).get("error", "bad request"))
                 if response.status != 200:
@@ -70,7 +88,10 @@ class HTTPEngine:
     async def _post(self, path: str, body: dict | None = None) -> dict:
         timeout = aiohttp.ClientTimeout(total=self.control_timeout_s, sock_connect=self.connect_timeout_s)
         try:
-            async with self._http().post(f"{self.base_url}{path}", json=body or {}, timeout=timeout) as response:
+            url = f"{self.base_url}{path}"
+            async with self._http().post(url, json=body or {}, headers=self._headers, timeout=timeout) as response:
+                if response.status == 401:
+                    raise self._refused(path)
                 data = await response.json()
                 if response.status == 409:
                     raise RuntimeError(data.get("error"))
@@ -97,13 +118,24 @@ class HTTPEngine:
     async def _get(self, path: str) -> dict:
         timeout = aiohttp.ClientTimeout(total=self.control_timeout_s, sock_connect=self.connect_timeout_s)
         try:
-            async with self._http().get(f"{self.base_url}{path}", timeout=timeout) as response:
+            async with self._http().get(f"{self.base_url}{path}", headers=self._headers, timeout=timeout) as response:
+                if response.status == 401:
+                    raise self._refused(path)
                 data = await response.json()
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
             raise EngineError(f"{self.base_url}{path}: {type(e).__name__}: {e}") from e
         if response.status != 200:
             raise EngineError(f"{self.base_url}{path}: HTTP {response.status}: {data}")
         return data
+
+    async def health(self, timeout_s: float = 2.0) -> bool:
+        """Whether the engine answers `GET /health` within `timeout_s`; False on any failure."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self._http().get(f"{self.base_url}/health", timeout=timeout) as response:
+                return response.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return False
 
     async def timeline(self) -> dict:
         """The engine's activity log (`GET /timeline`): {"now_s", "intervals": [...]}."""

@@ -1,8 +1,9 @@
 """Engines in their own processes: one per resource, each an HTTP server (reference/engine/server.py).
 
-`EngineProcess` starts `python -m reference engine ...`, waits for the line that announces its
-port, and hands back an `HTTPEngine` for it. The child is killed on `close()`, and dies with the
-parent's stdin pipe if the parent is killed without closing it.
+`EngineProcess` starts `python -m reference engine ...` with a fresh secret token in its environment
+(never on its command line), waits for the line that announces its port, and hands back an
+`HTTPEngine` that sends the token. The child is killed on `close()` (and replaced on `restart()`),
+and dies with the parent's stdin pipe if the parent is killed without closing it.
 """
 
 from __future__ import annotations
@@ -10,13 +11,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import queue
 import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
+from reference.engine.auth import (
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    check_token,
+    new_token,
+    require_token_off_loopback,
+    token_from_env,
+)
 from reference.engine.base import InferenceEngine
 from reference.engine.client import HTTPEngine
 
@@ -82,41 +91,70 @@ def make_engine(spec: EngineSpec) -> InferenceEngine:
 
 
 class EngineProcess:
-    """One engine in a child process. Use as a context manager or call `close()`."""
+    """One engine in a child process, reachable only with its token. Use as a context manager or call
+    `close()`; `restart()` replaces a dead or hung child with a fresh one (same spec, same token)."""
 
-    def __init__(self, spec: EngineSpec, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 300.0):
-        self.spec = spec
+    def __init__(
+        self,
+        spec: EngineSpec,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        start_timeout_s: float = 300.0,
+        *,
+        token: str | None = None,
+    ) -> None:
+        """`token`: the bearer token the engine will demand; a fresh secret when None."""
+        self.spec, self.host, self._requested_port = spec, host, port
+        self._token = new_token() if token is None else check_token(token)
+        self._start(start_timeout_s)
+
+    @property
+    def token(self) -> str:
+        return self._token
+
+    def _start(self, timeout_s: float) -> None:
+        env = {**os.environ, TOKEN_ENV: self._token}
+        env.pop(TOKEN_FILE_ENV, None)
         self._proc = subprocess.Popen(
-            spec.argv(host, port),
+            self.spec.argv(self.host, self._requested_port),
             stdin=subprocess.PIPE,  # the child exits when this pipe closes (parent gone)
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            env=env,
         )
-        self.port = self._wait_ready(start_timeout_s)
-        self.url = f"http://{host}:{self.port}"
-        # Keep draining the child's stdout so it never blocks on a full pipe.
-        threading.Thread(target=self._drain, daemon=True).start()
+        ready: queue.Queue[int | None] = queue.Queue()
+        # Reads the READY line, then keeps draining the child's stdout so it never blocks on a full pipe.
+        threading.Thread(target=_watch_stdout, args=(self._proc, ready), daemon=True).start()
+        self.port = self._wait_ready(ready, timeout_s)
+        self.url = f"http://{_url_host(self.host)}:{self.port}"
 
-    def _wait_ready(self, timeout_s: float) -> int:
-        deadline = time.monotonic() + timeout_s
-        assert self._proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self._proc.stdout.readline()
-            if not line:
-                code = self._proc.wait(timeout=5)
-                raise RuntimeError(f"engine process ({self.spec.backend}, {self.spec.model}) exited with {code}")
-            if line.startswith(READY_PREFIX):
-                return int(line[len(READY_PREFIX) :].strip())
-        self.close()
-        raise TimeoutError(f"engine process did not start within {timeout_s} s")
+    def _wait_ready(self, ready: queue.Queue, timeout_s: float) -> int:
+        try:
+            port = ready.get(timeout=timeout_s)
+        except queue.Empty:
+            self.kill()
+            self._close_stdin()
+            raise TimeoutError(f"engine process did not start within {timeout_s} s") from None
+        if port is None:
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+            self._close_stdin()
+            code = self._proc.returncode
+            raise RuntimeError(f"engine process ({self.spec.backend}, {self.spec.model}) exited with {code}")
+        return port
 
-    def _drain(self) -> None:
-        for _ in self._proc.stdout or ():
-            pass
+    def restart(self, start_timeout_s: float = 300.0) -> None:
+        """Kill the child (if alive) and start a new one with the same spec and token; blocks until it is
+        ready, then `port` and `url` name the new child (clients must be pointed at the new `url`)."""
+        self.kill()
+        self._close_stdin()
+        self._start(start_timeout_s)
 
     def client(self, stall_timeout_s: float = 60.0) -> HTTPEngine:
-        return HTTPEngine(self.url, stall_timeout_s=stall_timeout_s)
+        return HTTPEngine(self.url, token=self._token, stall_timeout_s=stall_timeout_s)
 
     @property
     def pid(self) -> int:
@@ -126,7 +164,7 @@ class EngineProcess:
         return self._proc.poll() is None
 
     def kill(self) -> None:
-        """Kill the engine abruptly (SIGKILL), as a crash would."""
+        """Kill the engine abruptly (SIGKILL to its process group), as a crash would."""
         if self.alive():
             os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait(timeout=10)
@@ -138,6 +176,9 @@ class EngineProcess:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._close_stdin()
+
+    def _close_stdin(self) -> None:
         if self._proc.stdin:
             self._proc.stdin.close()
 
@@ -148,12 +189,33 @@ class EngineProcess:
         self.close()
 
 
-async def serve_engine(spec: EngineSpec, host: str, port: int, watch_stdin: bool = False) -> None:
-    """The engine process's main: serve until SIGTERM/SIGINT, or until stdin closes with `watch_stdin`."""
+def _watch_stdout(proc: subprocess.Popen, ready: queue.Queue) -> None:
+    """Put the port of `proc`'s READY line on `ready` (None if its stdout ends first); drain the rest."""
+    announced = False
+    for line in proc.stdout or ():
+        if not announced and line.startswith(READY_PREFIX) and line[len(READY_PREFIX) :].strip().isdigit():
+            ready.put(int(line[len(READY_PREFIX) :]))
+            announced = True
+    if not announced:
+        ready.put(None)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def serve_engine(
+    spec: EngineSpec, host: str, port: int, watch_stdin: bool = False, token: str | None = None
+) -> None:
+    """The engine process's main: serve until SIGTERM/SIGINT, or until stdin closes with `watch_stdin`.
+    `token` (default: from $SEAMLESSFLOW_ENGINE_TOKEN or $SEAMLESSFLOW_ENGINE_TOKEN_FILE) is demanded of
+    every caller; without one, only a loopback `host` is allowed (ValueError otherwise)."""
     from reference.engine.server import bound_port, start_engine_server
 
+    token = token_from_env() if token is None else check_token(token)
+    require_token_off_loopback(host, token)
     engine = make_engine(spec)
-    runner = await start_engine_server(engine, host, port, spec.heartbeat_s, spec.coalesce_s)
+    runner = await start_engine_server(engine, host, port, spec.heartbeat_s, spec.coalesce_s, token=token)
     print(f"{READY_PREFIX}{bound_port(runner)}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

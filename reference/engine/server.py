@@ -16,7 +16,8 @@ The trajectory manager never runs a model in its own event loop: it reaches engi
 A malformed body gets a 400 (wrong JSON types are never coerced; NaN, Infinity and too deeply
 nested JSON are malformed); a request the engine rejects (a prompt too long, an id outside the
 vocabulary) gets a "bad_request" error line before any token. A client that disconnects
-mid-stream aborts its request, which frees the engine's slot.
+mid-stream aborts its request, which frees the engine's slot. An engine started with a token
+answers 401 to any call but /health without `Authorization: Bearer <token>` (auth.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from reference.engine.auth import auth_middleware
 from reference.engine.base import Finished, GenerateRequest, InferenceEngine, SamplingParams, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -321,8 +323,11 @@ def build_app(
     max_body_bytes: int = 64 << 20,
     heartbeat_s: float = HEARTBEAT_S,
     coalesce_s: float = COALESCE_S,
+    token: str | None = None,
 ) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes)
+    """The engine's HTTP app; with a `token`, every endpoint but /health needs `Authorization: Bearer <token>`."""
+    middlewares = [] if token is None else [auth_middleware(token)]
+    app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
     app[ENGINE_KEY] = engine
     app[HEARTBEAT_KEY] = heartbeat_s
     app[COALESCE_KEY] = coalesce_s
@@ -347,9 +352,11 @@ async def start_engine_server(
     port: int = 0,
     heartbeat_s: float = HEARTBEAT_S,
     coalesce_s: float = COALESCE_S,
+    token: str | None = None,
 ) -> web.AppRunner:
-    """Serve `engine` in the running loop; returns the runner (its bound port: `bound_port(runner)`)."""
-    app = build_app(engine, heartbeat_s=heartbeat_s, coalesce_s=coalesce_s)
+    """Serve `engine` in the running loop; returns the runner (its bound port: `bound_port(runner)`).
+    With a `token`, callers must send it (see reference/engine/auth.py)."""
+    app = build_app(engine, heartbeat_s=heartbeat_s, coalesce_s=coalesce_s, token=token)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
