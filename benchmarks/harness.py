@@ -53,6 +53,17 @@ def cpu_s(pid: int) -> float:
     return _stat_cpu_s(f"/proc/{pid}/stat")
 
 
+def run_queue_wait_s(pid: int) -> float:
+    """Seconds the process's main thread has spent runnable but waiting for a core (Linux schedstat):
+    a server that is neither running nor waiting here was idle; one that waits long was starved by
+    other work on its core."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def thread_cpu_s(pid: int) -> tuple[float, float]:
     """(CPU seconds of the main thread, of all other live threads) of a process: the manager's worker
     threads (SQLite writes, large bodies) against its event loop."""

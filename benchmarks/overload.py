@@ -11,7 +11,9 @@ client gives up after `--timeout-s` (the agents' patience), which closes its con
 the rate actually sent, goodput (200s completed during the level, per second), 429s and errors
 (timeouts, resets, other statuses) per second, p50 / p99 latency of the 200s, and the share of a core
 the manager and the generator + engine used (the generator's core at 100% means the generator, not
-the manager, set the limit).
+the manager, set the limit). `srv wait`: the share of the level the server's event loop was ready to
+run but waited for its core (other work on the machine took it): CPU + wait near 100% is a server
+that could not keep up, CPU + wait well under 100% a server that had nothing to do.
 
 Run twice: with the manager's in-flight cap off (`--max-in-flight 0`) and on (`--max-in-flight N`,
 beyond which it answers 429 with Retry-After); a manager without that flag runs only uncapped.
@@ -44,6 +46,7 @@ from benchmarks.harness import (
     pct,
     pinned,
     raise_fd_limit,
+    run_queue_wait_s,
     serve_has_flag,
     start_anchor,
     start_manager,
@@ -111,6 +114,7 @@ async def offer(client: LeanClient, rate: int, args, tag: str, pids: dict[str, i
             result.ok_in_window += done - start <= duration_s
 
     cpu_before = {name: cpu_s(pid) for name, pid in pids.items()}
+    wait_before = run_queue_wait_s(pids["proxy"])
     gen_before, drops_before = time.process_time(), listen_drops()
     start = time.perf_counter()
     i = 0
@@ -127,6 +131,7 @@ async def offer(client: LeanClient, rate: int, args, tag: str, pids: dict[str, i
     wall = time.perf_counter() - start
     result.cpu = {name: (cpu_s(pid) - cpu_before[name]) / wall for name, pid in pids.items()}
     result.cpu["generator"] = (time.process_time() - gen_before) / wall
+    result.cpu["proxy_run_queue_wait"] = (run_queue_wait_s(pids["proxy"]) - wait_before) / wall
     await asyncio.gather(*tasks)
     result.listen_drops = listen_drops() - drops_before
     return result
@@ -154,15 +159,16 @@ async def run_levels(port: int, args, case: str, pids: dict[str, int]) -> list[d
     return levels
 
 
-HEADER = (f"{'offered/s':>9} | {'sent/s':>6} | {'goodput/s':>9} | {'429/s':>6} | {'errors/s':>8} | "
-          f"{'p50 ms':>7} | {'p99 ms':>7} | {'srv CPU':>7} | {'gen+eng CPU':>11} | {'SYN drops':>9}")  # fmt: skip
+HEADER = (f"{'offered':>7} | {'sent':>5} | {'goodput':>7} | {'429':>5} | {'errors':>6} | {'p50 ms':>7} | "
+          f"{'p99 ms':>7} | {'srv CPU':>7} | {'srv wait':>8} | {'gen+eng CPU':>11} | {'SYN drops':>9}")  # fmt: skip
 
 
 def row(f: dict) -> str:
     cpu = f["cpu_share"]
-    return (f"{f['offered_rps']:>9} | {f['sent_rps']:6.0f} | {f['goodput_rps']:9.0f} | {f['shed_rps']:6.0f} | "
-            f"{f['error_rps']:8.0f} | {f['p50_ms']:7.1f} | {f['p99_ms']:7.1f} | {100 * cpu['proxy']:6.0f}% | "
-            f"{100 * (cpu['generator'] + cpu['engine']):10.0f}% | {f['listen_drops']:9}")  # fmt: skip
+    return (f"{f['offered_rps']:>7} | {f['sent_rps']:5.0f} | {f['goodput_rps']:7.0f} | {f['shed_rps']:5.0f} | "
+            f"{f['error_rps']:6.0f} | {f['p50_ms']:7.1f} | {f['p99_ms']:7.1f} | {100 * cpu['proxy']:6.0f}% | "
+            f"{100 * cpu['proxy_run_queue_wait']:7.0f}% | {100 * (cpu['generator'] + cpu['engine']):10.0f}% | "
+            f"{f['listen_drops']:9}")  # fmt: skip
 
 
 def summary(levels: list[dict]) -> dict:
@@ -233,7 +239,7 @@ def main() -> None:
             engine = EngineProcess(EngineSpec(backend="fake", token_delay_s=0.0, fake_reply_tokens=16))
         try:
             print(f"cores: {args.target} {proxy_cpus}, engine {engine_cpus}, load generator {generator_cpus}; "
-                  f"{args.level_s:g} s a level, clients give up after {args.timeout_s:g} s; "
+                  f"{args.level_s:g} s a level, clients give up after {args.timeout_s:g} s; rates in requests/s; "
                   f"load average {load:.1f}")  # fmt: skip
             for case, cap in cases(args):
                 results[case] = run_target(args, engine, case, cap, proxy_cpus, Path(tmp))
