@@ -64,20 +64,10 @@ def run_queue_wait_s(pid: int) -> float:
         return 0.0
 
 
-def thread_cpu_s(pid: int) -> tuple[float, float]:
-    """(CPU seconds of the main thread, of all other live threads) of a process: the manager's worker
-    threads (SQLite writes, large bodies) against its event loop."""
-    main = other = 0.0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            seconds = _stat_cpu_s(f"/proc/{pid}/task/{task.name}/stat")
-        except (OSError, ValueError):
-            continue  # the thread ended meanwhile
-        if int(task.name) == pid:
-            main = seconds
-        else:
-            other += seconds
-    return main, other
+def main_thread_cpu_s(pid: int) -> float:
+    """CPU seconds of a process's main thread: its event loop. The rest of `cpu_s` is worker threads,
+    those that ended included (the manager's SQLite writes, large bodies)."""
+    return _stat_cpu_s(f"/proc/{pid}/task/{pid}/stat")
 
 
 def pct(values: Sequence[float], q: int) -> float:

@@ -1,6 +1,6 @@
 """Offered more than it can serve, does the trajectory manager shed load or collapse? (overload benchmark)
 
-    python -m benchmarks.overload [--rates 200,400,...,2400] [--level-s 5] [--timeout-s 2] [--cap 32]
+    python -m benchmarks.overload [--rates 200,400,...,2400] [--level-s 5] [--timeout-s 2] [--caps 0,32]
                                   [--target manager|anchor] [--quick] [--json FILE]
 
 A fake engine that answers at once (`token_delay_s=0`) and the trajectory manager each get one core
@@ -15,8 +15,9 @@ the manager, set the limit). `srv wait`: the share of the level the server's eve
 run but waited for its core (other work on the machine took it): CPU + wait near 100% is a server
 that could not keep up, CPU + wait well under 100% a server that had nothing to do.
 
-Run twice: with the manager's in-flight cap off (`--max-in-flight 0`) and on (`--max-in-flight N`,
-beyond which it answers 429 with Retry-After); a manager without that flag runs only uncapped.
+Run twice: with the manager's in-flight cap off (`--max-in-flight 0`) and on (`--max-in-flight 32`,
+beyond which it answers 429 with Retry-After); `--caps 0,32,default` adds a run with the manager's
+default cap. A manager without that flag runs once, as it is.
 Shedding: goodput holds near its peak (the knee) as the offered rate grows; collapse: it falls.
 `--target anchor` puts the anchor proxy (benchmarks/anchor_proxy.py) under the same load instead, to
 tell the manager's behaviour from that of any aiohttp proxy. `SYN drops`: connection attempts the
@@ -181,47 +182,55 @@ def summary(levels: list[dict]) -> dict:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rates", default=",".join(str(r) for r in range(200, 2401, 200)),
-                    help="offered requests per second, one level each (comma-separated)")  # fmt: skip
-    ap.add_argument("--level-s", type=float, default=5.0, help="seconds each level offers load")
-    ap.add_argument("--timeout-s", type=float, default=2.0, help="a client gives up after this long")
-    ap.add_argument("--cap", type=int, default=32, help="the manager's --max-in-flight in the capped run")
+    ap.add_argument("--rates", help="offered requests per second, one level each (default 200,400,...,2400; "
+                    "quick: 400,1200,2400)")  # fmt: skip
+    ap.add_argument("--level-s", type=float, help="seconds each level offers load (default 5; quick: 2)")
+    ap.add_argument("--timeout-s", type=float, help="a client gives up after this long (default 2 s; quick: 1)")
+    ap.add_argument("--caps", default="0,32",
+                    help="the manager's --max-in-flight, a run each (0: no cap; 'default': flag left out)")  # fmt: skip
     ap.add_argument("--turns", type=int, default=4, help="requests per session (turn k resends k exchanges)")
     ap.add_argument("--target", choices=TARGETS, default="manager",
                     help="the server under load: the manager, or the anchor proxy (uncapped only)")  # fmt: skip
-    ap.add_argument("--quick", action="store_true", help="three short levels per run (under a minute)")
+    ap.add_argument("--quick", action="store_true", help="three short levels a run (under a minute in all)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
-    if args.quick:
-        args.rates, args.level_s, args.timeout_s = "400,1200,2400", 2.0, 1.0
-    args.rates = [int(r) for r in args.rates.split(",")]
+    full = (",".join(str(r) for r in range(200, 2401, 200)), 5.0, 2.0)
+    defaults = ("400,1200,2400", 2.0, 1.0) if args.quick else full
+    given = (args.rates, args.level_s, args.timeout_s)
+    rates, args.level_s, args.timeout_s = (d if g is None else g for g, d in zip(given, defaults, strict=True))
+    args.rates = [int(r) for r in rates.split(",")]
     return args
 
 
-def cases(args) -> list[tuple[str, int]]:
-    """(name, in-flight cap) of each run; 0 is no cap. A manager without the flag runs uncapped only."""
-    if args.target == "manager" and serve_has_flag(CAP_FLAG):
-        return [("uncapped", 0), ("capped", args.cap)]
-    if args.target == "manager":
-        print(f"this manager has no {CAP_FLAG}: the uncapped run only")
-    return [("uncapped", 0)]
+def cases(args) -> dict[str, list[str]]:
+    """Each run's name and the flags the server gets. A manager without the flag runs without it only."""
+    if args.target == "anchor":
+        return {"anchor": []}
+    if not serve_has_flag(CAP_FLAG):
+        print(f"this manager has no {CAP_FLAG}: one run, without a cap")
+        return {"uncapped": []}
+    runs = {}
+    for cap in args.caps.split(","):
+        name = {"0": "uncapped", "default": f"default {CAP_FLAG}"}.get(cap, f"{CAP_FLAG} {cap}")
+        runs[name] = [] if cap == "default" else [CAP_FLAG, str(int(cap))]
+    return runs
 
 
-def run_target(args, engine: EngineProcess, case: str, cap: int, cpus: set[int] | None, tmp: Path) -> dict:
+def run_target(args, engine: EngineProcess, case: str, flags: list[str], cpus: set[int] | None, tmp: Path) -> dict:
     """Start the server under load on `cpus`, step through the rates, stop it; the case's figures."""
     token = engine_token(engine)
     with pinned(cpus):
         if args.target == "anchor":
             server = start_anchor(engine.url, tmp, token)
         else:
-            server = start_manager(engine.url, tmp, token, [CAP_FLAG, str(cap)] if serve_has_flag(CAP_FLAG) else [])
+            server = start_manager(engine.url, tmp, token, flags)
     try:
-        what = f"{case} ({CAP_FLAG} {cap})" if args.target == "manager" else "no cap"
-        print(f"\n{args.target}, {what}\n{HEADER}")
-        levels = asyncio.run(run_levels(server.port, args, case, {"proxy": server.pid, "engine": engine.pid}))
+        print(f"\n{args.target}, {case}\n{HEADER}")
+        tag = case.replace(" ", "").replace("-", "")
+        levels = asyncio.run(run_levels(server.port, args, tag, {"proxy": server.pid, "engine": engine.pid}))
     finally:
         server.close()
-    result = {"max_in_flight": cap, "levels": levels, **summary(levels)}
+    result = {"flags": flags, "levels": levels, **summary(levels)}
     print(f"knee: goodput {result['knee_goodput_rps']:.0f}/s at {result['knee_offered_rps']} offered; at "
           f"{result['top_offered_rps']} offered: {result['top_goodput_rps']:.0f}/s "
           f"({100 * result['top_over_knee']:.0f}% of the knee)")  # fmt: skip
@@ -241,8 +250,8 @@ def main() -> None:
             print(f"cores: {args.target} {proxy_cpus}, engine {engine_cpus}, load generator {generator_cpus}; "
                   f"{args.level_s:g} s a level, clients give up after {args.timeout_s:g} s; rates in requests/s; "
                   f"load average {load:.1f}")  # fmt: skip
-            for case, cap in cases(args):
-                results[case] = run_target(args, engine, case, cap, proxy_cpus, Path(tmp))
+            for case, flags in cases(args).items():
+                results[case] = run_target(args, engine, case, flags, proxy_cpus, Path(tmp))
         finally:
             engine.close()
     if args.json:

@@ -39,12 +39,12 @@ from benchmarks.harness import (
     cpu_s,
     engine_headers,
     engine_token,
+    main_thread_cpu_s,
     pct,
     pinned,
     start_anchor,
     start_manager,
     stderr_to,
-    thread_cpu_s,
 )
 from benchmarks.lean_http import LeanClient, request_bytes
 from reference.engine.process import EngineProcess, EngineSpec
@@ -148,7 +148,8 @@ class PathStats:
 def cpu_now(server: ServerProcess | None, engine: EngineProcess) -> dict[str, float]:
     if server is None:
         return {"proxy": 0.0, "proxy_threads": 0.0, "engine": cpu_s(engine.pid)}
-    return {"proxy": server.cpu_s(), "proxy_threads": thread_cpu_s(server.pid)[1], "engine": cpu_s(engine.pid)}
+    total = server.cpu_s()
+    return {"proxy": total, "proxy_threads": total - main_thread_cpu_s(server.pid), "engine": cpu_s(engine.pid)}
 
 
 def measure_level(args, tok, engine, servers: dict[str, ServerProcess], n: int, level_index: int) -> dict:
@@ -207,15 +208,15 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--levels", default="1,64,256", help="concurrent sessions per level (comma-separated)")
     ap.add_argument("--turns", type=int, default=4, help="requests per session")
     ap.add_argument("--reply-tokens", type=int, default=16)
-    ap.add_argument("--min-requests", type=int, default=800, help="requests per level and path, at least")
-    ap.add_argument("--rounds", type=int, default=2, help="turns each proxy takes per level (alternating)")
+    ap.add_argument("--min-requests", type=int, help="requests per level and path, at least (800; quick: 200)")
+    ap.add_argument("--rounds", type=int, help="turns each proxy takes per level, alternating (2; quick: 1)")
     ap.add_argument("--quick", action="store_true", help="fewer requests and one round (well under a minute)")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="do not give the proxy a core of its own")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     ap.add_argument("--profile-manager", type=Path, help="run the manager under cProfile, stats to this file")
     args = ap.parse_args()
-    if args.quick:
-        args.min_requests, args.rounds = min(args.min_requests, 200), 1
+    args.min_requests = args.min_requests or (200 if args.quick else 800)
+    args.rounds = args.rounds or (1 if args.quick else 2)
     return args
 
 
