@@ -237,6 +237,8 @@ def main() -> None:
                 servers["anchor"] = start_anchor(engine.url, Path(tmp), token)
                 servers["manager"] = start_manager(engine.url, Path(tmp), token, profile=args.profile_manager)
             print(legend(args, proxy_cpus, load))
+            if args.profile_manager:
+                print("the manager runs under cProfile: its CPU, its latency and the ratio are inflated")
             print(HEADER)
             for i, n in enumerate(levels):
                 figures = measure_level(args, tok, engine, servers, n, i)
