@@ -122,6 +122,16 @@ class LeanClient:
         self.opened += 1
         return conn
 
+    async def warm(self, n: int, batch: int = 64) -> None:
+        """Open `n` idle connections, `batch` at a time: a burst beyond the server's listen backlog (128 for
+        aiohttp) loses SYNs, which the kernel retries a second later."""
+        loop = asyncio.get_running_loop()
+        while len(self.idle) < n:
+            k = min(batch, n - len(self.idle))
+            made = await asyncio.gather(*(loop.create_connection(_Connection, self.host, self.port) for _ in range(k)))
+            self.idle += [conn for _, conn in made]
+            self.opened += k
+
     def close(self) -> None:
         for conn in self.idle:
             conn.close()
