@@ -71,8 +71,11 @@ class ManagerThread:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        try:
+            self.call(self._loop.shutdown_default_executor(), timeout_s=30)  # the to_thread workers
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
 
     def close(self) -> None:
         if not self._thread.is_alive():

@@ -139,6 +139,7 @@ class TrajectoryManager:
         self.shed = 0  # requests answered 429
         self.watchdog_resumes = 0
         self._watchdog: asyncio.Task | None = None
+        self.control = asyncio.Lock()  # serialises fleet state changes (pause, weights, resume, engine syncs)
         self._stop_ids = (tokenizer.im_end_id, tokenizer.eos_token_id)
         self.supervisor = Supervisor(self, processes, supervisor)
 
@@ -391,28 +392,31 @@ class TrajectoryManager:
         return self.paused_since is not None
 
     async def pause(self) -> None:
-        await self._broadcast(lambda e: e.pause())
-        if self.paused_since is None:
-            self.paused_since = time.monotonic()
+        async with self.control:
+            if self.paused_since is None:
+                self.paused_since = time.monotonic()
+            await self._broadcast(lambda e: e.pause())
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self.config.max_pause_s:
             self._watchdog = asyncio.create_task(self._pause_watchdog(self.config.max_pause_s))
 
     async def update_weights(self, version: int, source: str | None = None) -> None:
-        if not self.paused:
-            raise RuntimeError("update_weights needs paused engines; POST /admin/pause first")
-        await self._broadcast(lambda e: e.update_weights(version, source))
-        self.version = version
-        if source is not None:
-            self.weights_source = source
+        async with self.control:
+            if not self.paused:
+                raise RuntimeError("update_weights needs paused engines; POST /admin/pause first")
+            await self._broadcast(lambda e: e.update_weights(version, source))
+            self.version = version
+            if source is not None:
+                self.weights_source = source
 
     async def resume(self) -> None:
         if self._watchdog is not None and self._watchdog is not asyncio.current_task():
             self._watchdog.cancel()
         self._watchdog = None
-        await self._broadcast(lambda e: e.resume())
-        self.paused_since = None
+        async with self.control:
+            self.paused_since = None
+            await self._broadcast(lambda e: e.resume())
 
     async def _pause_watchdog(self, after_s: float) -> None:
         await asyncio.sleep(after_s)
@@ -423,8 +427,9 @@ class TrajectoryManager:
     async def _broadcast(self, call) -> None:
         """Apply a control call to every engine that is up. An engine that is down, or fails the call, is
         marked stale: no request goes to it until the supervisor has brought it to the fleet's state
-        (paused or not, weights version). A refusal (ValueError: bad source, RuntimeError: not paused)
-        is the caller's error and is raised."""
+        (paused or not, weights version). A refusal (ValueError: a bad source)
+        is the caller's error and is raised. Callers hold `control`, which the supervisor also takes to
+        sync an engine, so an engine never joins halfway through a pause / update / resume."""
         now = time.monotonic()
         slots = [s for s in self.router.slots if s.up(now)]
         for s in self.router.slots:
@@ -432,7 +437,7 @@ class TrajectoryManager:
         results = await asyncio.gather(*(call(s.engine) for s in slots), return_exceptions=True)
         refusals = []
         for slot, result in zip(slots, results, strict=True):
-            if isinstance(result, EngineError):
+            if isinstance(result, EngineError | RuntimeError):  # failed, or not in the fleet's state: resync it
                 log.warning("engine %s failed a control call: %s", slot.name, result)
                 self.router.mark_failed(slot, str(result))
                 slot.stale = True

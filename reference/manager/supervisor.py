@@ -149,7 +149,7 @@ class Supervisor:
         (restarted), so load the fleet's checkpoint even if its version label matches."""
         m, engine = self.manager, slot.engine
         try:
-            async with asyncio.timeout(max(60.0, self.config.probe_timeout_s)):
+            async with m.control, asyncio.timeout(max(60.0, self.config.probe_timeout_s)):
                 stats = await engine.stats()
                 if stats.version != m.version or (reload and m.weights_source is not None):
                     if not stats.paused:
