@@ -1,28 +1,29 @@
 """Offered more than it can serve, does the trajectory manager shed load or collapse? (overload benchmark)
 
     python -m benchmarks.overload [--rates 200,400,...,2400] [--level-s 5] [--timeout-s 2] [--caps 0,32]
-                                  [--target manager|anchor] [--quick] [--json FILE]
+                                  [--anchor] [--quick] [--json FILE]
 
 A fake engine that answers at once (`token_delay_s=0`) and the trajectory manager each get one core
 (on a 2-core machine the engine shares its core with the load generator). The load generator is open
 loop, as a crowd of agents is: it sends requests at a fixed offered rate whatever the answers do,
 level after level at rising rates, each level starting once the last one's requests are done. A
-client gives up after `--timeout-s` (the agents' patience), which closes its connection. Per level:
-the rate actually sent, goodput (200s completed during the level, per second), 429s and errors
-(timeouts, resets, other statuses) per second, p50 / p99 latency of the 200s, and the share of a core
-the manager and the generator + engine used (the generator's core at 100% means the generator, not
-the manager, set the limit). `srv wait`: the share of the level the server's event loop was ready to
-run but waited for its core (other work on the machine took it): CPU + wait near 100% is a server
-that could not keep up, CPU + wait well under 100% a server that had nothing to do.
+client gives up after `--timeout-s` (the agents' patience), which closes its connection.
 
-Run twice: with the manager's in-flight cap off (`--max-in-flight 0`) and on (`--max-in-flight 32`,
-beyond which it answers 429 with Retry-After); `--caps 0,32,default` adds a run with the manager's
-default cap. A manager without that flag runs once, as it is.
-Shedding: goodput holds near its peak (the knee) as the offered rate grows; collapse: it falls.
-`--target anchor` puts the anchor proxy (benchmarks/anchor_proxy.py) under the same load instead, to
-tell the manager's behaviour from that of any aiohttp proxy. `SYN drops`: connection attempts the
-kernel dropped at a full listen queue during the level (machine-wide), each a client retry a second
-later.
+The manager runs with its in-flight cap off (`--max-in-flight 0`) and on (`--max-in-flight 32`,
+beyond which it answers 429 with Retry-After); `--caps 0,32,default` adds the manager's default cap,
+`--anchor` the anchor proxy (benchmarks/anchor_proxy.py, no cap), to tell the manager's behaviour
+from any aiohttp proxy's. A manager without the flag runs once, as it is. All the servers are up at
+once, on the same core, and take each level in turn (the order alternating), so that they share
+whatever else the machine is doing.
+
+Per run and level: the rate actually sent, goodput (200s completed during the level, per second),
+429s and errors (timeouts, resets, other statuses) per second, p50 / p99 latency of the 200s, the
+share of a core the server and the generator + engine used (the generator's core at 100%: the
+generator, not the server, set the limit), and `srv wait`, the share of the level the server's event
+loop was ready to run but waited for its core (other work took it: CPU + wait near 100% is a server
+that could not keep up, well under 100% one that had nothing to do). `SYN drops`: connection attempts
+the kernel dropped at a full listen queue during the level (machine-wide), each retried a second
+later. Shedding: goodput holds near its peak (the knee) as the offered rate grows; collapse: it falls.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from benchmarks.harness import (
     MODEL,
+    ServerProcess,
     conversation,
     core_plan,
     cpu_s,
@@ -57,7 +59,6 @@ from benchmarks.lean_http import LeanClient, request_bytes
 from reference.engine.process import EngineProcess, EngineSpec
 
 CAP_FLAG = "--max-in-flight"
-TARGETS = ("manager", "anchor")
 
 
 @dataclass
@@ -146,30 +147,36 @@ async def wait_idle(client: LeanClient) -> None:
     await asyncio.sleep(0.5)
 
 
-async def run_levels(port: int, args, case: str, pids: dict[str, int]) -> list[dict]:
-    client = LeanClient("127.0.0.1", port)
-    levels = []
+async def run_levels(servers: dict[str, ServerProcess], args, engine_pid: int) -> dict[str, list[dict]]:
+    """Each rate on each server in turn (the order alternating from level to level), so that the runs
+    share whatever else the machine is doing."""
+    clients = {name: LeanClient("127.0.0.1", server.port) for name, server in servers.items()}
+    levels: dict[str, list[dict]] = {name: [] for name in servers}
     try:
-        for rate in args.rates:
-            await wait_idle(client)
-            result = await offer(client, rate, args, f"ol-{case}-{rate}", pids)
-            levels.append(result.figures())
-            print(row(levels[-1]), flush=True)
+        for k, rate in enumerate(args.rates):
+            for name in list(servers) if k % 2 == 0 else list(reversed(servers)):
+                await wait_idle(clients[name])
+                pids = {"proxy": servers[name].pid, "engine": engine_pid}
+                result = await offer(clients[name], rate, args, f"ol-{name.replace(' ', '')}-{rate}", pids)
+                levels[name].append(result.figures())
+                print(row(name, levels[name][-1]), flush=True)
     finally:
-        client.close()
+        for client in clients.values():
+            client.close()
     return levels
 
 
-HEADER = (f"{'offered':>7} | {'sent':>5} | {'goodput':>7} | {'429':>5} | {'errors':>6} | {'p50 ms':>7} | "
-          f"{'p99 ms':>7} | {'srv CPU':>7} | {'srv wait':>8} | {'gen+eng CPU':>11} | {'SYN drops':>9}")  # fmt: skip
+HEADER = (f"{'run':>11} | {'offered':>7} | {'sent':>5} | {'goodput':>7} | {'429':>5} | {'errors':>6} | "
+          f"{'p50 ms':>7} | {'p99 ms':>7} | {'srv CPU':>7} | {'srv wait':>8} | {'gen+eng CPU':>11} | "
+          f"{'SYN drops':>9}")  # fmt: skip
 
 
-def row(f: dict) -> str:
+def row(name: str, f: dict) -> str:
     cpu = f["cpu_share"]
-    return (f"{f['offered_rps']:>7} | {f['sent_rps']:5.0f} | {f['goodput_rps']:7.0f} | {f['shed_rps']:5.0f} | "
-            f"{f['error_rps']:6.0f} | {f['p50_ms']:7.1f} | {f['p99_ms']:7.1f} | {100 * cpu['proxy']:6.0f}% | "
-            f"{100 * cpu['proxy_run_queue_wait']:7.0f}% | {100 * (cpu['generator'] + cpu['engine']):10.0f}% | "
-            f"{f['listen_drops']:9}")  # fmt: skip
+    return (f"{name:>11} | {f['offered_rps']:>7} | {f['sent_rps']:5.0f} | {f['goodput_rps']:7.0f} | "
+            f"{f['shed_rps']:5.0f} | {f['error_rps']:6.0f} | {f['p50_ms']:7.1f} | {f['p99_ms']:7.1f} | "
+            f"{100 * cpu['proxy']:6.0f}% | {100 * cpu['proxy_run_queue_wait']:7.0f}% | "
+            f"{100 * (cpu['generator'] + cpu['engine']):10.0f}% | {f['listen_drops']:9}")  # fmt: skip
 
 
 def summary(levels: list[dict]) -> dict:
@@ -189,8 +196,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--caps", default="0,32",
                     help="the manager's --max-in-flight, a run each (0: no cap; 'default': flag left out)")  # fmt: skip
     ap.add_argument("--turns", type=int, default=4, help="requests per session (turn k resends k exchanges)")
-    ap.add_argument("--target", choices=TARGETS, default="manager",
-                    help="the server under load: the manager, or the anchor proxy (uncapped only)")  # fmt: skip
+    ap.add_argument("--anchor", action="store_true", help="also a run of the anchor proxy (no cap), for reference")
     ap.add_argument("--quick", action="store_true", help="three short levels a run (under a minute in all)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
@@ -202,39 +208,30 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def cases(args) -> dict[str, list[str]]:
-    """Each run's name and the flags the server gets. A manager without the flag runs without it only."""
-    if args.target == "anchor":
-        return {"anchor": []}
-    if not serve_has_flag(CAP_FLAG):
-        print(f"this manager has no {CAP_FLAG}: one run, without a cap")
-        return {"uncapped": []}
-    runs = {}
-    for cap in args.caps.split(","):
-        name = {"0": "uncapped", "default": f"default {CAP_FLAG}"}.get(cap, f"{CAP_FLAG} {cap}")
-        runs[name] = [] if cap == "default" else [CAP_FLAG, str(int(cap))]
-    return runs
+@dataclass(frozen=True)
+class Run:
+    name: str
+    server: str  # "manager" or "anchor"
+    flags: tuple[str, ...] = ()
 
 
-def run_target(args, engine: EngineProcess, case: str, flags: list[str], cpus: set[int] | None, tmp: Path) -> dict:
-    """Start the server under load on `cpus`, step through the rates, stop it; the case's figures."""
-    token = engine_token(engine)
-    with pinned(cpus):
-        if args.target == "anchor":
-            server = start_anchor(engine.url, tmp, token)
-        else:
-            server = start_manager(engine.url, tmp, token, flags)
-    try:
-        print(f"\n{args.target}, {case}\n{HEADER}")
-        tag = case.replace(" ", "").replace("-", "")
-        levels = asyncio.run(run_levels(server.port, args, tag, {"proxy": server.pid, "engine": engine.pid}))
-    finally:
-        server.close()
-    result = {"flags": flags, "levels": levels, **summary(levels)}
-    print(f"knee: goodput {result['knee_goodput_rps']:.0f}/s at {result['knee_offered_rps']} offered; at "
-          f"{result['top_offered_rps']} offered: {result['top_goodput_rps']:.0f}/s "
-          f"({100 * result['top_over_knee']:.0f}% of the knee)")  # fmt: skip
-    return result
+def runs(args) -> list[Run]:
+    """The servers to load: the manager once per cap (once as it is, if it has no cap flag), the anchor."""
+    out = []
+    if serve_has_flag(CAP_FLAG):
+        for cap in args.caps.split(","):
+            name = {"0": "uncapped", "default": "default cap"}.get(cap, f"cap {cap}")
+            out.append(Run(name, "manager", () if cap == "default" else (CAP_FLAG, str(int(cap)))))
+    else:
+        print(f"this manager has no {CAP_FLAG}: one manager run, without a cap")
+        out.append(Run("uncapped", "manager"))
+    return [*out, Run("anchor", "anchor")] if args.anchor else out
+
+
+def start(run: Run, engine: EngineProcess, tmp: Path) -> ServerProcess:
+    if run.server == "anchor":
+        return start_anchor(engine.url, tmp, engine_token(engine))
+    return start_manager(engine.url, tmp, engine_token(engine), run.flags)
 
 
 def main() -> None:
@@ -242,23 +239,37 @@ def main() -> None:
     raise_fd_limit()
     proxy_cpus, engine_cpus, generator_cpus = core_plan(3)
     load = os.getloadavg()[0]  # other work on the machine at the start
-    results = {}
+    plan = runs(args)
+    servers: dict[str, ServerProcess] = {}
     with tempfile.TemporaryDirectory() as tmp, pinned(generator_cpus):
         with pinned(engine_cpus), stderr_to(Path(tmp) / "engine.log"):
             engine = EngineProcess(EngineSpec(backend="fake", token_delay_s=0.0, fake_reply_tokens=16))
         try:
-            print(f"cores: {args.target} {proxy_cpus}, engine {engine_cpus}, load generator {generator_cpus}; "
+            with pinned(proxy_cpus):
+                for run in plan:
+                    servers[run.name] = start(run, engine, Path(tmp))
+            print(f"cores: servers {proxy_cpus}, engine {engine_cpus}, load generator {generator_cpus}; "
                   f"{args.level_s:g} s a level, clients give up after {args.timeout_s:g} s; rates in requests/s; "
-                  f"load average {load:.1f}")  # fmt: skip
-            for case, flags in cases(args).items():
-                results[case] = run_target(args, engine, case, flags, proxy_cpus, Path(tmp))
+                  f"load average {load:.1f}\n{HEADER}")  # fmt: skip
+            levels = asyncio.run(run_levels(servers, args, engine.pid))
         finally:
+            for server in servers.values():
+                server.close()
             engine.close()
+    cores = {"servers": proxy_cpus, "engine": engine_cpus, "generator": generator_cpus}
+    report(args, plan, levels, {"load_average": load, "cores": cores})
+
+
+def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) -> None:
+    """Each run's knee and its goodput at the highest rate; the JSON file."""
+    results = {run.name: {"flags": run.flags, "levels": levels[run.name], **summary(levels[run.name])} for run in plan}
+    for name, r in results.items():
+        print(f"{name}: knee {r['knee_goodput_rps']:.0f}/s at {r['knee_offered_rps']} offered; at "
+              f"{r['top_offered_rps']} offered {r['top_goodput_rps']:.0f}/s "
+              f"({100 * r['top_over_knee']:.0f}% of the knee)")  # fmt: skip
     if args.json:
-        config = {k: v for k, v in vars(args).items() if k != "json"}
-        config["load_average"] = load
-        config["cores"] = {args.target: proxy_cpus, "engine": engine_cpus, "generator": generator_cpus}
-        args.json.write_text(json.dumps({"config": config, "cases": results}, indent=2, default=sorted))
+        config = {k: v for k, v in vars(args).items() if k != "json"} | machine
+        args.json.write_text(json.dumps({"config": config, "runs": results}, indent=2, default=sorted))
 
 
 if __name__ == "__main__":
