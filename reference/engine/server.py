@@ -61,7 +61,7 @@ def parse_generate(body: Any) -> GenerateRequest:
     p = body.get("params")
     p = {} if p is None else p
     if not isinstance(p, dict):
-        raise ValueError(f"params must be a JSON object, got {p!r}")
+        raise ValueError(f"params must be a JSON object, got {_brief(p)}")
     _check_param_types(p)
     try:
         params = SamplingParams(
@@ -76,6 +76,12 @@ def parse_generate(body: Any) -> GenerateRequest:
     return GenerateRequest(request_id, tuple(prompt), params)
 
 
+def _brief(value: Any, limit: int = 80) -> str:
+    """`repr(value)`, cut to `limit` characters (an error message never echoes a whole body)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -88,7 +94,7 @@ def _check_param_types(p: dict) -> None:
     for name, value in p.items():
         what, check = _PARAM_TYPES[name]
         if not check(value):
-            raise ValueError(f"params.{name} must be {what}, got {value!r}")
+            raise ValueError(f"params.{name} must be {what}, got {_brief(value)}")
 
 
 _PARAM_TYPES = {

@@ -119,3 +119,10 @@ def test_deeply_nested_json_is_a_400():
     status, payload = asyncio.run(_post_generate(b"[" * 100_000 + b"]" * 100_000))
     assert status == 400
     assert "nested too deeply" in json.loads(payload)["error"]
+
+
+def test_an_error_message_never_echoes_a_whole_value():
+    body = json.dumps({"request_id": "x", "prompt_token_ids": [1], "params": {"seed": "7" * 100_000}}).encode()
+    status, payload = asyncio.run(_post_generate(body))
+    assert status == 400
+    assert len(json.loads(payload)["error"]) < 200
