@@ -198,23 +198,26 @@ def _env(token: str | None) -> dict[str, str]:
     return env
 
 
+def _python(profile: Path | None) -> list[str]:
+    """The interpreter, under cProfile (which writes `profile` when the process exits) if asked."""
+    return [sys.executable, "-m", "cProfile", "-o", str(profile)] if profile else [sys.executable]
+
+
 def start_manager(
     engine_url: str, workdir: Path, token: str | None, extra: Sequence[str] = (), profile: Path | None = None
 ) -> ServerProcess:
-    """`python -m reference serve --engine-url ...` with a fresh store in `workdir`; `profile`: run it
-    under cProfile, which writes that file when the manager exits."""
+    """`python -m reference serve --engine-url ...` with a fresh store in `workdir`."""
     port = free_port()
     tag = f"manager-{port}"
-    prefix = [sys.executable, "-m", "cProfile", "-o", str(profile)] if profile else [sys.executable]
-    argv = [*prefix, "-m", "reference", "serve", "--engine-url", engine_url, "--port", str(port),
+    argv = [*_python(profile), "-m", "reference", "serve", "--engine-url", engine_url, "--port", str(port),
             "--store", str(workdir / f"{tag}.sqlite"), *extra]  # fmt: skip
     return ServerProcess("the trajectory manager", argv, port, _env(token), workdir / f"{tag}.log")
 
 
-def start_anchor(engine_url: str, workdir: Path, token: str | None) -> ServerProcess:
+def start_anchor(engine_url: str, workdir: Path, token: str | None, profile: Path | None = None) -> ServerProcess:
     """The minimal OpenAI proxy (`benchmarks/anchor_proxy.py`) in front of the same engine."""
     port = free_port()
-    argv = [sys.executable, "-m", "benchmarks.anchor_proxy", "--engine-url", engine_url, "--port", str(port)]
+    argv = [*_python(profile), "-m", "benchmarks.anchor_proxy", "--engine-url", engine_url, "--port", str(port)]
     return ServerProcess("the anchor proxy", argv, port, _env(token), workdir / f"anchor-{port}.log")
 
 

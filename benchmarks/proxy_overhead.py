@@ -1,7 +1,7 @@
 """What does the trajectory manager add to an engine call, and how much of it is recording? (proxy overhead)
 
     python -m benchmarks.proxy_overhead [--levels 1,64,256] [--turns 4] [--reply-tokens 16] [--rounds 2]
-                                        [--quick] [--json FILE] [--no-pin] [--profile-manager FILE]
+                                        [--quick] [--json FILE] [--no-pin] [--profile DIR]
 
 Starts a fast fake engine in its own process, and in two more the trajectory manager (`python -m
 reference serve --engine-url ...`) and the anchor (`benchmarks/anchor_proxy.py`: a minimal OpenAI proxy
@@ -214,7 +214,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="fewer requests and one round (well under a minute)")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="do not give the proxy a core of its own")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
-    ap.add_argument("--profile-manager", type=Path, help="run the manager under cProfile, stats to this file")
+    ap.add_argument("--profile", type=Path, help="run both proxies under cProfile; DIR/manager.prof, DIR/anchor.prof")
     args = ap.parse_args()
     args.min_requests = args.min_requests or (200 if args.quick else 800)
     args.rounds = args.rounds or (1 if args.quick else 2)
@@ -235,11 +235,11 @@ def main() -> None:
         try:
             token = engine_token(engine)
             with pinned(proxy_cpus):
-                servers["anchor"] = start_anchor(engine.url, Path(tmp), token)
-                servers["manager"] = start_manager(engine.url, Path(tmp), token, profile=args.profile_manager)
+                servers["anchor"] = start_anchor(engine.url, Path(tmp), token, profile_path(args, "anchor"))
+                servers["manager"] = start_manager(engine.url, Path(tmp), token, profile=profile_path(args, "manager"))
             print(legend(args, proxy_cpus, load))
-            if args.profile_manager:
-                print("the manager runs under cProfile: its CPU, its latency and the ratio are inflated")
+            if args.profile:
+                print("both proxies run under cProfile: their CPU and latency are inflated")
             print(HEADER)
             for i, n in enumerate(levels):
                 figures = measure_level(args, tok, engine, servers, n, i)
@@ -262,12 +262,19 @@ def report(args, results: list[dict], machine: dict) -> None:
           + "; one core's worth at the last level's CPU cost: "
           + ", ".join(f"{p} {v:.0f}" for p, v in capacity.items()))  # fmt: skip
     if args.json:
-        config = {k: v for k, v in vars(args).items() if k not in ("json", "profile_manager")}
+        config = {k: v for k, v in vars(args).items() if k not in ("json", "profile")}
         config.update(machine, cpus=os.cpu_count())
         out = {"config": config, "levels": results, "ceiling_rps": ceiling, "one_core_capacity_rps": capacity}
         args.json.write_text(json.dumps(out, indent=2))
-    if args.profile_manager:
-        pstats.Stats(str(args.profile_manager)).sort_stats("tottime").print_stats(25)
+    if args.profile:
+        pstats.Stats(str(profile_path(args, "manager"))).sort_stats("tottime").print_stats(25)
+
+
+def profile_path(args, proxy: str) -> Path | None:
+    if args.profile is None:
+        return None
+    args.profile.mkdir(parents=True, exist_ok=True)
+    return args.profile / f"{proxy}.prof"
 
 
 if __name__ == "__main__":
