@@ -52,9 +52,7 @@ from reference.manager.chat import ChatRenderer
 from reference.tokenizer import default_tokenizer
 
 PROXIES = ("anchor", "manager")
-
-
-TIMEOUT_S = 600.0
+TIMEOUT_S = 600.0  # a closed-loop request that takes longer is a failure, not a figure
 
 
 def direct_request(port: int, token: str | None, tok, reply: int):
