@@ -79,6 +79,16 @@ class TokenEvent:
     version: int
 
 
+@dataclass(frozen=True, slots=True)
+class TokenBatch:
+    """Consecutive tokens of one stream, as parallel lists (what `stream_batches` yields): a fast engine's
+    tokens then cost the consumer one object per batch, not one per token."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+
+
 @dataclass(frozen=True)
 class Finished:
     """The last item of a stream."""
@@ -152,6 +162,25 @@ def check_request(request: GenerateRequest, vocab_size: int, max_context: int, r
         raise ValueError(
             f"request {rid!r}: prompt of {len(prompt)} tokens leaves no room in the {max_context}-token context"
         )
+
+
+def stream_batches(engine: InferenceEngine, request: GenerateRequest) -> AsyncIterator[TokenBatch | Finished]:
+    """`engine.stream` as `TokenBatch`es: the engine's own `stream_batches` when it has one (the HTTP
+    client: one batch per wire line), else one batch per token."""
+    native = getattr(engine, "stream_batches", None)
+    return native(request) if native is not None else _one_by_one(engine.stream(request))
+
+
+async def _one_by_one(events: AsyncIterator[TokenEvent | Finished]) -> AsyncIterator[TokenBatch | Finished]:
+    try:
+        async for event in events:
+            yield (
+                TokenBatch([event.token_id], [event.logprob], [event.version])
+                if isinstance(event, TokenEvent)
+                else event
+            )
+    finally:
+        await events.aclose()
 
 
 async def generate(engine: InferenceEngine, request: GenerateRequest) -> GenerateResult:

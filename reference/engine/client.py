@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import aiohttp
 
 from reference.engine.auth import bearer_headers, check_token
-from reference.engine.base import EngineError, EngineStats, Finished, FinishReason, GenerateRequest, TokenEvent
+from reference.engine.base import (
+    EngineError,
+    EngineStats,
+    Finished,
+    FinishReason,
+    GenerateRequest,
+    TokenBatch,
+    TokenEvent,
+)
 from reference.engine.server import request_to_wire
 
 
@@ -63,6 +72,16 @@ class HTTPEngine:
             await self._session.close()
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenEvent | Finished]:
+        async with aclosing(self.stream_batches(request)) as batches:
+            async for item in batches:
+                if isinstance(item, Finished):
+                    yield item
+                    return
+                for t, lp, v in zip(item.token_ids, item.logprobs, item.versions, strict=True):
+                    yield TokenEvent(t, lp, v)
+
+    async def stream_batches(self, request: GenerateRequest) -> AsyncIterator[TokenBatch | Finished]:
+        """`stream`, one `TokenBatch` per line the engine sent."""
         # No total timeout: a generation may legitimately wait out a long pause for a weight update;
         # the server's heartbeat keeps the read timeout from firing meanwhile.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.stall_timeout_s)
@@ -77,9 +96,10 @@ class HTTPEngine:
                 if response.status != 200:
                     raise EngineError(f"{self.base_url}: HTTP {response.status}: {await response.text()}")
                 async for raw in response.content:
-                    for event in _parse_line(raw, self.base_url):  # nothing for a heartbeat
-                        yield event
-                        if isinstance(event, Finished):
+                    item = _parse_line(raw, self.base_url)
+                    if item is not None:  # None: a heartbeat
+                        yield item
+                        if isinstance(item, Finished):
                             return
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
             raise EngineError(f"{self.base_url}: {type(e).__name__}: {e}") from e
@@ -146,19 +166,28 @@ class HTTPEngine:
         return EngineStats(d["running"], d["waiting"], d["version"], d["paused"], d["max_context"], d.get("extra", {}))
 
 
-def _parse_line(raw: bytes, where: str) -> list[TokenEvent | Finished]:
+def _parse_line(raw: bytes, where: str) -> TokenBatch | Finished | None:
     try:
         d = json.loads(raw)
     except json.JSONDecodeError as e:
         raise EngineError(f"{where}: unreadable stream line {raw[:80]!r}") from e
+    if not isinstance(d, dict):
+        raise EngineError(f"{where}: a stream line that is not an object: {raw[:80]!r}")
+    if "t" in d:
+        ids, logprobs, versions = d["t"], d.get("l"), d.get("v")
+        if not isinstance(ids, list):
+            ids, logprobs, versions = [ids], [logprobs], [versions]
+        if not (
+            isinstance(logprobs, list) and isinstance(versions, list) and len(ids) == len(logprobs) == len(versions)
+        ):
+            raise EngineError(f"{where}: a malformed token line: {raw[:80]!r}")
+        return TokenBatch(ids, logprobs, versions)
     if "hb" in d:
-        return []
+        return None
     if "error" in d:
         if d.get("kind") == "bad_request":
             raise ValueError(d["error"])
         raise EngineError(f"{where}: {d['error']}")
     if "finish" in d:
-        return [Finished(FinishReason(d["finish"]))]
-    if isinstance(d["t"], list):
-        return [TokenEvent(t, lp, v) for t, lp, v in zip(d["t"], d["l"], d["v"], strict=True)]
-    return [TokenEvent(d["t"], d["l"], d["v"])]
+        return Finished(FinishReason(d["finish"]))
+    raise EngineError(f"{where}: an unknown stream line {raw[:80]!r}")

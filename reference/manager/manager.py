@@ -33,12 +33,13 @@ from reference.engine.base import (
     GenerateRequest,
     InferenceEngine,
     SamplingParams,
-    TokenEvent,
+    TokenBatch,
+    stream_batches,
 )
 from reference.manager.annotations import check_annotations
 from reference.manager.chat import IncrementalDecoder, RequestError, Sampling, find_stop
 from reference.manager.recorder import Recorder
-from reference.manager.router import EngineSlot, NoEngineAvailable, Router
+from reference.manager.router import NoEngineAvailable, Router
 from reference.manager.sessions import MemoryBudget, Session, SessionTable
 from reference.manager.store import NewTurn, StoreError, TrajectoryStore
 from reference.manager.supervisor import EngineHandle, Supervisor, SupervisorConfig
@@ -266,6 +267,27 @@ class TrajectoryManager:
 
     # ---- generation ----
 
+    async def complete(self, session: Session, prompt: Sequence[int], sampling: Sampling) -> Outcome:
+        """The recorded `Outcome` of one request, without text pieces (what a non-streaming answer needs).
+        `session` must be held (`accepted`); cancelling aborts the engine request and records nothing."""
+        if sampling.stream or sampling.stop:
+            async with aclosing(self.generate(session, prompt, sampling)) as items:
+                async for item in items:
+                    if isinstance(item, Outcome):
+                        return item
+            raise RuntimeError("generation ended without an outcome")
+        prompt, progress, request_id = tuple(prompt), _Progress([], [], [], []), f"req-{uuid.uuid4().hex[:20]}"
+        max_tokens = self.budget(len(prompt), sampling)
+        reason = "abort"
+        async with aclosing(
+            self._engines(session.session_id, request_id, prompt, sampling, max_tokens, progress)
+        ) as it:
+            async for item in it:
+                if isinstance(item, Finished):
+                    reason = str(item.reason)
+        text = self.tok.decode([t for t in progress.token_ids if t not in self._stop_ids])
+        return await self._record(session, request_id, prompt, progress, text, reason)
+
     async def generate(
         self, session: Session, prompt: Sequence[int], sampling: Sampling
     ) -> AsyncIterator[str | Outcome]:
@@ -279,25 +301,24 @@ class TrajectoryManager:
         progress = _Progress([], [], [], [])
         held = max((len(s) for s in sampling.stop), default=1) - 1  # text withheld while a stop may be forming
         emitted, reason, text = 0, "abort", None
-        incremental = sampling.stream or bool(sampling.stop)  # otherwise decode once, at the end
-        tokens = self._tokens(session.session_id, request_id, prompt, sampling, max_tokens, progress)
-        async with aclosing(tokens) as events:
-            async for event in events:
-                if isinstance(event, Finished):
-                    reason = str(event.reason)
+        batches = self._engines(session.session_id, request_id, prompt, sampling, max_tokens, progress)
+        async with aclosing(batches) as items:
+            async for item in items:
+                if isinstance(item, Finished):
+                    reason = str(item.reason)
                     break
-                if not incremental:
-                    continue
-                decoder.push(event.token_id)
-                if sampling.stop and (cut := find_stop(decoder.text, sampling.stop, max(0, emitted - held))) >= 0:
-                    reason, text = "stop", decoder.text[:cut]
+                for token_id in item.token_ids:
+                    decoder.push(token_id)
+                    if sampling.stop and (cut := find_stop(decoder.text, sampling.stop, max(0, emitted - held))) >= 0:
+                        reason, text = "stop", decoder.text[:cut]
+                        break
+                if text is not None:
+                    del progress.token_ids[len(decoder.ids) :]  # tokens after the stop string are not the answer
                     break
                 if len(decoder.text) - held > emitted:
                     yield decoder.text[emitted : len(decoder.text) - held]
                     emitted = len(decoder.text) - held
-        if text is None and not incremental:
-            text = self.tok.decode([t for t in progress.token_ids if t not in self._stop_ids])
-        elif text is None:
+        if text is None:
             decoder.flush()
             text = decoder.text
             if sampling.stop and (cut := find_stop(text, sampling.stop, max(0, emitted - held))) >= 0:
@@ -306,7 +327,7 @@ class TrajectoryManager:
             yield text[emitted:]
         yield await self._record(session, request_id, prompt, progress, text, reason)
 
-    async def _tokens(
+    async def _engines(
         self,
         session_id: str,
         request_id: str,
@@ -314,8 +335,9 @@ class TrajectoryManager:
         sampling: Sampling,
         max_tokens: int,
         progress: _Progress,
-    ) -> AsyncIterator[TokenEvent | Finished]:
-        """The engine's tokens for one request, continued on another engine if one fails."""
+    ) -> AsyncIterator[TokenBatch | Finished]:
+        """The engine's tokens for one request (also appended to `progress`), continued on another engine
+        from the tokens so far if one fails."""
         excluded: set[str] = set()
         for attempt in range(self.config.max_engine_attempts):
             try:
@@ -330,10 +352,18 @@ class TrajectoryManager:
                 seed=sampling.seed,
             )
             call = GenerateRequest(f"{request_id}.{attempt}", prompt + tuple(progress.token_ids), params)
+            self.router.acquire(slot)
+            progress.engines.append(slot.name)
+            stream = stream_batches(slot.engine, call)
             try:
-                async with aclosing(self._engine_stream(slot, call, progress)) as events:
-                    async for event in events:
-                        yield event
+                async for item in stream:
+                    if isinstance(item, TokenBatch):
+                        progress.token_ids += item.token_ids
+                        progress.logprobs += item.logprobs
+                        progress.versions += item.versions
+                    elif item.reason is FinishReason.ABORT and not progress.token_ids:
+                        raise EngineError(f"{slot.name} aborted {call.request_id} before its first token")
+                    yield item
                 self.router.mark_ok(slot)
                 return
             except EngineError as e:
@@ -341,32 +371,16 @@ class TrajectoryManager:
                             len(progress.token_ids), e)  # fmt: skip
                 self.router.mark_failed(slot, str(e))
                 excluded.add(slot.name)
+            except ValueError as e:  # the engine refused the request as invalid: the agent's fault, not retried
+                raise RequestError(f"the engine rejected the request: {e}", param="prompt") from None
+            finally:
+                await stream.aclose()  # closing the stream early aborts the engine's request
+                self.router.release(slot)
         raise RequestError(
             f"generation failed on {self.config.max_engine_attempts} engines; try again",
             status=503,
             code="engine_unavailable",
         )
-
-    async def _engine_stream(
-        self, slot: EngineSlot, call: GenerateRequest, progress: _Progress
-    ) -> AsyncIterator[TokenEvent | Finished]:
-        self.router.acquire(slot)
-        progress.engines.append(slot.name)
-        stream = slot.engine.stream(call)
-        try:
-            async for event in stream:
-                if isinstance(event, TokenEvent):
-                    progress.token_ids.append(event.token_id)
-                    progress.logprobs.append(event.logprob)
-                    progress.versions.append(event.version)
-                elif event.reason is FinishReason.ABORT and not progress.token_ids:
-                    raise EngineError(f"{slot.name} aborted {call.request_id} before its first token")
-                yield event
-        except ValueError as e:  # the engine refused the request as invalid: the agent's fault, not retried
-            raise RequestError(f"the engine rejected the request: {e}", param="prompt") from None
-        finally:
-            await stream.aclose()  # closing the stream early aborts the engine's request
-            self.router.release(slot)
 
     async def _record(
         self, session: Session, request_id: str, prompt: tuple[int, ...], p: _Progress, text: str, reason: str

@@ -138,14 +138,6 @@ def _trajectory_info(o: Outcome) -> dict:
     }
 
 
-async def _run(manager: TrajectoryManager, session, prompt, sampling) -> Outcome:
-    async with aclosing(manager.generate(session, prompt, sampling)) as events:
-        async for item in events:
-            if isinstance(item, Outcome):
-                return item
-    raise RuntimeError("generation ended without an outcome")
-
-
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
     sid = check_session_id(request.match_info["session_id"])
@@ -184,9 +176,10 @@ async def _run_n(manager: TrajectoryManager, session, prompt, sampling) -> list[
     """`sampling.n` samples of one prompt, generated concurrently (seed + i for sample i when seeded,
     wrapping around within the allowed seed range)."""
     if sampling.n == 1:
-        return [await _run(manager, session, prompt, sampling)]
+        return [await manager.complete(session, prompt, sampling)]
     seeds = [None if sampling.seed is None else (sampling.seed + i) % (MAX_SEED + 1) for i in range(sampling.n)]
-    return list(await asyncio.gather(*(_run(manager, session, prompt, replace(sampling, seed=s)) for s in seeds)))
+    runs = (manager.complete(session, prompt, replace(sampling, seed=s)) for s in seeds)
+    return list(await asyncio.gather(*runs))
 
 
 def _usage(outcomes: list[Outcome]) -> dict:
