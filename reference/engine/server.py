@@ -152,10 +152,12 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     # Headers go out at once and a heartbeat line whenever the stream is quiet (a pause for a weight
     # update can last minutes), so the client can tell a slow engine from a hung one by read timeouts.
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await response.prepare(request)
+    try:
+        await response.prepare(request)
+    except ConnectionResetError:  # the client went away before the stream started: nothing to do
+        return response
     writer = _LineWriter(response, request.app[HEARTBEAT_KEY])
-    events = engine.stream(gen)
-    pump = _Pump(events)
+    pump = _Pump(engine.stream(gen))
     try:
         while True:
             batch = await pump.batch(request.app[COALESCE_KEY])
@@ -165,18 +167,26 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
             if isinstance(batch[-1], Finished):
                 await writer.write(_event_line(batch[-1]))
                 break
+        await response.write_eof()
+    except ConnectionResetError:  # the client went away mid-stream (the request is aborted below)
+        pass
     except ValueError as e:  # the engine rejected the request, before any token
-        await writer.write(_error_line(str(e), "bad_request"))
+        await _last_line(writer, response, _error_line(str(e), "bad_request"))
     except Exception as e:  # engine failure mid-stream: tell the client, which retries elsewhere
-        if isinstance(e, ConnectionResetError):
-            raise
         log.exception("generation %s failed", gen.request_id)
-        await writer.write(_error_line(f"{type(e).__name__}: {e}", "engine"))
+        await _last_line(writer, response, _error_line(f"{type(e).__name__}: {e}", "engine"))
     finally:
         writer.stop()
         await pump.close()  # on a disconnect this aborts the request and frees its slot
-    await response.write_eof()
     return response
+
+
+async def _last_line(writer: _LineWriter, response: web.StreamResponse, line: bytes) -> None:
+    try:
+        await writer.write(line)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass
 
 
 class _Pump:
