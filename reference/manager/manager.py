@@ -163,6 +163,7 @@ class TrajectoryManager:
         if self._watchdog is not None:
             self._watchdog.cancel()
         await self.supervisor.close()
+        await asyncio.to_thread(self.recorder.close)
 
     # ---- admission ----
 

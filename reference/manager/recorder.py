@@ -8,13 +8,15 @@ anchor however many inserts land before it, since the tree only grows.
 
 Group commit: records that finish while a write is under way are written together in the next
 transaction, in the order they finished, and inserted into their trees in that same order (the order in
-which the store replays them). Writes run in a worker thread; the event loop never waits on SQLite.
+which the store replays them). Writes run in one writer thread; the event loop never waits on SQLite.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,10 +37,15 @@ class _Pending:
 
 
 class Recorder:
+    """Group commit through one writer thread: the loop hands it a batch, the thread writes it and hands the
+    outcome back with `call_soon_threadsafe`, and the loop inserts the batch into its trees."""
+
     def __init__(self, store: TrajectoryStore) -> None:
         self.store = store
-        self._pending: list[_Pending] = []
-        self._writer: asyncio.Task | None = None
+        self._pending: list[_Pending] = []  # records waiting for the writer
+        self._writing = False  # a batch is with the writer thread
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
         self.committed = 0
         self.failed = 0
         self.last_failure: str | None = None  # the last write's error, until a write succeeds again
@@ -46,57 +53,86 @@ class Recorder:
 
     async def record(self, session: Session, turn: NewTurn, prompt: Sequence[int]) -> InsertResult:
         """Store `turn` durably, then insert it into `session.tree`; StoreError if the store failed (then
-        nothing was recorded). The write completes even if the caller is cancelled meanwhile."""
-        done = asyncio.get_running_loop().create_future()
-        session.in_flight += 1  # held in memory until its record lands (released by the caller's table)
+        nothing was recorded). The write and the insert happen even if the caller is cancelled meanwhile."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        session.in_flight += 1  # held in memory until its record lands
         self._pending.append(_Pending(session, turn, prompt, done))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_pending())
-        return await asyncio.shield(done)
+        if not self._writing:
+            self._hand_over(loop)
+        return await done
 
     def problem(self) -> str | None:
         """Why writes are failing now, or None."""
         return self.store.problem() or self.last_failure
 
-    async def _write_pending(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            errors = await self._write(batch)
-            for item, error in zip(batch, errors, strict=True):
-                item.session.in_flight -= 1
-                if error is not None:
-                    item.done.set_exception(error)
-                    continue
+    def close(self) -> None:
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch, self._pending, self._writing = self._pending, [], True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._writer, name="trajectory-store-writer", daemon=True)
+            self._thread.start()
+        self._inbox.put((loop, batch))
+
+    def _writer(self) -> None:
+        """The writer thread: one transaction per batch (each record alone if one is malformed)."""
+        while (item := self._inbox.get()) is not None:
+            loop, batch = item
+            errors = self._write(batch)
+            try:
+                loop.call_soon_threadsafe(self._landed, loop, batch, errors)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+
+    def _write(self, batch: list[_Pending]) -> list[Exception | None]:
+        try:
+            self.store.append_many([p.turn for p in batch])
+            return [None] * len(batch)
+        except StoreError as e:
+            return [e] * len(batch)
+        except ValueError:
+            errors: list[Exception | None] = []
+            for p in batch:
+                try:
+                    self.store.append_many([p.turn])
+                    errors.append(None)
+                except (StoreError, ValueError) as e:
+                    errors.append(e)
+            return errors
+
+    def _landed(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending], errors: list[Exception | None]) -> None:
+        """On the loop: insert what was stored into its trees, in commit order, and answer the callers."""
+        self._account(errors)
+        for item, error in zip(batch, errors, strict=True):
+            item.session.in_flight -= 1
+            result: InsertResult | Exception | None = error
+            if error is None:
                 t = item.turn
                 try:
                     result = item.session.tree.insert(item.prompt, t.token_ids, t.logprobs, t.versions, t.request_id)
                 except Exception as e:  # noqa: BLE001 - stored but not in memory: the caller learns why
                     log.exception("request %s is stored but could not join its tree", t.request_id)
-                    item.done.set_exception(e)
-                    continue
-                item.done.set_result(result)
+                    result = e
+            if item.done.done():  # the caller went away; what was stored stays stored
+                continue
+            item.done.set_exception(result) if isinstance(result, Exception) else item.done.set_result(result)
+        if self._pending:
+            self._hand_over(loop)
+        else:
+            self._writing = False
 
-    async def _write(self, batch: list[_Pending]) -> list[Exception | None]:
-        """One transaction for the batch; if a record is malformed, each on its own."""
-        try:
-            await asyncio.to_thread(self.store.append_many, [p.turn for p in batch])
-            errors: list[Exception | None] = [None] * len(batch)
-        except StoreError as e:
-            errors = [e] * len(batch)
-        except ValueError:
-            errors = []
-            for p in batch:
-                try:
-                    await asyncio.to_thread(self.store.append_many, [p.turn])
-                    errors.append(None)
-                except (StoreError, ValueError) as e:
-                    errors.append(e)
+    def _account(self, errors: list[Exception | None]) -> None:
+        ok = errors.count(None)
         failures = [e for e in errors if isinstance(e, StoreError)]
-        self.committed += errors.count(None)
-        self.failed += len(batch) - errors.count(None)
+        self.committed += ok
+        self.failed += len(errors) - ok
         if failures:
             self.last_failure, self.last_failure_s = str(failures[-1]), time.time()
             log.error("the trajectory store failed to record %d request(s): %s", len(failures), failures[-1])
-        elif errors.count(None):
+        elif ok:
             self.last_failure = None
-        return errors

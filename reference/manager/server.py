@@ -113,7 +113,8 @@ def _parse_json(raw: bytes):
     except (ValueError, UnicodeDecodeError, RecursionError) as e:  # JSONDecodeError is a ValueError
         message = "it nests too deeply" if isinstance(e, RecursionError) else str(e)[:200]
         raise RequestError(f"the request body is not valid JSON: {message}", code="invalid_json") from None
-    _check_depth(body)
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:  # fewer brackets than that cannot nest deeper
+        _check_depth(body)
     return body
 
 
@@ -159,6 +160,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         logprobs = chat_logprobs(manager.tok, o.token_ids, o.logprobs) if chat.sampling.logprobs else None
         choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": logprobs,
                         "trajectory": _trajectory_info(o)})  # fmt: skip
+    first = choices[0]["trajectory"]
     return web.json_response(
         {
             "id": f"chatcmpl-{outcomes[0].request_id}",
@@ -167,7 +169,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             "model": manager.config.model_name,
             "choices": choices,
             "usage": _usage(outcomes),
-            "trajectory": _trajectory_info(outcomes[0]),
+            "trajectory": first,
         }
     )
 
