@@ -51,9 +51,10 @@ bench: bench-sim bench-runtime  ## every benchmark (prints the figures quoted in
 bench-sim: $(STAMP)  ## speed of the simulator
 	$(PY) -m benchmarks.sim_speed
 
-bench-runtime: $(STAMP)  ## trajectory manager overhead (against an anchor proxy), overload, prefix-tree append cost, built-in engine throughput
+bench-runtime: $(STAMP)  ## trajectory manager overhead (against an anchor proxy), overload, memory budget, prefix-tree append cost, built-in engine throughput
 	$(PY) -m benchmarks.proxy_overhead
 	$(PY) -m benchmarks.overload
+	$(PY) -m benchmarks.manager_memory
 	$(PY) -m benchmarks.prefix_tree
 	$(PY) -m benchmarks.engine_throughput
 
