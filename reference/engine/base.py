@@ -53,11 +53,15 @@ class SamplingParams:
 
 
 def _is_int(value: object) -> bool:
+    if type(value) is int:  # the common case, without the ABC check
+        return True
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def _is_real(value: object) -> bool:
     """A finite real number (not a bool, NaN or an infinity)."""
+    if type(value) is float:
+        return math.isfinite(value)
     if isinstance(value, bool) or not isinstance(value, Real):
         return False
     return isinstance(value, Integral) or math.isfinite(value)  # isfinite overflows on a huge int

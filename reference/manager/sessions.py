@@ -78,6 +78,8 @@ class SessionTable:
             self._live.move_to_end(session_id)
             return session
         loading = self._loading.get(session_id)
+        if loading is None and self.store.probe_session(session_id) is False:  # a new session: no thread needed
+            return Session(PrefixTree(session_id), ChatRenderer(self.tok)) if create else None
         if loading is None:
             loading = self._loading[session_id] = asyncio.ensure_future(self._load(session_id))
             loading.add_done_callback(lambda _: self._loading.pop(session_id, None))

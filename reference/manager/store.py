@@ -207,6 +207,8 @@ class TrajectoryStore:
         try:
             self._open()
             self._read, self._read_lock = self._conn, self._lock
+            self._probe: sqlite3.Connection | None = None
+            self._probe_lock = threading.Lock()
             if not self.memory:
                 self._read, self._read_lock = self._connect(5.0), threading.Lock()
         except sqlite3.DatabaseError as e:
@@ -304,6 +306,9 @@ class TrajectoryStore:
         if self._read is not self._conn:
             with self._read_lock:
                 self._read.close()
+        if self._probe is not None and self._probe is not self._conn:
+            with self._probe_lock:
+                self._probe.close()
 
     def __enter__(self) -> TrajectoryStore:
         return self
@@ -328,32 +333,36 @@ class TrajectoryStore:
         """Store one finished request in one transaction; assigns its seq and created_s."""
         turn = NewTurn(session_id, request_id, anchor_request_id, match_len, new_prompt_token_ids, token_ids,
                        logprobs, versions, finish_reason, text, meta)  # fmt: skip
-        return self.append_many([turn])[0]
+        return _record(self._append([turn])[0])
 
-    def append_many(self, turns: Sequence[NewTurn]) -> list[TurnRecord]:
-        """Store several finished requests, in order, in ONE transaction: all or none. A busy manager
-        commits the requests that finished together at once. ValueError for a malformed or inconsistent
-        record; StoreError when the store cannot write."""
+    def append_many(self, turns: Sequence[NewTurn]) -> list[int]:
+        """Store several finished requests, in order, in ONE transaction: all or none; returns their seqs.
+        A busy manager commits the requests that finished together at once. ValueError for a malformed
+        or inconsistent record; StoreError when the store cannot write."""
+        return [row[1] for row in self._append(turns)]
+
+    def _append(self, turns: Sequence[NewTurn]) -> list[tuple]:
         prepared = [_prepare(t) for t in turns]
-        records = []
+        rows = []
         with self._writing("store a finished request"):
             for session_id, request_id, anchor, match_len, num_tokens, blobs, tail in prepared:
-                self._check_new(session_id, request_id, anchor, match_len)
-                self._conn.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?)", (session_id, tail[2]))
-                seq = self._conn.execute(
-                    "SELECT COALESCE(MAX(seq) + 1, 0) FROM turns WHERE session_id = ?", (session_id,)
-                ).fetchone()[0]
+                self._check_anchor(session_id, anchor, match_len)
+                seq = self._conn.execute("SELECT MAX(seq) FROM turns WHERE session_id = ?", (session_id,)).fetchone()[0]
+                if seq is None:
+                    self._conn.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?)", (session_id, tail[2]))
+                seq = 0 if seq is None else seq + 1
                 row = (session_id, seq, request_id, anchor, match_len, num_tokens, *blobs, *tail)
-                self._conn.execute(f"INSERT INTO turns ({_COLUMNS}) VALUES ({', '.join('?' * 14)})", row)
-                records.append(_record(row))
-        return records
+                try:
+                    self._conn.execute(f"INSERT INTO turns ({_COLUMNS}) VALUES ({', '.join('?' * 14)})", row)
+                except sqlite3.IntegrityError:  # UNIQUE (session_id, request_id)
+                    raise ValueError(f"request_id {request_id!r} is already stored in session {session_id!r}") from None
+                rows.append(row)
+        return rows
 
-    def _check_new(self, session_id: str, request_id: str, anchor_request_id: str | None, match_len: int) -> None:
-        query = "SELECT num_tokens FROM turns WHERE session_id = ? AND request_id = ?"
-        if self._conn.execute(query, (session_id, request_id)).fetchone() is not None:
-            raise ValueError(f"request_id {request_id!r} is already stored in session {session_id!r}")
+    def _check_anchor(self, session_id: str, anchor_request_id: str | None, match_len: int) -> None:
         if anchor_request_id is None:
             return
+        query = "SELECT num_tokens FROM turns WHERE session_id = ? AND request_id = ?"
         found = self._conn.execute(query, (session_id, anchor_request_id)).fetchone()
         if found is None:
             raise ValueError(f"anchor_request_id {anchor_request_id!r} is not stored in session {session_id!r}")
@@ -413,6 +422,23 @@ class TrajectoryStore:
         """Every session id, in the order of their first record."""
         with self._read_lock:
             return [r[0] for r in self._read.execute("SELECT session_id FROM sessions ORDER BY rowid")]
+
+    def probe_session(self, session_id: str) -> bool | None:
+        """Whether the session is stored, if that can be told at once: a primary-key lookup on a connection of
+        its own that never waits (None when it would: another process holds the database, or another
+        thread is using the connection). For an event loop, where `has_session` could block."""
+        lock = self._lock if self.memory else self._probe_lock
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            if self._probe is None:
+                self._probe = self._conn if self.memory else self._connect(0.0)
+            query = "SELECT 1 FROM sessions WHERE session_id = ?"
+            return self._probe.execute(query, (session_id,)).fetchone() is not None
+        except sqlite3.Error:
+            return None
+        finally:
+            lock.release()
 
     def has_session(self, session_id: str) -> bool:
         with self._read_lock:
