@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -75,3 +76,19 @@ def http():
 def openai_client():
     """`with openai_client(base_url) as client:` the official client, no retries."""
     return _openai_client
+
+
+def _wait_for(condition, timeout_s: float = 60.0, what: str = "condition"):
+    """condition()'s first truthy value, polled until a deadline (AssertionError naming `what` after it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def wait_for():
+    """`wait_for(condition, timeout_s=60, what=...)`: wait on a condition with a deadline, never a fixed sleep."""
+    return _wait_for

@@ -11,7 +11,6 @@ import json
 import sqlite3
 import subprocess
 import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,15 +24,6 @@ MODEL = "seamlessflow-tiny"
 
 def say(text: str, **kw) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": text}], **kw}
-
-
-def wait_for(condition, timeout_s: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def raw(method: str, url: str, data: bytes | None = None, headers: dict | None = None) -> tuple[int, dict, dict]:
@@ -84,7 +74,7 @@ def test_a_store_deleted_while_serving_is_noticed(fake_manager, http, tmp_path):
     assert status == 503 and "was removed" in err["error"]["message"], err
 
 
-def test_another_process_holding_the_write_lock_does_not_freeze_the_server(fake_manager, http, tmp_path):
+def test_another_process_holding_the_write_lock_does_not_freeze_the_server(wait_for, fake_manager, http, tmp_path):
     path = tmp_path / "t.sqlite"
     m, _ = fake_manager(store=TrajectoryStore(path, busy_timeout_s=1.0), reply_tokens=3)
     assert http("POST", f"{m.base_url('a')}/chat/completions", say("one"))[0] == 200
@@ -107,7 +97,7 @@ def test_another_process_holding_the_write_lock_does_not_freeze_the_server(fake_
 # ---- the event loop ----
 
 
-def test_a_huge_message_does_not_stall_other_clients(fake_manager, http):
+def test_a_huge_message_does_not_stall_other_clients(wait_for, fake_manager, http):
     m, _ = fake_manager(reply_tokens=3)
     huge = json.dumps(say("lorem ipsum dolor sit amet " * 280_000)).encode()  # 7.3 MiB, under the 8 MiB limit
     with ThreadPoolExecutor(1) as pool:
@@ -246,7 +236,7 @@ def test_seeds_near_the_limit_work_with_n_samples(fake_manager, http):
 # ---- overload ----
 
 
-def test_requests_beyond_the_in_flight_cap_get_429(fake_manager, http):
+def test_requests_beyond_the_in_flight_cap_get_429(wait_for, fake_manager, http):
     m, engines = fake_manager(config=ManagerConfig(max_in_flight_requests=2, default_max_tokens=8), reply_tokens=8)
     m.call(m.manager.pause())  # hold the first two requests in flight
     with ThreadPoolExecutor(2) as pool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -19,15 +18,6 @@ FAST = SupervisorConfig(interval_s=0.2, probe_timeout_s=1.0, probes_to_hold=2, r
 
 def say(text: str) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 6}
-
-
-def wait_for(condition, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -53,7 +43,7 @@ def engine_stats(http, m, name: str) -> dict:
     return next(e for e in http("GET", f"{m.url}/stats")[1]["engines"] if e["name"] == name)
 
 
-def test_a_dead_engine_is_restarted_with_the_fleets_weights(supervised, http):
+def test_a_dead_engine_is_restarted_with_the_fleets_weights(wait_for, supervised, http):
     m, (proc,) = supervised(1)
     for step in ("pause", "update_weights", "resume"):
         assert http("POST", f"{m.url}/admin/{step}", {"version": 3, "source": None})[0] == 200
@@ -68,7 +58,7 @@ def test_a_dead_engine_is_restarted_with_the_fleets_weights(supervised, http):
     assert http("GET", f"{m.url}/health")[1]["status"] == "ok"
 
 
-def test_a_frozen_engine_is_held_down_then_restarted(supervised, http):
+def test_a_frozen_engine_is_held_down_then_restarted(wait_for, supervised, http):
     m, (frozen, healthy) = supervised(2)
     os.kill(frozen.pid, signal.SIGSTOP)
     try:
