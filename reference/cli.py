@@ -69,8 +69,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--admin-token-file", default=None,
                    help=f"a file holding the token that everything but the agents' calls needs "
                         f"(default: ${ADMIN_TOKEN_ENV}; none). Required to bind a non-loopback --host")  # fmt: skip
-    s.add_argument("--max-in-flight", type=int, default=2048,
-                   help="agent requests served at once; beyond it 429 (0: no cap; default 2048)")  # fmt: skip
+    s.add_argument("--max-in-flight", type=int, default=4096,
+                   help="agent requests served at once; beyond it 429 (0: no cap; default 4096)")  # fmt: skip
+    s.add_argument("--max-loop-lag-s", type=float, default=0.25,
+                   help="while the event loop lags more than this, new agent requests get 429 (0: never)")  # fmt: skip
     s.add_argument("--max-tokens-in-memory", type=int, default=16_000_000,
                    help="tokens all sessions in memory may hold; idle ones beyond it leave for the store")  # fmt: skip
     s.add_argument("--max-session-tokens", type=int, default=2_000_000,
@@ -138,6 +140,7 @@ def _config(args, model_name: str):
         model_name=model_name, default_max_tokens=args.default_max_tokens, admin_token=admin_token(args),
         max_in_flight_requests=args.max_in_flight, max_tokens_in_memory=args.max_tokens_in_memory,
         max_session_tokens_in_memory=args.max_session_tokens, max_pause_s=args.max_pause_s,
+        max_loop_lag_s=args.max_loop_lag_s,
     )  # fmt: skip
 
 

@@ -11,8 +11,9 @@ If an engine fails mid-generation, the request continues on another engine from 
 slower answer. If no engine is left, the request fails with a 503 and nothing is recorded. A request
 the engine rejects as invalid is the agent's fault: a 400, never retried elsewhere.
 
-Overload is shed, not queued into collapse: beyond `max_in_flight_requests` agent requests at once,
-new ones get a 429 with Retry-After. A pause that is never resumed ends after `max_pause_s`.
+Overload is shed, not queued into collapse: while the event loop lags more than `max_loop_lag_s` (the
+manager's own CPU is the bottleneck, see load.py), or beyond `max_in_flight_requests` agent requests at
+once, new ones get a 429 with Retry-After. A pause that is never resumed ends after `max_pause_s`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from reference.engine.base import (
 )
 from reference.manager.annotations import check_annotations
 from reference.manager.chat import IncrementalDecoder, RequestError, Sampling, find_stop
+from reference.manager.load import LoopLag
 from reference.manager.recorder import Recorder
 from reference.manager.router import NoEngineAvailable, Router
 from reference.manager.sessions import MemoryBudget, Session, SessionTable
@@ -61,7 +63,8 @@ class ManagerConfig:
     max_sessions_in_memory: int = 10_000  # idle sessions beyond this leave memory (the store keeps them)
     max_tokens_in_memory: int = 16_000_000  # tokens all sessions in memory may hold together
     max_session_tokens_in_memory: int = 2_000_000  # an idle session holding more leaves memory
-    max_in_flight_requests: int = 2048  # agent requests at once; beyond it 429 (0: no cap)
+    max_in_flight_requests: int = 4096  # agent requests at once; beyond it 429 (0: no cap)
+    max_loop_lag_s: float = 0.25  # while the event loop lags more than this, new agent requests get 429 (0: never)
     max_pause_s: float = 900.0  # a pause not resumed within this is resumed by the manager (0: never)
     admin_token: str | None = None  # when set, everything but the agents' /s/<session>/v1 calls needs it
 
@@ -70,7 +73,7 @@ class ManagerConfig:
                      "max_session_tokens_in_memory"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_in_flight_requests", "max_pause_s", "engine_cooldown_s"):
+        for name in ("max_in_flight_requests", "max_pause_s", "engine_cooldown_s", "max_loop_lag_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.admin_token is not None and not self.admin_token:
@@ -143,6 +146,7 @@ class TrajectoryManager:
         self.control = asyncio.Lock()  # serialises fleet state changes (pause, weights, resume, engine syncs)
         self._stop_ids = (tokenizer.im_end_id, tokenizer.eos_token_id)
         self.supervisor = Supervisor(self, processes, supervisor)
+        self.loop_lag = LoopLag()
 
     async def start(self) -> None:
         """Learn the context length and policy version from the engines that answer (at least one must)."""
@@ -158,11 +162,13 @@ class TrajectoryManager:
                 self.router.hold_down(slot, f"no answer at start-up: {s}")
                 slot.stale = True
         self.supervisor.start()
+        self.loop_lag.start()
 
     async def close(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
         await self.supervisor.close()
+        await self.loop_lag.close()
         await asyncio.to_thread(self.recorder.close)
 
     # ---- admission ----
@@ -170,18 +176,20 @@ class TrajectoryManager:
     @contextmanager
     def admit(self) -> Iterator[None]:
         """Count an agent request in flight; beyond the cap, a 429 the agent should retry after a while."""
-        cap = self.config.max_in_flight_requests
+        cap, max_lag = self.config.max_in_flight_requests, self.config.max_loop_lag_s
         if cap and self.in_flight >= cap:
-            self.shed += 1
-            raise RequestError(
-                f"the manager is at its limit of {cap} requests in flight; retry shortly",
-                status=429, code="overloaded", headers={"Retry-After": "1"},
-            )  # fmt: skip
+            self._shed(f"the manager is at its limit of {cap} requests in flight; retry shortly")
+        if max_lag and (lag := self.loop_lag.lag_s) > max_lag:
+            self._shed(f"the manager is overloaded (its event loop is {lag * 1e3:.0f} ms behind); retry shortly")
         self.in_flight += 1
         try:
             yield
         finally:
             self.in_flight -= 1
+
+    def _shed(self, message: str) -> None:
+        self.shed += 1
+        raise RequestError(message, status=429, code="overloaded", headers={"Retry-After": "1"})
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model_name:
@@ -490,6 +498,8 @@ class TrajectoryManager:
             "paused": self.paused,
             "in_flight": self.in_flight,
             "shed": self.shed,
+            "loop_lag_ms": round(self.loop_lag.lag_s * 1e3, 1),
+            "max_loop_lag_ms": round(self.loop_lag.max_lag_s * 1e3, 1),
             "sessions_in_memory": len(self.sessions),
             "tokens_in_memory": self.sessions.tokens_held,
             "evictions": self.sessions.evictions,

@@ -55,6 +55,7 @@ MAX_JSON_DEPTH = 64  # nesting of objects and arrays in a request body
 OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are parsed and tokenised in a worker thread
 MAX_LINE_BYTES = 64 << 10  # request line and header lines
 MAX_SEED = 2**63 - 1
+LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (aiohttp's default of 128 drops bursts)
 
 
 @web.middleware
@@ -404,5 +405,5 @@ async def start_manager_server(manager: TrajectoryManager, host: str = "127.0.0.
     await runner.setup()
     if type(runner.server) is web.Server:
         runner.server.__class__ = _Server
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG).start()
     return runner

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
+import time
 import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -273,3 +274,35 @@ def test_many_threads_of_bad_and_good_requests(fake_manager, http):
         statuses = list(pool.map(client, range(60)))
     assert all(s == 400 for s in statuses[::3]) and all(s == 200 for i, s in enumerate(statuses) if i % 3)
     assert len(http("GET", f"{m.url}/trajectories")[1]["sessions"]) == 40
+
+
+def test_a_lagging_event_loop_sheds_new_requests(fake_manager, http):
+    m, _ = fake_manager(config=ManagerConfig(max_loop_lag_s=0.25, default_max_tokens=8), reply_tokens=3)
+    m.call(m.manager.loop_lag.close())  # hold the measured lag where the test puts it
+    m.manager.loop_lag.lag_s = 0.4
+    status, err = http("POST", f"{m.base_url('lag')}/chat/completions", say("hi"))
+    assert status == 429 and "event loop is 400 ms behind" in err["error"]["message"], err
+    m.manager.loop_lag.lag_s = 0.1
+    assert http("POST", f"{m.base_url('lag')}/chat/completions", say("hi"))[0] == 200
+    assert http("GET", f"{m.url}/stats")[1]["shed"] == 1
+
+
+def test_loop_lag_is_measured():
+    import asyncio
+
+    from reference.manager.load import LoopLag
+
+    async def main() -> tuple[float, float]:
+        lag = LoopLag(interval_s=0.02)
+        lag.start()
+        await asyncio.sleep(0.1)
+        time.sleep(0.3)  # the loop is blocked: the lag timer fires late
+        await asyncio.sleep(0.05)
+        blocked = lag.max_lag_s
+        await asyncio.sleep(0.5)  # a free loop again: the smoothed lag decays
+        await lag.close()
+        return blocked, lag.lag_s
+
+    blocked, after = asyncio.run(main())
+    assert blocked >= 0.25
+    assert after < 0.05
