@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import time
 import sys
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
