@@ -1,6 +1,6 @@
 """Offered more than it can serve, does the trajectory manager shed load or collapse? (overload benchmark)
 
-    python -m benchmarks.overload [--rates 200,400,...,2400] [--level-s 5] [--timeout-s 2] [--caps 0,32]
+    python -m benchmarks.overload [--rates 200,400,...,2400] [--level-s 5] [--timeout-s 2] [--caps 0,32,default]
                                   [--anchor] [--quick] [--json FILE]
 
 A fake engine that answers at once (`token_delay_s=0`) and the trajectory manager each get one core
@@ -9,12 +9,13 @@ loop, as a crowd of agents is: it sends requests at a fixed offered rate whateve
 level after level at rising rates, each level starting once the last one's requests are done. A
 client gives up after `--timeout-s` (the agents' patience), which closes its connection.
 
-The manager runs with its in-flight cap off (`--max-in-flight 0`) and on (`--max-in-flight 32`,
-beyond which it answers 429 with Retry-After); `--caps 0,32,default` adds the manager's default cap,
-`--anchor` the anchor proxy (benchmarks/anchor_proxy.py, no cap), to tell the manager's behaviour
-from any aiohttp proxy's. A manager without the flag runs once, as it is. All the servers are up at
-once, on the same core, and take each level in turn (the order alternating), so that they share
-whatever else the machine is doing.
+The manager runs without shedding (`--max-in-flight 0 --max-loop-lag-s 0`), with a bare in-flight cap
+(`--max-in-flight 32`, beyond which it answers 429 with Retry-After) and with its defaults (429 while
+its event loop lags more than 0.1 s, and a cap of 4096 in flight); `--anchor` adds the anchor proxy
+(benchmarks/anchor_proxy.py, no cap), to tell the manager's behaviour from any aiohttp proxy's. A manager
+without the flags runs once, as it is. All the servers are up at once, on the same core, and take each
+level in turn (the order alternating, each level starting once every server is idle again), so that
+they share whatever else the machine is doing.
 
 Per run and level: the rate actually sent, goodput (200s completed during the level, per second),
 429s and errors (timeouts, resets, other statuses) per second, p50 / p99 latency of the 200s, the
@@ -32,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import tempfile
 import time
 from collections import Counter
@@ -59,6 +61,7 @@ from benchmarks.lean_http import LeanClient, request_bytes
 from reference.engine.process import EngineProcess, EngineSpec
 
 CAP_FLAG = "--max-in-flight"
+LAG_FLAG = "--max-loop-lag-s"  # shedding while the manager's event loop lags
 
 
 @dataclass
@@ -139,12 +142,19 @@ async def offer(client: LeanClient, rate: int, args, tag: str, pids: dict[str, i
     return result
 
 
-async def wait_idle(client: LeanClient) -> None:
-    """Until the server answers /health again (it has worked off the last level's backlog)."""
+async def wait_idle(client: LeanClient, servers: dict[str, ServerProcess], timeout_s: float = 60.0) -> None:
+    """Until the server answers /health and every server has worked off its backlog (each used under 5% of a
+    core over a quarter second): a server still busy with the last level's abandoned requests would take
+    the core from the next run."""
     status = await client.send(request_bytes("GET", client.host, client.port, "/health"), 60.0)
     if status != 200:
         raise RuntimeError(f"the server answered /health with {status}")
-    await asyncio.sleep(0.5)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = {name: s.cpu_s() for name, s in servers.items()}
+        await asyncio.sleep(0.25)
+        if all(s.cpu_s() - before[name] < 0.0125 for name, s in servers.items()):
+            return
 
 
 async def run_levels(servers: dict[str, ServerProcess], args, engine_pid: int) -> dict[str, list[dict]]:
@@ -155,9 +165,10 @@ async def run_levels(servers: dict[str, ServerProcess], args, engine_pid: int) -
     try:
         for k, rate in enumerate(args.rates):
             for name in list(servers) if k % 2 == 0 else list(reversed(servers)):
-                await wait_idle(clients[name])
+                await wait_idle(clients[name], servers)
                 pids = {"proxy": servers[name].pid, "engine": engine_pid}
-                result = await offer(clients[name], rate, args, f"ol-{name.replace(' ', '')}-{rate}", pids)
+                tag = f"ol-{re.sub(r'[^A-Za-z0-9]', '', name)}-{rate}"
+                result = await offer(clients[name], rate, args, tag, pids)
                 levels[name].append(result.figures())
                 print(row(name, levels[name][-1]), flush=True)
     finally:
@@ -193,8 +204,9 @@ def parse_args() -> argparse.Namespace:
                     "quick: 400,1200,2400)")  # fmt: skip
     ap.add_argument("--level-s", type=float, help="seconds each level offers load (default 5; quick: 2)")
     ap.add_argument("--timeout-s", type=float, help="a client gives up after this long (default 2 s; quick: 1)")
-    ap.add_argument("--caps", default="0,32",
-                    help="the manager's --max-in-flight, a run each (0: no cap; 'default': flag left out)")  # fmt: skip
+    ap.add_argument("--caps", default="0,32,default",
+                    help="runs of the manager: N is --max-in-flight N with lag shedding off (0: no shedding at "
+                         "all); lagX: --max-loop-lag-s X; 'default': the manager's defaults")  # fmt: skip
     ap.add_argument("--turns", type=int, default=4, help="requests per session (turn k resends k exchanges)")
     ap.add_argument("--anchor", action="store_true", help="also a run of the anchor proxy (no cap), for reference")
     ap.add_argument("--quick", action="store_true", help="three short levels a run (under a minute in all)")
@@ -218,10 +230,15 @@ class Run:
 def runs(args) -> list[Run]:
     """The servers to load: the manager once per cap (once as it is, if it has no cap flag), the anchor."""
     out = []
+    no_lag = (LAG_FLAG, "0") if serve_has_flag(LAG_FLAG) else ()  # a cap alone: lag shedding off
     if serve_has_flag(CAP_FLAG):
         for cap in args.caps.split(","):
-            name = {"0": "uncapped", "default": "default cap"}.get(cap, f"cap {cap}")
-            out.append(Run(name, "manager", () if cap == "default" else (CAP_FLAG, str(int(cap)))))
+            if cap.startswith("lag"):  # lag shedding at another threshold
+                out.append(Run(f"lag {cap[3:]} s", "manager", (LAG_FLAG, str(float(cap[3:])))))
+                continue
+            name = {"0": "no shedding", "default": "default (lag + cap)"}.get(cap, f"cap {cap}")
+            flags = () if cap == "default" else (CAP_FLAG, str(int(cap)), *no_lag)
+            out.append(Run(name, "manager", flags))
     else:
         print(f"this manager has no {CAP_FLAG}: one manager run, without a cap")
         out.append(Run("uncapped", "manager"))

@@ -64,7 +64,7 @@ class ManagerConfig:
     max_tokens_in_memory: int = 16_000_000  # tokens all sessions in memory may hold together
     max_session_tokens_in_memory: int = 2_000_000  # an idle session holding more leaves memory
     max_in_flight_requests: int = 4096  # agent requests at once; beyond it 429 (0: no cap)
-    max_loop_lag_s: float = 0.25  # while the event loop lags more than this, new agent requests get 429 (0: never)
+    max_loop_lag_s: float = 0.1  # while the event loop lags more than this, new agent requests get 429 (0: never)
     max_pause_s: float = 900.0  # a pause not resumed within this is resumed by the manager (0: never)
     admin_token: str | None = None  # when set, everything but the agents' /s/<session>/v1 calls needs it
 
