@@ -72,7 +72,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-in-flight", type=int, default=4096,
                    help="agent requests served at once; beyond it 429 (0: no cap; default 4096)")  # fmt: skip
     s.add_argument("--max-loop-lag-s", type=float, default=0.1,
-                   help="while the event loop lags more than this, new agent requests get 429 (0: never)")  # fmt: skip
+                   help="the in-flight limit falls while the loop lags more than this (0: a fixed cap)")  # fmt: skip
     s.add_argument("--max-tokens-in-memory", type=int, default=16_000_000,
                    help="tokens all sessions in memory may hold; idle ones beyond it leave for the store")  # fmt: skip
     s.add_argument("--max-session-tokens", type=int, default=2_000_000,

@@ -1,11 +1,14 @@
 """How busy the manager's event loop is: the signal that decides when to shed load.
 
-A concurrency cap alone cannot tell a manager whose requests wait on slow engines (thousands in flight,
+A fixed concurrency cap cannot tell a manager whose requests wait on slow engines (thousands in flight,
 the loop idle: admit more) from one whose own CPU is the bottleneck (every new request slows all the
 others until clients time out and the server works only for requests nobody waits for). The loop's lag
 tells them apart: a timer that should fire every `interval_s` fires late by however long the loop took
-to get back to it. While the recent lag is above a limit, new agent requests are refused with a 429
-before their body is read, which keeps the requests already admitted fast.
+to get back to it. `AdaptiveLimit` turns the lag into an in-flight limit (additive increase,
+multiplicative decrease, as TCP does with its window): while the loop lags more than the target, the
+limit drops below what is in flight; while it keeps up and the limit is nearly used, the limit grows
+back, up to the configured cap. Agent requests beyond the limit get a 429 before their body is read, so
+the requests admitted stay fast even when refusing the rest takes much of the core.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import contextlib
 class LoopLag:
     """Measures the event loop's lag in a background task; `lag_s` is a smoothed recent value."""
 
-    def __init__(self, interval_s: float = 0.05, smoothing: float = 0.5) -> None:
+    def __init__(self, interval_s: float = 0.05, smoothing: float = 0.5, on_sample=None) -> None:
+        """`on_sample(lag_s)`: called with the smoothed lag after every sample."""
         if not (interval_s > 0 and 0 < smoothing <= 1):
             raise ValueError(f"interval_s must be > 0 and smoothing in (0, 1], got {interval_s}, {smoothing}")
         self.interval_s, self.smoothing = interval_s, smoothing
         self.lag_s = 0.0
         self.max_lag_s = 0.0  # the largest single sample since start
+        self.on_sample = on_sample
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -42,3 +47,22 @@ class LoopLag:
             sample = max(0.0, loop.time() - start - self.interval_s)
             self.max_lag_s = max(self.max_lag_s, sample)
             self.lag_s += self.smoothing * (sample - self.lag_s)
+            if self.on_sample is not None:
+                self.on_sample(self.lag_s)
+
+
+class AdaptiveLimit:
+    """How many agent requests may be in flight: between `floor` and `cap`, driven by the loop's lag."""
+
+    def __init__(self, cap: int, target_lag_s: float, floor: int = 16) -> None:
+        if cap < 0 or target_lag_s < 0 or floor < 1:
+            raise ValueError(f"cap and target_lag_s must be >= 0 and floor >= 1, got {cap}, {target_lag_s}, {floor}")
+        self.cap = cap or 2**31  # 0: no fixed cap
+        self.target_lag_s, self.floor = target_lag_s, min(floor, self.cap)
+        self.limit = self.cap
+
+    def update(self, lag_s: float, in_flight: int) -> None:
+        if self.target_lag_s and lag_s > self.target_lag_s:
+            self.limit = max(self.floor, int(min(self.limit, in_flight) * 0.7))
+        elif in_flight >= 0.8 * self.limit:
+            self.limit = min(self.cap, self.limit + max(1, self.limit // 10))

@@ -11,9 +11,10 @@ If an engine fails mid-generation, the request continues on another engine from 
 slower answer. If no engine is left, the request fails with a 503 and nothing is recorded. A request
 the engine rejects as invalid is the agent's fault: a 400, never retried elsewhere.
 
-Overload is shed, not queued into collapse: while the event loop lags more than `max_loop_lag_s` (the
-manager's own CPU is the bottleneck, see load.py), or beyond `max_in_flight_requests` agent requests at
-once, new ones get a 429 with Retry-After. A pause that is never resumed ends after `max_pause_s`.
+Overload is shed, not queued into collapse: agent requests beyond an in-flight limit get a 429 with
+Retry-After; the limit adapts to the event loop's lag (load.py: it falls while the loop lags more than
+`max_loop_lag_s`, the manager's own CPU being the bottleneck) up to `max_in_flight_requests`. A pause
+that is never resumed ends after `max_pause_s`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from reference.engine.base import (
 )
 from reference.manager.annotations import check_annotations
 from reference.manager.chat import IncrementalDecoder, RequestError, Sampling, find_stop
-from reference.manager.load import LoopLag
+from reference.manager.load import AdaptiveLimit, LoopLag
 from reference.manager.recorder import Recorder
 from reference.manager.router import NoEngineAvailable, Router
 from reference.manager.sessions import MemoryBudget, Session, SessionTable
@@ -64,7 +65,7 @@ class ManagerConfig:
     max_tokens_in_memory: int = 16_000_000  # tokens all sessions in memory may hold together
     max_session_tokens_in_memory: int = 2_000_000  # an idle session holding more leaves memory
     max_in_flight_requests: int = 4096  # agent requests at once; beyond it 429 (0: no cap)
-    max_loop_lag_s: float = 0.1  # while the event loop lags more than this, new agent requests get 429 (0: never)
+    max_loop_lag_s: float = 0.1  # the in-flight limit falls while the event loop lags more than this (0: fixed)
     max_pause_s: float = 900.0  # a pause not resumed within this is resumed by the manager (0: never)
     admin_token: str | None = None  # when set, everything but the agents' /s/<session>/v1 calls needs it
 
@@ -146,7 +147,8 @@ class TrajectoryManager:
         self.control = asyncio.Lock()  # serialises fleet state changes (pause, weights, resume, engine syncs)
         self._stop_ids = (tokenizer.im_end_id, tokenizer.eos_token_id)
         self.supervisor = Supervisor(self, processes, supervisor)
-        self.loop_lag = LoopLag()
+        self.admission = AdaptiveLimit(config.max_in_flight_requests, config.max_loop_lag_s)
+        self.loop_lag = LoopLag(on_sample=lambda lag: self.admission.update(lag, self.in_flight))
 
     async def start(self) -> None:
         """Learn the context length and policy version from the engines that answer (at least one must)."""
@@ -176,11 +178,9 @@ class TrajectoryManager:
     @contextmanager
     def admit(self) -> Iterator[None]:
         """Count an agent request in flight; beyond the cap, a 429 the agent should retry after a while."""
-        cap, max_lag = self.config.max_in_flight_requests, self.config.max_loop_lag_s
-        if cap and self.in_flight >= cap:
-            self._shed(f"the manager is at its limit of {cap} requests in flight; retry shortly")
-        if max_lag and (lag := self.loop_lag.lag_s) > max_lag:
-            self._shed(f"the manager is overloaded (its event loop is {lag * 1e3:.0f} ms behind); retry shortly")
+        if self.in_flight >= self.admission.limit:
+            self._shed(f"the manager is at its limit of {self.admission.limit} requests in flight (event loop "
+                       f"{self.loop_lag.lag_s * 1e3:.0f} ms behind); retry shortly")  # fmt: skip
         self.in_flight += 1
         try:
             yield
@@ -498,6 +498,7 @@ class TrajectoryManager:
             "paused": self.paused,
             "in_flight": self.in_flight,
             "shed": self.shed,
+            "admission_limit": self.admission.limit,
             "loop_lag_ms": round(self.loop_lag.lag_s * 1e3, 1),
             "max_loop_lag_ms": round(self.loop_lag.max_lag_s * 1e3, 1),
             "sessions_in_memory": len(self.sessions),

@@ -276,15 +276,25 @@ def test_many_threads_of_bad_and_good_requests(fake_manager, http):
     assert len(http("GET", f"{m.url}/trajectories")[1]["sessions"]) == 40
 
 
-def test_a_lagging_event_loop_sheds_new_requests(fake_manager, http):
-    m, _ = fake_manager(config=ManagerConfig(max_loop_lag_s=0.25, default_max_tokens=8), reply_tokens=3)
-    m.call(m.manager.loop_lag.close())  # hold the measured lag where the test puts it
-    m.manager.loop_lag.lag_s = 0.4
-    status, err = http("POST", f"{m.base_url('lag')}/chat/completions", say("hi"))
-    assert status == 429 and "event loop is 400 ms behind" in err["error"]["message"], err
-    m.manager.loop_lag.lag_s = 0.1
-    assert http("POST", f"{m.base_url('lag')}/chat/completions", say("hi"))[0] == 200
-    assert http("GET", f"{m.url}/stats")[1]["shed"] == 1
+def test_a_lagging_event_loop_lowers_the_in_flight_limit(wait_for, fake_manager, http):
+    m, _ = fake_manager(config=ManagerConfig(max_loop_lag_s=0.1, default_max_tokens=8), reply_tokens=3)
+    m.call(m.manager.loop_lag.close())  # the test drives the limit itself
+    admission = m.manager.admission
+    assert admission.limit == 4096
+    m.call(m.manager.pause())  # keep requests in flight
+    with ThreadPoolExecutor(20) as pool:
+        held = [pool.submit(http, "POST", f"{m.base_url(f'h{i}')}/chat/completions", say("wait")) for i in range(20)]
+        wait_for(lambda: m.manager.in_flight == 20, what="20 requests in flight")
+        admission.update(lag_s=0.3, in_flight=m.manager.in_flight)  # the loop lags: the limit drops below 20
+        assert admission.limit == 16
+        status, err = http("POST", f"{m.base_url('new')}/chat/completions", say("hi"))
+        m.call(m.manager.resume())
+        assert [f.result(timeout=60)[0] for f in held] == [200] * 20
+    assert status == 429 and "limit of 16 requests in flight" in err["error"]["message"], err
+    for _ in range(100):  # the loop keeps up while the limit is used: it grows back to the cap
+        admission.update(lag_s=0.0, in_flight=admission.limit)
+    assert admission.limit == 4096
+    assert http("POST", f"{m.base_url('new')}/chat/completions", say("hi"))[0] == 200
 
 
 def test_loop_lag_is_measured():
