@@ -96,14 +96,23 @@ class Recorder:
         except StoreError as e:
             return [e] * len(batch)
         except ValueError:
-            errors: list[Exception | None] = []
-            for p in batch:
-                try:
-                    self.store.append_many([p.turn])
-                    errors.append(None)
-                except (StoreError, ValueError) as e:
-                    errors.append(e)
-            return errors
+            return self._write_one_by_one(batch)
+        except Exception as e:  # noqa: BLE001 - the writer thread must survive anything; its callers learn why
+            log.exception("the trajectory store writer failed")
+            return [StoreError(f"the trajectory store failed: {e!r}")] * len(batch)
+
+    def _write_one_by_one(self, batch: list[_Pending]) -> list[Exception | None]:
+        """After a malformed record sank a batch: each record in its own transaction."""
+        errors: list[Exception | None] = []
+        for p in batch:
+            try:
+                self.store.append_many([p.turn])
+                errors.append(None)
+            except (StoreError, ValueError) as e:
+                errors.append(e)
+            except Exception as e:  # noqa: BLE001 - as in _write
+                errors.append(StoreError(f"the trajectory store failed: {e!r}"))
+        return errors
 
     def _landed(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending], errors: list[Exception | None]) -> None:
         """On the loop: insert what was stored into its trees, in commit order, and answer the callers."""

@@ -316,3 +316,22 @@ def test_loop_lag_is_measured():
     blocked, after = asyncio.run(main())
     assert blocked >= 0.25
     assert after < 0.05
+
+
+def test_the_store_writer_survives_an_unexpected_error(fake_manager, http, monkeypatch):
+    m, _ = fake_manager(reply_tokens=3)
+    real = m.store.append_many
+    calls = []
+
+    def broken_once(turns):
+        calls.append(len(turns))
+        if len(calls) == 1:
+            raise TypeError("something nobody expected")
+        return real(turns)
+
+    monkeypatch.setattr(m.store, "append_many", broken_once)
+    status, err = http("POST", f"{m.base_url('w')}/chat/completions", say("one"))
+    assert status == 503 and "something nobody expected" in err["error"]["message"], err
+    assert http("POST", f"{m.base_url('w')}/chat/completions", say("two"))[0] == 200
+    _, tree = http("GET", f"{m.url}/trajectories/w")
+    assert tree["num_branches"] == 1 and len(tree["branches"][0]["request_ids"]) == 1
