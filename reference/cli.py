@@ -66,6 +66,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--store", default="results/trajectories.sqlite", help="SQLite trajectory store (WAL)")
     s.add_argument("--model-name", default=None, help="the name agents pass as `model` (default: from --model)")
     s.add_argument("--default-max-tokens", type=int, default=1024)
+    s.add_argument("--admin-token", default=None, help=argparse.SUPPRESS)  # refused with a message, see admin_token
     s.add_argument("--admin-token-file", default=None,
                    help=f"a file holding the token that everything but the agents' calls needs "
                         f"(default: ${ADMIN_TOKEN_ENV}; none). Required to bind a non-loopback --host")  # fmt: skip
@@ -116,6 +117,11 @@ def _load_tokenizer(name: str):
 def admin_token(args) -> str | None:
     """The manager's token: from --admin-token-file, else $SEAMLESSFLOW_ADMIN_TOKEN; never from argv,
     which every local user can read. A non-loopback --host without one is refused."""
+    if args.admin_token is not None:
+        raise ValueError(
+            f"--admin-token is not accepted: a token on the command line is visible to every local user (ps); "
+            f"set ${ADMIN_TOKEN_ENV} or use --admin-token-file"
+        )
     token = os.environ.get(ADMIN_TOKEN_ENV) or None
     if args.admin_token_file:
         try:

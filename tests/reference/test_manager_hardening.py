@@ -335,3 +335,21 @@ def test_the_store_writer_survives_an_unexpected_error(fake_manager, http, monke
     assert http("POST", f"{m.base_url('w')}/chat/completions", say("two"))[0] == 200
     _, tree = http("GET", f"{m.url}/trajectories/w")
     assert tree["num_branches"] == 1 and len(tree["branches"][0]["request_ids"]) == 1
+
+
+def test_the_admin_token_comes_from_a_file_or_the_environment(tmp_path, monkeypatch):
+    from reference.cli import admin_token, parser
+
+    monkeypatch.delenv("SEAMLESSFLOW_ADMIN_TOKEN", raising=False)
+    assert admin_token(parser().parse_args(["serve"])) is None
+    monkeypatch.setenv("SEAMLESSFLOW_ADMIN_TOKEN", "from-env")
+    assert admin_token(parser().parse_args(["serve", "--host", "0.0.0.0"])) == "from-env"
+    secret = tmp_path / "token"
+    secret.write_text("from-file\n")
+    assert admin_token(parser().parse_args(["serve", "--admin-token-file", str(secret)])) == "from-file"
+    secret.write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        admin_token(parser().parse_args(["serve", "--admin-token-file", str(secret)]))
+    with pytest.raises(ValueError, match="--admin-token is not accepted") as refused:  # argv is visible to all
+        admin_token(parser().parse_args(["serve", "--admin-token", "s3cret"]))
+    assert "s3cret" not in str(refused.value)
