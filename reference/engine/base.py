@@ -156,7 +156,10 @@ def check_request(request: GenerateRequest, vocab_size: int, max_context: int, r
         raise ValueError(f"request id {rid!r} is already running")
     if not prompt:
         raise ValueError(f"request {rid!r}: prompt_token_ids is empty")
-    bad = [t for t in prompt if not (isinstance(t, Integral) and 0 <= t < vocab_size)]
+    if all(type(t) is int for t in prompt) and min(prompt) >= 0 and max(prompt) < vocab_size:
+        bad = []  # the common case, without an ABC check per token
+    else:
+        bad = [t for t in prompt if not (isinstance(t, Integral) and 0 <= t < vocab_size)]
     if bad:
         raise ValueError(f"request {rid!r}: token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})")
     bad = [t for t in request.params.stop_token_ids if not 0 <= t < vocab_size]
