@@ -47,3 +47,27 @@ def test_release_and_failure_cooldown(monkeypatch):
 def test_needs_an_engine():
     with pytest.raises(ValueError, match="at least one engine"):
         Router({})
+
+
+def test_cooldown_doubles_with_failures_in_a_row_and_resets(monkeypatch):
+    import reference.manager.router as router_module
+
+    now = [0.0]
+    monkeypatch.setattr(router_module.time, "monotonic", lambda: now[0])
+    r = make(1, cooldown_s=5.0, max_cooldown_s=30.0)
+    slot = r.slots[0]
+    downs = []
+    for _ in range(5):
+        r.mark_failed(slot, "stalled")
+        downs.append(slot.down_until - now[0])
+    assert downs == [5.0, 10.0, 20.0, 30.0, 30.0]
+    assert r.stats()[0]["reason"] == "stalled" and not r.stats()[0]["up"]
+    r.mark_ok(slot)
+    r.mark_failed(slot)
+    assert slot.down_until - now[0] == 5.0
+    r.hold_down(slot, "restarting")
+    now[0] += 100
+    with pytest.raises(NoEngineAvailable):
+        r.choose("s")
+    r.bring_up(slot)
+    assert r.choose("s") is slot
