@@ -126,6 +126,7 @@ async def _generate(a: Anchor, wire: dict) -> tuple[list[int], str]:
                 t = d["t"]
                 ids.extend(t if isinstance(t, list) else (t,))
             elif "finish" in d:
+                await r.content.read()  # the end of the body, so the connection is reused (as HTTPEngine does)
                 return ids, d["finish"]
             elif "error" in d:
                 raise (ValueError if d.get("kind") == "bad_request" else RuntimeError)(d["error"])

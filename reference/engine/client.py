@@ -97,10 +97,14 @@ class HTTPEngine:
                     raise EngineError(f"{self.base_url}: HTTP {response.status}: {await response.text()}")
                 async for raw in response.content:
                     item = _parse_line(raw, self.base_url)
+                    if isinstance(item, Finished):
+                        # The server ends the body right after the finish line: reading that end lets the
+                        # connection go back to the pool (an unread end closes it: a new TCP connection a call).
+                        await response.content.read()
+                        yield item
+                        return
                     if item is not None:  # None: a heartbeat
                         yield item
-                        if isinstance(item, Finished):
-                            return
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
             raise EngineError(f"{self.base_url}: {type(e).__name__}: {e}") from e
         raise EngineError(f"{self.base_url}: stream for {request.request_id} ended without a finish line")
