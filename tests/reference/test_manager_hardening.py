@@ -353,3 +353,26 @@ def test_the_admin_token_comes_from_a_file_or_the_environment(tmp_path, monkeypa
     with pytest.raises(ValueError, match="--admin-token is not accepted") as refused:  # argv is visible to all
         admin_token(parser().parse_args(["serve", "--admin-token", "s3cret"]))
     assert "s3cret" not in str(refused.value)
+
+
+def test_reading_a_huge_trajectory_does_not_stall_other_clients(fake_manager, http, tmp_path):
+    store = TrajectoryStore(tmp_path / "t.sqlite")
+    generated = list(range(4, 4004)) * 10  # 40k tokens a turn
+    for turn in range(10):  # one session of 10 turns, each a new branch off the first prompt: ~2.2 M listed tokens
+        prompt = [1, 2, 3, turn + 5]
+        store.append("big", f"r{turn}", None, 0, prompt, generated, [-0.5] * len(generated), [turn] * len(generated),
+                      "length", "")  # fmt: skip
+    m, _ = fake_manager(store=store, reply_tokens=3)
+    health_s = []
+    with ThreadPoolExecutor(1) as pool:
+        start = time.perf_counter()
+        big = pool.submit(raw, "GET", f"{m.url}/trajectories/big")
+        while not big.done():  # other clients keep being answered while the tree is built and serialised
+            t = time.perf_counter()
+            assert http("GET", f"{m.url}/health")[0] == 200
+            health_s.append(time.perf_counter() - t)
+        total_s = time.perf_counter() - start
+        status_big, tree, _ = big.result(timeout=120)
+    assert status_big == 200
+    assert tree["num_branches"] == 10 and len(tree["branches"][0]["token_ids"]) == 40004
+    assert len(health_s) >= 3 and max(health_s) < total_s / 2, (health_s, total_s)
