@@ -24,7 +24,6 @@ disconnects, which aborts the engine request.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -36,6 +35,8 @@ from http import HTTPStatus
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from reference.engine.auth import authorized
+from reference.engine.base import MAX_SEED
 from reference.manager.chat import (
     RequestError,
     chat_logprobs,
@@ -54,7 +55,6 @@ OPEN_PATHS = ("/health", "/v1/models")  # needing no token (besides the agents' 
 MAX_JSON_DEPTH = 64  # nesting of objects and arrays in a request body
 OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are parsed and tokenised in a worker thread
 MAX_LINE_BYTES = 64 << 10  # request line and header lines
-MAX_SEED = 2**63 - 1
 LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (aiohttp's default of 128 drops bursts)
 
 
@@ -84,8 +84,7 @@ def _check_token(request: web.Request) -> None:
     token = request.app[MANAGER_KEY].config.admin_token
     if token is None:
         return
-    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    if not hmac.compare_digest(given, f"Bearer {token}".encode()):
+    if not authorized(request.headers.get("Authorization"), token):
         raise RequestError(f"{request.path[:100]} needs 'Authorization: Bearer <admin token>'", status=401,
                            code="unauthorized")  # fmt: skip
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reference.engine.base import EngineError
@@ -57,7 +57,6 @@ class _Watch:
     next_restart_at: float = 0.0
     backoff_s: float = 1.0
     busy: bool = False  # a restart or sync is under way
-    history: list[str] = field(default_factory=list)
 
 
 class Supervisor:
