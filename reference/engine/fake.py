@@ -32,6 +32,7 @@ class FakeEngine:
         self._aborted: set[str] = set()
         self._unpaused = asyncio.Event()
         self._unpaused.set()
+        self._kick = asyncio.Event()  # set by abort: wakes paused streams to look at `_aborted`
 
     @staticmethod
     def next_token(context: list[int] | tuple[int, ...], version: int, vocab_size: int) -> int:
@@ -56,10 +57,10 @@ class FakeEngine:
         reason = FinishReason.LENGTH
         try:
             for n in range(limit):
-                await self._unpaused.wait()
+                await self._wait_unpaused(request.request_id)
                 if self.token_delay_s:
                     await asyncio.sleep(self.token_delay_s)
-                    await self._unpaused.wait()
+                    await self._wait_unpaused(request.request_id)
                 if request.request_id in self._aborted:
                     reason = FinishReason.ABORT
                     break
@@ -73,6 +74,16 @@ class FakeEngine:
         finally:
             self._running.pop(request.request_id, None)
             self._aborted.discard(request.request_id)
+
+    async def _wait_unpaused(self, request_id: str) -> None:
+        """Until the engine is unpaused or this request is aborted (an abort ends a paused request too)."""
+        while not self._unpaused.is_set() and request_id not in self._aborted:
+            self._kick.clear()
+            unpaused = asyncio.ensure_future(self._unpaused.wait())
+            kicked = asyncio.ensure_future(self._kick.wait())
+            await asyncio.wait((unpaused, kicked), return_when=asyncio.FIRST_COMPLETED)
+            unpaused.cancel()
+            kicked.cancel()
 
     def _token(self, request: GenerateRequest, context: list[int], n: int, stop: set[int]) -> int:
         """The n-th token of this request's reply (after `context`)."""
@@ -95,6 +106,7 @@ class FakeEngine:
     async def abort(self, request_id: str) -> None:
         if request_id in self._running:
             self._aborted.add(request_id)
+            self._kick.set()
 
     async def stats(self) -> EngineStats:
         return EngineStats(len(self._running), 0, self.version, not self._unpaused.is_set(), self.max_context)

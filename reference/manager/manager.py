@@ -20,6 +20,7 @@ that is never resumed ends after `max_pause_s`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -42,7 +43,7 @@ from reference.manager.annotations import check_annotations
 from reference.manager.chat import IncrementalDecoder, RequestError, Sampling, find_stop
 from reference.manager.load import AdaptiveLimit, LoopLag
 from reference.manager.recorder import Recorder
-from reference.manager.router import NoEngineAvailable, Router
+from reference.manager.router import EngineSlot, NoEngineAvailable, Router
 from reference.manager.sessions import MemoryBudget, Session, SessionTable
 from reference.manager.store import NewTurn, StoreError, TrajectoryStore
 from reference.manager.supervisor import EngineHandle, Supervisor, SupervisorConfig
@@ -67,6 +68,7 @@ class ManagerConfig:
     max_in_flight_requests: int = 4096  # agent requests at once; beyond it 429 (0: no cap)
     max_loop_lag_s: float = 0.1  # the in-flight limit falls while the event loop lags more than this (0: fixed)
     max_pause_s: float = 900.0  # a pause not resumed within this is resumed by the manager (0: never)
+    engine_wait_s: float = 600.0  # a request waits this long for an engine while all are out of service
     admin_token: str | None = None  # when set, everything but the agents' /s/<session>/v1 calls needs it
 
     def __post_init__(self) -> None:
@@ -74,7 +76,7 @@ class ManagerConfig:
                      "max_session_tokens_in_memory"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_in_flight_requests", "max_pause_s", "engine_cooldown_s", "max_loop_lag_s"):
+        for name in ("max_in_flight_requests", "max_pause_s", "engine_cooldown_s", "max_loop_lag_s", "engine_wait_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.admin_token is not None and not self.admin_token:
@@ -137,13 +139,12 @@ class TrajectoryManager:
         self.sessions = SessionTable(store, tokenizer, config.budget())
         self.recorder = Recorder(store)
         self.max_context = max_context
-        self.version = 0
-        self.weights_source: str | None = None  # the last checkpoint loaded (what a restarted engine must load)
-        self.paused_since: float | None = None
         self.in_flight = 0
         self.shed = 0  # requests answered 429
         self.watchdog_resumes = 0
-        self._watchdog: asyncio.Task | None = None
+        self._watchdogs: set[asyncio.Task] = set()
+        self._migrating: set[str] = set()  # engine request ids aborted by `preempt`, to continue elsewhere
+        self._serving_changed = asyncio.Event()
         self.control = asyncio.Lock()  # serialises fleet state changes (pause, weights, resume, engine syncs)
         self._stop_ids = (tokenizer.im_end_id, tokenizer.eos_token_id)
         self.supervisor = Supervisor(self, processes, supervisor)
@@ -158,7 +159,9 @@ class TrajectoryManager:
             raise RuntimeError(f"no engine answered at start-up: {stats[0]}")
         if self.max_context is None:
             self.max_context = min(s.max_context for s in up)
-        self.version = max(s.version for s in up)
+        newest = max(s.version for s in up)
+        for slot in self.router.slots:
+            slot.version = newest  # an engine behind is brought to it by the supervisor
         for slot, s in zip(self.router.slots, stats, strict=True):
             if isinstance(s, BaseException):
                 self.router.hold_down(slot, f"no answer at start-up: {s}")
@@ -167,8 +170,8 @@ class TrajectoryManager:
         self.loop_lag.start()
 
     async def close(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for task in list(self._watchdogs):
+            task.cancel()
         await self.supervisor.close()
         await self.loop_lag.close()
         await asyncio.to_thread(self.recorder.close)
@@ -346,13 +349,12 @@ class TrajectoryManager:
         progress: _Progress,
     ) -> AsyncIterator[TokenBatch | Finished]:
         """The engine's tokens for one request (also appended to `progress`), continued on another engine
-        from the tokens so far if one fails."""
+        from the tokens so far if one fails or is preempted (a preemption is not a failure: it costs no
+        attempt)."""
         excluded: set[str] = set()
-        for attempt in range(self.config.max_engine_attempts):
-            try:
-                slot = self.router.choose(session_id, excluded)
-            except NoEngineAvailable as e:
-                raise RequestError(str(e), status=503, code="engine_unavailable") from None
+        failures = calls = 0
+        while failures < self.config.max_engine_attempts:
+            slot = await self._choose(session_id, excluded)
             params = SamplingParams(
                 max_tokens=max_tokens - len(progress.token_ids),
                 temperature=sampling.temperature,
@@ -360,8 +362,10 @@ class TrajectoryManager:
                 stop_token_ids=self._stop_ids,
                 seed=sampling.seed,
             )
-            call = GenerateRequest(f"{request_id}.{attempt}", prompt + tuple(progress.token_ids), params)
+            call = GenerateRequest(f"{request_id}.{calls}", prompt + tuple(progress.token_ids), params)
+            calls += 1
             self.router.acquire(slot)
+            slot.calls.add(call.request_id)
             progress.engines.append(slot.name)
             stream = stream_batches(slot.engine, call)
             try:
@@ -370,26 +374,51 @@ class TrajectoryManager:
                         progress.token_ids += item.token_ids
                         progress.logprobs += item.logprobs
                         progress.versions += item.versions
-                    elif item.reason is FinishReason.ABORT and not progress.token_ids:
+                        yield item
+                        continue
+                    if item.reason is FinishReason.ABORT and call.request_id in self._migrating:
+                        break  # preempted: go on elsewhere
+                    if item.reason is FinishReason.ABORT and not progress.token_ids:
                         raise EngineError(f"{slot.name} aborted {call.request_id} before its first token")
                     yield item
-                self.router.mark_ok(slot)
-                return
+                    self.router.mark_ok(slot)
+                    return
+                else:
+                    raise EngineError(f"{slot.name}: the stream of {call.request_id} ended without a finish")
             except EngineError as e:
                 log.warning("engine %s failed on %s after %d tokens: %s", slot.name, request_id,
                             len(progress.token_ids), e)  # fmt: skip
                 self.router.mark_failed(slot, str(e))
                 excluded.add(slot.name)
+                failures += 1
             except ValueError as e:  # the engine refused the request as invalid: the agent's fault, not retried
                 raise RequestError(f"the engine rejected the request: {e}", param="prompt") from None
             finally:
                 await stream.aclose()  # closing the stream early aborts the engine's request
+                slot.calls.discard(call.request_id)
+                self._migrating.discard(call.request_id)
                 self.router.release(slot)
         raise RequestError(
             f"generation failed on {self.config.max_engine_attempts} engines; try again",
             status=503,
             code="engine_unavailable",
         )
+
+    async def _choose(self, session_id: str, excluded: set[str]) -> EngineSlot:
+        """An engine for the next call; while every healthy engine is out of service (its resource trains),
+        wait up to `engine_wait_s` for one to serve again."""
+        deadline = time.monotonic() + self.config.engine_wait_s
+        while True:
+            try:
+                return self.router.choose(session_id, excluded)
+            except NoEngineAvailable as e:
+                healthy_idle = any(not s.serving and s.up(time.monotonic()) for s in self.router.slots)
+                left = deadline - time.monotonic()
+                if not healthy_idle or left <= 0:
+                    raise RequestError(str(e), status=503, code="engine_unavailable") from None
+                self._serving_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._serving_changed.wait(), min(left, 1.0))
 
     async def _record(
         self, session: Session, request_id: str, prompt: tuple[int, ...], p: _Progress, text: str, reason: str
@@ -408,59 +437,114 @@ class TrajectoryManager:
             tuple(p.versions), text, reason, result.match_len, result.branch_id, tuple(p.engines),
         )  # fmt: skip
 
-    # ---- partial rollout: the control plane's hooks ----
+    # ---- partial rollout and placement: the control plane's hooks ----
+    # Every call acts on the engines named (None: all of them). Each engine keeps its own state (serving,
+    # paused, weights version), which the supervisor restores on an engine that comes back.
+
+    @property
+    def version(self) -> int:
+        """The newest policy version any engine holds."""
+        return max(s.version for s in self.router.slots)
 
     @property
     def paused(self) -> bool:
-        return self.paused_since is not None
+        """Every engine is paused."""
+        return all(s.paused for s in self.router.slots)
 
-    async def pause(self) -> None:
+    def select(self, engines: Sequence[str] | None) -> list[EngineSlot]:
+        """The slots of the engines named (None: all); ValueError naming an unknown one and the choices."""
+        if engines is None:
+            return list(self.router.slots)
+        if isinstance(engines, str) or not engines:
+            raise ValueError(f"engines must be a non-empty list of engine names, got {engines!r}")
+        names = {s.name for s in self.router.slots}
+        if unknown := [e for e in engines if e not in names]:
+            raise ValueError(f"no engine {unknown[0]!r}; engines: {', '.join(sorted(names))}")
+        return [s for s in self.router.slots if s.name in set(engines)]
+
+    async def pause(self, engines: Sequence[str] | None = None) -> None:
+        """Stop generation at a token boundary on these engines, keeping every request they run."""
+        slots = self.select(engines)
         async with self.control:
-            if self.paused_since is None:
-                self.paused_since = time.monotonic()
-            await self._broadcast(lambda e: e.pause())
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+            now = time.monotonic()
+            for s in slots:
+                s.paused_since = s.paused_since or now
+            await self._broadcast(lambda e: e.pause(), slots)
         if self.config.max_pause_s:
-            self._watchdog = asyncio.create_task(self._pause_watchdog(self.config.max_pause_s))
+            self._watchdogs.add(asyncio.create_task(self._pause_watchdog(slots, now, self.config.max_pause_s)))
 
-    async def update_weights(self, version: int, source: str | None = None) -> None:
+    async def update_weights(self, version: int, source: str | None = None, engines: Sequence[str] | None = None):
+        """Load policy `version` (from checkpoint directory `source`, or the engine's own hand-off) onto
+        these engines, which must be paused; tokens they sample from now on carry `version`."""
+        slots = self.select(engines)
         async with self.control:
-            if not self.paused:
-                raise RuntimeError("update_weights needs paused engines; POST /admin/pause first")
-            await self._broadcast(lambda e: e.update_weights(version, source))
-            self.version = version
-            if source is not None:
-                self.weights_source = source
+            if running := [s.name for s in slots if not s.paused]:
+                raise RuntimeError(f"update_weights needs paused engines; {', '.join(running)} not paused "
+                                   f"(POST /admin/pause first)")  # fmt: skip
+            await self._broadcast(lambda e: e.update_weights(version, source), slots)
+            for s in slots:
+                s.version = version
+                s.weights_source = source if source is not None else s.weights_source
 
-    async def resume(self) -> None:
-        if self._watchdog is not None and self._watchdog is not asyncio.current_task():
-            self._watchdog.cancel()
-        self._watchdog = None
+    async def resume(self, engines: Sequence[str] | None = None) -> None:
+        """Continue generation on these engines: each unfinished request re-prefills under their weights."""
+        slots = self.select(engines)
         async with self.control:
-            self.paused_since = None
-            await self._broadcast(lambda e: e.resume())
+            for s in slots:
+                s.paused_since = None
+            await self._broadcast(lambda e: e.resume(), slots)
 
-    async def _pause_watchdog(self, after_s: float) -> None:
-        await asyncio.sleep(after_s)
-        log.error("engines were paused for %g s without a resume (max_pause_s); resuming them", after_s)
-        self.watchdog_resumes += 1
-        await self.resume()
+    def set_serving(self, engine: str, serving: bool) -> None:
+        """Whether `engine` takes new requests (the requests it runs are not affected; see `preempt`)."""
+        (slot,) = self.select([engine])
+        slot.serving = serving
+        if serving:
+            self._serving_changed.set()
 
-    async def _broadcast(self, call) -> None:
-        """Apply a control call to every engine that is up. An engine that is down, or fails the call, is
-        marked stale: no request goes to it until the supervisor has brought it to the fleet's state
-        (paused or not, weights version). A refusal (ValueError: a bad source)
-        is the caller's error and is raised. Callers hold `control`, which the supervisor also takes to
-        sync an engine, so an engine never joins halfway through a pause / update / resume."""
+    async def preempt(self, engine: str, timeout_s: float = 60.0) -> int:
+        """Take `engine` out of service now: it takes no new request, and each request it runs continues on
+        another engine from its prompt and the tokens it has so far (partial rollout; the agent only sees a
+        slower answer). Returns how many requests moved; TimeoutError if some did not leave in time."""
+        (slot,) = self.select([engine])
+        slot.serving = False
+        moved: set[str] = set()
+        deadline = time.monotonic() + timeout_s
+        while slot.calls:
+            fresh = slot.calls - moved
+            moved |= fresh
+            self._migrating |= fresh
+            await asyncio.gather(*(slot.engine.abort(c) for c in fresh), return_exceptions=True)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine {engine}: {len(slot.calls)} requests did not move within {timeout_s} s")
+            await asyncio.sleep(0.01)
+        return len(moved)
+
+    async def _pause_watchdog(self, slots: list[EngineSlot], since: float, after_s: float) -> None:
+        try:
+            await asyncio.sleep(after_s)
+            stuck = [s.name for s in slots if s.paused_since is not None and s.paused_since <= since]
+            if stuck:
+                log.error("engines %s were paused for %g s without a resume (max_pause_s); resuming them",
+                          ", ".join(stuck), after_s)  # fmt: skip
+                self.watchdog_resumes += 1
+                await self.resume(stuck)
+        finally:
+            self._watchdogs.discard(asyncio.current_task())
+
+    async def _broadcast(self, call, slots: list[EngineSlot]) -> None:
+        """Apply a control call to each of `slots` that is up. An engine that is down, or fails the call, is
+        marked stale: no request goes to it until the supervisor has brought it to its state (paused or
+        not, weights version). A refusal (ValueError: a bad source) is the caller's error and is raised.
+        Callers hold `control`, which the supervisor also takes to sync an engine, so an engine never joins
+        halfway through a pause / update / resume."""
         now = time.monotonic()
-        slots = [s for s in self.router.slots if s.up(now)]
-        for s in self.router.slots:
-            s.stale = s.stale or s not in slots
-        results = await asyncio.gather(*(call(s.engine) for s in slots), return_exceptions=True)
+        up = [s for s in slots if s.up(now)]
+        for s in slots:
+            s.stale = s.stale or s not in up
+        results = await asyncio.gather(*(call(s.engine) for s in up), return_exceptions=True)
         refusals = []
-        for slot, result in zip(slots, results, strict=True):
-            if isinstance(result, EngineError | RuntimeError):  # failed, or not in the fleet's state: resync it
+        for slot, result in zip(up, results, strict=True):
+            if isinstance(result, EngineError | RuntimeError):  # failed, or not in its expected state: resync it
                 log.warning("engine %s failed a control call: %s", slot.name, result)
                 self.router.mark_failed(slot, str(result))
                 slot.stale = True
@@ -486,8 +570,9 @@ class TrajectoryManager:
         elif down and status == "ok":
             status = "degraded"
         reasons += [f"engine {e['name']} is down: {e['reason']}" for e in down]
-        if self.paused_since is not None and (paused_s := time.monotonic() - self.paused_since) > 60:
-            reasons.append(f"engines paused for {paused_s:.0f} s")
+        now = time.monotonic()
+        if long := [s.name for s in self.router.slots if s.paused_since is not None and now - s.paused_since > 60]:
+            reasons.append(f"engines paused for over a minute: {', '.join(long)}")
             status = "degraded" if status == "ok" else status
         return {"ok": status != "unhealthy", "status": status, "reasons": reasons}
 

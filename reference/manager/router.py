@@ -13,7 +13,7 @@ The supervisor may also hold an engine down (dead, restarting) until it says oth
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reference.engine.base import InferenceEngine
 
@@ -31,6 +31,16 @@ class EngineSlot:
     stale: bool = False  # missed a control call (pause, weights): unusable until the supervisor syncs it
     last_error: str | None = None
     restarts: int = 0
+    # What the control plane wants of this engine (a restarted engine is brought back to it):
+    serving: bool = True  # takes new requests (False: its resource trains, or it is being preempted)
+    paused_since: float | None = None  # paused (partial rollout) since this monotonic time
+    version: int = 0  # the policy version of its weights
+    weights_source: str | None = None  # the checkpoint it last loaded (None: its initial weights)
+    calls: set[str] = field(default_factory=set)  # engine request ids running on it now
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_since is not None
 
     def up(self, now: float) -> bool:
         return self.held_down is None and not self.stale and self.down_until <= now
@@ -62,9 +72,11 @@ class Router:
 
     def choose(self, session_id: str, exclude: set[str] = frozenset()) -> EngineSlot:
         now = time.monotonic()
-        candidates = [s for s in self.slots if s.name not in exclude and s.up(now)]
+        candidates = [s for s in self.slots if s.name not in exclude and s.serving and s.up(now)]
         if not candidates:
-            raise NoEngineAvailable(f"no engine available ({len(self.slots)} configured, all failed or excluded)")
+            serving = sum(s.serving for s in self.slots)
+            raise NoEngineAvailable(f"no engine available ({len(self.slots)} configured, {serving} serving; the "
+                                    f"others failed, are excluded or do not serve now)")  # fmt: skip
         least = min(candidates, key=lambda s: (s.in_flight, s.served))
         sticky = self._affinity.get(session_id)
         if sticky in candidates and sticky.in_flight <= least.in_flight + self.affinity_slack:
@@ -102,6 +114,7 @@ class Router:
         return [
             {"name": s.name, "in_flight": s.in_flight, "served": s.served, "failures": s.failures,
              "failures_in_a_row": s.failures_in_a_row, "up": s.up(now), "restarts": s.restarts,
+             "serving": s.serving, "paused": s.paused, "version": s.version,
              "down_for_s": None if s.up(now) or s.held_down else round(s.down_until - now, 3),
              "reason": s.held_down or (None if s.up(now) else "missed a control call" if s.stale else s.last_error)}
             for s in self.slots

@@ -7,7 +7,11 @@
     GET  /trajectories/<session_id>            the session's trajectory tree (prefix_tree.to_json), annotations
     POST /trajectories/<session_id>            annotate it: {"reward", "branch_rewards", "task_id", "meta", "author"}
     POST /admin/pause | /admin/resume          partial rollout: hold generation at a token boundary
-    POST /admin/update_weights                 {"version": int, "source": checkpoint dir | null}
+                                               {"engines": [names]} (optional; default: every engine)
+    POST /admin/update_weights                 {"version": int, "source": checkpoint dir | null, "engines"}
+    POST /admin/preempt                        {"engine": name}: its requests continue elsewhere, with
+                                               their tokens; it takes no new request
+    POST /admin/serve                          {"engine": name, "serving": bool}
     GET  /health | /stats
 
 Access: with an admin token set, everything except the agents' own `/s/<session>/v1/*` calls, `/v1/models`
@@ -318,32 +322,90 @@ async def annotate_trajectory(request: web.Request) -> web.Response:
     return web.json_response({"session_id": sid, "annotations": await manager.annotate(sid, body, author)})
 
 
+async def _admin_body(request: web.Request) -> dict:
+    """A control call's JSON object ({} for an empty body)."""
+    if not request.can_read_body:
+        return {}
+    body, _ = await _body(request)
+    if not isinstance(body, dict):
+        raise RequestError(f"the body must be a JSON object, got {type(body).__name__}", code="invalid_json")
+    return body
+
+
+def _engines_arg(body: dict) -> list[str] | None:
+    engines = body.get("engines")
+    if engines is not None and not (isinstance(engines, list) and engines and all(isinstance(e, str) for e in engines)):
+        raise RequestError(f"'engines' must be a non-empty list of engine names or null, got {engines!r}",
+                           param="engines")  # fmt: skip
+    return engines
+
+
+async def _control(call, param: str = "engines"):
+    """Run a control call; its refusals become 4xx errors."""
+    try:
+        return await call
+    except RuntimeError as e:
+        raise RequestError(str(e), status=409, code="conflict") from None
+    except (ValueError, FileNotFoundError) as e:
+        raise RequestError(str(e), param=param) from None
+
+
 async def admin_pause(request: web.Request) -> web.Response:
+    engines = _engines_arg(await _admin_body(request))
     start = time.perf_counter()
-    await request.app[MANAGER_KEY].pause()
+    await _control(request.app[MANAGER_KEY].pause(engines))
     return web.json_response({"ok": True, "pause_s": time.perf_counter() - start})
 
 
 async def admin_resume(request: web.Request) -> web.Response:
-    await request.app[MANAGER_KEY].resume()
+    engines = _engines_arg(await _admin_body(request))
+    await _control(request.app[MANAGER_KEY].resume(engines))
     return web.json_response({"ok": True})
 
 
 async def admin_update_weights(request: web.Request) -> web.Response:
-    body, _ = await _body(request)
-    version = body.get("version") if isinstance(body, dict) else None
-    source = body.get("source") if isinstance(body, dict) else None
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise RequestError(f"'version' must be an integer, got {version!r}", param="version")
+    body = await _admin_body(request)
+    version, source, engines = body.get("version"), body.get("source"), _engines_arg(body)
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 2**63:
+        raise RequestError(f"'version' must be an integer in [0, 2**63), got {version!r}", param="version")
     if source is not None and not isinstance(source, str):
         raise RequestError(f"'source' must be a checkpoint directory or null, got {source!r}", param="source")
     try:
-        await request.app[MANAGER_KEY].update_weights(version, source)
+        await request.app[MANAGER_KEY].update_weights(version, source, engines)
     except RuntimeError as e:
         raise RequestError(str(e), status=409, code="not_paused") from None
     except (ValueError, FileNotFoundError) as e:
         raise RequestError(str(e), param="source") from None
     return web.json_response({"ok": True, "version": version})
+
+
+async def admin_preempt(request: web.Request) -> web.Response:
+    """{"engine": name}: take it out of service; its requests continue on other engines with their tokens."""
+    body = await _admin_body(request)
+    engine = body.get("engine")
+    if not isinstance(engine, str):
+        raise RequestError(f"'engine' must be an engine name, got {engine!r}", param="engine")
+    start = time.perf_counter()
+    try:
+        moved = await _control(request.app[MANAGER_KEY].preempt(engine), "engine")
+    except TimeoutError as e:
+        raise RequestError(str(e), status=504, code="timeout") from None
+    return web.json_response({"ok": True, "moved": moved, "preempt_s": time.perf_counter() - start})
+
+
+async def admin_serve(request: web.Request) -> web.Response:
+    """{"engine": name, "serving": bool}: whether the engine takes new requests."""
+    body = await _admin_body(request)
+    engine, serving = body.get("engine"), body.get("serving")
+    if not isinstance(engine, str):
+        raise RequestError(f"'engine' must be an engine name, got {engine!r}", param="engine")
+    if not isinstance(serving, bool):
+        raise RequestError(f"'serving' must be true or false, got {serving!r}", param="serving")
+    try:
+        request.app[MANAGER_KEY].set_serving(engine, serving)
+    except ValueError as e:
+        raise RequestError(str(e), param="engine") from None
+    return web.json_response({"ok": True})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -372,6 +434,8 @@ def build_app(manager: TrajectoryManager) -> web.Application:
             web.post("/admin/pause", admin_pause),
             web.post("/admin/resume", admin_resume),
             web.post("/admin/update_weights", admin_update_weights),
+            web.post("/admin/preempt", admin_preempt),
+            web.post("/admin/serve", admin_serve),
             web.get("/health", health),
             web.get("/stats", stats),
         ]

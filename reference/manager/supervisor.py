@@ -7,8 +7,8 @@ stream stalls or breaks. An engine whose process died, that stays unresponsive f
 or that failed `restart_after_failures` requests in a row, is restarted (when the supervisor owns its
 process), at most once per backoff period (1 s, doubling to `max_backoff_s`).
 
-An engine that is back, restarted or not, first gets the fleet's state: paused if the manager is, the
-current weights (`update_weights(version, source)`: a restarted engine starts from its initial weights),
+An engine that is back, restarted or not, first gets the state the control plane gave it: paused or not,
+its weights (`update_weights(version, source)`: a restarted engine starts from its initial weights),
 and only then serves again. This also covers engines that missed a pause or a weight update while down.
 """
 
@@ -150,14 +150,14 @@ class Supervisor:
         try:
             async with m.control, asyncio.timeout(max(60.0, self.config.probe_timeout_s)):
                 stats = await engine.stats()
-                if stats.version != m.version or (reload and m.weights_source is not None):
+                if stats.version != slot.version or (reload and slot.weights_source is not None):
                     if not stats.paused:
                         await engine.pause()
-                    await engine.update_weights(m.version, m.weights_source)
+                    await engine.update_weights(slot.version, slot.weights_source)
                     stats = await engine.stats()
-                if m.paused and not stats.paused:
+                if slot.paused and not stats.paused:
                     await engine.pause()
-                elif not m.paused and stats.paused:
+                elif not slot.paused and stats.paused:
                     await engine.resume()
         except (EngineError, TimeoutError, ValueError, RuntimeError) as e:
             log.warning("engine %s could not be brought to the fleet's state: %s", slot.name, e)
@@ -166,4 +166,4 @@ class Supervisor:
         slot.stale = False
         self.manager.router.bring_up(slot)
         self._watch[slot.name].backoff_s = 1.0
-        log.info("engine %s is serving (version %d%s)", slot.name, m.version, ", paused" if m.paused else "")
+        log.info("engine %s is up (version %d%s)", slot.name, slot.version, ", paused" if slot.paused else "")
