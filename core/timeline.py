@@ -1,15 +1,35 @@
-"""The timeline record both executors write, and a recorder that builds it.
+"""The timeline record both executors write, a recorder that builds it, and its JSON form.
 
 One `Interval` per busy or idle stretch of each resource, covering [0, wall_s] with no gaps, plus
-one `StepRecord` per training step. Every metric is computed from this record by
+one `StepRecord` per training step. Every time is in seconds since the run started (one time base
+for every interval and step). Every metric is computed from this record by
 `core.metrics.summarize`, so the simulator and the real runtime are scored identically.
+`Timeline.save` and `Timeline.load` write and read the whole record back (`intervals.json` beside a
+simulation's `summary.json`); the Chrome trace (`core.trace`) is a one-way view of it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import threading
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
 
 from core.tags import Phase, Resource
+
+FORMAT = "seamlessflow-timeline"
+FORMAT_VERSION = 1
+TIME_BASE = "seconds since the run started"
+TOLERANCE_S = 1e-6  # how far past wall_s an interval or step may end (float rounding)
+
+
+def _check_keys(kind: str, data: dict, cls) -> None:
+    """Raise ValueError naming missing or unknown keys of a record read back from JSON."""
+    names = {f.name for f in fields(cls)}
+    required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+    missing, unknown = sorted(required - data.keys()), sorted(data.keys() - names)
+    if missing or unknown:
+        raise ValueError(f"{kind} record {data!r}: missing keys {missing}, unknown keys {unknown}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +64,12 @@ class Interval:
             "devices": self.devices,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict) -> Interval:
+        """The inverse of `as_dict`."""
+        _check_keys("interval", data, cls)
+        return cls(**{**data, "tags": tuple(data["tags"]), "phase": Phase(data["phase"])})
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -62,6 +88,24 @@ class StepRecord:
     lag_tokens: dict[int, int]
     samples: int = 0  # trajectories trained
 
+    def as_dict(self) -> dict:
+        """JSON-ready: lags become string keys, in increasing order."""
+        return {
+            "step": self.step,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "tokens": self.tokens,
+            "generated_tokens": self.generated_tokens,
+            "lag_tokens": {str(lag): self.lag_tokens[lag] for lag in sorted(self.lag_tokens)},
+            "samples": self.samples,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StepRecord:
+        """The inverse of `as_dict`."""
+        _check_keys("step", data, cls)
+        return cls(**{**data, "lag_tokens": {int(lag): n for lag, n in data["lag_tokens"].items()}})
+
 
 @dataclass
 class Timeline:
@@ -73,14 +117,70 @@ class Timeline:
     meta: dict = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
 
+    def to_dict(self) -> dict:
+        """The whole record as JSON-ready data; `from_dict` gives an equal `Timeline` back."""
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "time_base": TIME_BASE,
+            "wall_s": self.wall_s,
+            "meta": dict(self.meta),
+            "counters": dict(self.counters),
+            "intervals": [iv.as_dict() for iv in self.intervals],
+            "steps": [step.as_dict() for step in self.steps],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Timeline:
+        """Read a record written by `to_dict`; raises ValueError for another format or a time out of
+        [0, wall_s]."""
+        if data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(
+                f"not a timeline record of format {FORMAT!r} version {FORMAT_VERSION}: "
+                f"format {data.get('format')!r}, version {data.get('format_version')!r}"
+            )
+        timeline = cls(
+            [Interval.from_dict(d) for d in data["intervals"]],
+            [StepRecord.from_dict(d) for d in data["steps"]],
+            data["wall_s"],
+            dict(data["meta"]),
+            dict(data["counters"]),
+        )
+        timeline.check_times()
+        return timeline
+
+    def check_times(self) -> None:
+        """Raise ValueError unless every interval and step lies within [0, wall_s] (one time base)."""
+        for kind, records in (("interval", self.intervals), ("step", self.steps)):
+            for r in records:
+                if not 0.0 <= r.start_s <= r.end_s <= self.wall_s + TOLERANCE_S:
+                    raise ValueError(f"{kind} {r!r} does not lie within [0, wall_s={self.wall_s}] in {TIME_BASE}")
+
+    def save(self, path: str | Path) -> None:
+        """Write the record as JSON (sorted keys: identical timelines give identical files)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as f:
+            json.dump(self.to_dict(), f, sort_keys=True)
+            f.write("\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Timeline:
+        with Path(path).open() as f:
+            return cls.from_dict(json.load(f))
+
 
 class TimelineRecorder:
-    """Tracks each resource's current phase; closing a phase appends an interval."""
+    """Tracks each resource's current phase; closing a phase appends an interval.
+
+    Times are seconds since the run started. Safe to call from several threads (a real-time
+    executor's callbacks and the driver's control thread)."""
 
     def __init__(self, resources: list[Resource], active: dict[str, str]) -> None:
         self._res = {r.name: r for r in resources}
         self._active = dict(active)
         self._open: dict[str, tuple[Phase, float, int, int]] = {r.name: (Phase.IDLE, 0.0, 0, 0) for r in resources}
+        self._lock = threading.Lock()
         self.intervals: list[Interval] = []
         self.steps: list[StepRecord] = []
 
@@ -89,14 +189,22 @@ class TimelineRecorder:
 
     def set(self, resource: str, phase: Phase, now: float, step: int, active: str | None = None) -> None:
         """Close `resource`'s open interval at `now` and open a new one."""
-        self._close(resource, now)
-        if active is not None:
-            self._active[resource] = active
-        self._open[resource] = (phase, now, step, 0)
+        if now < 0:
+            raise ValueError(f"{resource}: time {now} s is before the run started (times are {TIME_BASE})")
+        with self._lock:
+            self._close(resource, now)
+            if active is not None:
+                self._active[resource] = active
+            self._open[resource] = (phase, now, step, 0)
 
     def add_tokens(self, resource: str, tokens: int) -> None:
-        phase, start, step, count = self._open[resource]
-        self._open[resource] = (phase, start, step, count + tokens)
+        with self._lock:
+            phase, start, step, count = self._open[resource]
+            self._open[resource] = (phase, start, step, count + tokens)
+
+    def add_step(self, record: StepRecord) -> None:
+        with self._lock:
+            self.steps.append(record)
 
     def _close(self, resource: str, now: float) -> None:
         phase, start, step, tokens = self._open[resource]
@@ -109,8 +217,9 @@ class TimelineRecorder:
             )
 
     def finish(self, now: float, meta: dict, counters: dict[str, float]) -> Timeline:
-        for name in self._open:
-            self._close(name, now)
-        self._open = {name: (Phase.IDLE, now, 0, 0) for name in self._open}
-        intervals = sorted(self.intervals, key=lambda i: (i.resource, i.start_s, i.end_s))
-        return Timeline(intervals, list(self.steps), now, dict(meta), dict(counters))
+        with self._lock:
+            for name in self._open:
+                self._close(name, now)
+            self._open = {name: (Phase.IDLE, now, 0, 0) for name in self._open}
+            intervals = sorted(self.intervals, key=lambda i: (i.resource, i.start_s, i.end_s))
+            return Timeline(intervals, list(self.steps), now, dict(meta), dict(counters))

@@ -15,10 +15,12 @@ from sim.config import SimConfig, config_dict
 
 
 def write_run(timeline: Timeline, cfg: SimConfig, out: Path, picture: bool = True) -> dict:
-    """summary.json, timeline.json (Chrome trace), timeline.png and config.yaml in `out`."""
+    """summary.json, intervals.json (the timeline record, `Timeline.load` reads it back),
+    timeline.json (Chrome trace), timeline.png and config.yaml in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(timeline)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    timeline.save(out / "intervals.json")
     write_chrome_trace(timeline, out / "timeline.json")
     (out / "config.yaml").write_text(yaml.safe_dump(config_dict(cfg), sort_keys=False))
     if picture:

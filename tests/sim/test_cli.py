@@ -113,7 +113,13 @@ def test_a_model_too_big_to_train_says_by_how_much(capsys, tmp_path, monkeypatch
 def test_a_run_writes_every_output(capsys, tmp_path):
     out = tmp_path / "run"
     assert main(["--policy", "tag", "--out", str(out), "--quiet", "--set", "num_steps=2", *SMALL]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "summary.json", "timeline.json", "timeline.png"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.yaml",
+        "intervals.json",
+        "summary.json",
+        "timeline.json",
+        "timeline.png",
+    ]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["policy"] == "tag" and summary["num_steps"] == 2
     trace = json.loads((out / "timeline.json").read_text())

@@ -225,9 +225,23 @@ def test_same_seed_gives_byte_identical_outputs(small_config, tmp_path, kind):
     cfg = small_config(f"workload.kind={kind}", "num_steps=3")
     for folder in ("a", "b"):
         write_run(simulate(cfg, "tag"), cfg, tmp_path / folder, picture=False)
-    for name in ("summary.json", "timeline.json", "config.yaml"):
+    for name in ("summary.json", "intervals.json", "timeline.json", "config.yaml"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     other = small_config(f"workload.kind={kind}", "num_steps=3", "seed=1")
     changed = write_run(simulate(other, "tag"), other, tmp_path / "c", picture=False)
     assert (tmp_path / "c" / "summary.json").read_bytes() != (tmp_path / "a" / "summary.json").read_bytes()
     assert changed["token_throughput"] != summarize(simulate(cfg, "tag"))["token_throughput"]
+
+
+# ---- the saved record ----
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_the_saved_timeline_reads_back_and_scores_like_the_run(run_small, small_config, tmp_path, policy):
+    timeline = run_small(policy)
+    summary = write_run(timeline, small_config(), tmp_path, picture=False)
+    again = Timeline.load(tmp_path / "intervals.json")
+    assert again == timeline
+    assert summarize(again) == summary
+    again.check_times()  # one time base: seconds since the run started, within [0, wall_s]
+    assert min(iv.start_s for iv in again.intervals) == 0.0
