@@ -17,6 +17,9 @@ class Tag(enum.StrEnum):
     ROLLOUT = "rollout"
     TRAIN = "train"
 
+    def __repr__(self) -> str:  # short in the reprs of decisions that errors quote
+        return f"Tag.{self.name}"
+
 
 class Phase(enum.StrEnum):
     """What a resource is doing during a timeline interval."""

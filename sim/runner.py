@@ -1,9 +1,14 @@
 """The simulator: SimPy executes a policy's decisions against the cost model and workload.
 
-The control loop is the policy's: every event goes to `policy.on_event`, every decision it returns
-is applied here (`_apply_*`), and completions come back as events. Events raised while a SimPy
-callback runs are queued and handed to the policy only after the callback finishes, so a policy
-never sees the simulator half-way through an update.
+The control loop is `core.driver.Driver`, the same one the real runtime runs: every event goes
+through it to `policy.on_event`, every decision it returns comes back to one of this executor's
+decision methods (`submit`, `preempt`, `switch_tag`, ...), and completions are posted back as
+events. An event raised while decisions are being applied (a preemption's `PreemptFinished`) is
+queued and handed to the policy after the whole decision list, and a sync's completion is posted
+before the engines it freed pull work but handed over after, so a policy never sees the simulator
+half-way through an update. The model
+applies `Submit`, `Refresh`, `Preempt` and `ResumeRollout` instantly (a preemption posts its
+`PreemptFinished` at once); switches, syncs and training steps take the cost model's time.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from tqdm import tqdm
 
 from core import events as ev
 from core import specs
+from core.driver import Deadlines, Driver
 from core.errors import UserError
 from core.policies import PolicyConfig, make_policy
 from core.tags import Phase, Tag
@@ -61,8 +67,9 @@ class Simulation:
         self.groups: dict[int, list[Sample]] = {}
         self._left: dict[int, int] = {}
         self.counters: Counter[str] = Counter()
-        self._events: deque[ev.Event] = deque()
-        self._draining = False
+        # Simulated durations come from the cost model and cannot hang: a stalled run is reported when
+        # SimPy runs out of events (see `run`), so no decision needs a deadline.
+        self.driver = Driver(self.policy, self, self.recorder, Deadlines.none())
         self._done = self.env.event()
         self._bar = tqdm(
             total=cfg.num_steps, desc=f"sim {policy}", unit="step", delay=2.0, disable=not progress, leave=False
@@ -77,10 +84,11 @@ class Simulation:
         except RuntimeError as exc:
             if "No scheduled events left" not in str(exc):
                 raise
+            outstanding = ", ".join(repr(d) for d in self.driver.outstanding) or "none"
             raise RuntimeError(
                 f"simulation stalled at t={self.env.now:.1f}s after {self.policy.step} steps: the policy "
                 f"{self.policy.name!r} waits for an event that cannot come (in flight {self.policy.in_flight}, "
-                f"ready {len(self.policy.ready)}, queued {len(self.queue)})"
+                f"queued requests {len(self.queue)}, outstanding decisions: {outstanding})"
             ) from None
         finally:
             self._bar.close()
@@ -95,16 +103,9 @@ class Simulation:
         return self.recorder.finish(self.env.now, meta, dict(sorted(self.counters.items())))
 
     def _emit(self, event: ev.Event) -> None:
-        self._events.append(event)
-        if self._draining:
-            return
-        self._draining = True
-        try:
-            while self._events:
-                for decision in self.policy.on_event(self._events.popleft()):
-                    getattr(self, f"_apply_{type(decision).__name__}")(decision)
-        finally:
-            self._draining = False
+        """Report an event; the policy sees it now, or after the decisions being applied."""
+        self.driver.post(event)
+        self.driver.drain()
 
     def wake(self, delay: float, fn: Callable, *args) -> None:
         """Call fn(*args) after `delay` simulated seconds."""
@@ -112,8 +113,8 @@ class Simulation:
         timeout = self.env.timeout(max(0.0, delay))
         timeout.callbacks.append(lambda _: fn(*args))
 
-    @property
     def now(self) -> float:
+        """Simulated seconds since the run started (the executor's clock for the driver)."""
         return self.env.now
 
     # ---- engine callbacks ----
@@ -176,7 +177,7 @@ class Simulation:
         if not self.queue:
             engine = self._choose(sample)
             if engine is not None:
-                engine.offer(sample, self.now)
+                engine.offer(sample, self.env.now)
                 return
         sample.where = "queue"
         self.queue.append(sample)
@@ -210,11 +211,11 @@ class Simulation:
         for name in names:
             engine = self.engines[name]
             for sample in self.take_for(engine, share):
-                engine.offer(sample, self.now)
+                engine.offer(sample, self.env.now)
 
     # ---- decisions ----
 
-    def _apply_Submit(self, d: ev.Submit) -> None:
+    def submit(self, d: ev.Submit) -> None:
         for _ in range(d.num_groups):
             group = self.workload.new_group()
             self.groups[group[0].group_id] = group
@@ -222,32 +223,28 @@ class Simulation:
             for sample in group:
                 self._enqueue(sample)
 
-    def _apply_Preempt(self, d: ev.Preempt) -> None:
+    def preempt(self, d: ev.Preempt) -> None:
         engine = self.engines[d.resource]
-        samples = engine.preempt(self.now)
-        self.recorder.set(d.resource, Phase.IDLE, self.now, engine.version)
+        samples = engine.preempt(self.env.now)
+        self.recorder.set(d.resource, Phase.IDLE, self.env.now, engine.version)
         for sample in reversed(samples):
             sample.engine, sample.where = None, "queue"
             self.queue.appendleft(sample)
         self.counters["preempted_requests"] += len(samples)
         self._kick([n for n, e in self.engines.items() if e.accepting])
+        self.driver.post(ev.PreemptFinished(d.resource))
 
-    def _apply_SwitchTag(self, d: ev.SwitchTag) -> None:
+    def switch_tag(self, d: ev.SwitchTag) -> None:
+        """The driver records the switch interval; it ends when `SwitchFinished` is posted."""
         engine = self.engines.get(d.resource)
         if engine is not None and d.active is Tag.TRAIN:
             if engine.active or engine.held:
                 raise RuntimeError(f"{d.resource}: switched to train with requests in flight; preempt first")
             engine.state = EngineState.OFF
-        step = self.policy.step
-        self.recorder.set(d.resource, Phase.SWITCH, self.now, step, active=d.active.value)
         duration = self.cost.switch_s(d.active, self.train_gpus)
-        self.wake(duration, self._switch_done, d)
+        self.wake(duration, self._emit, ev.SwitchFinished(d.resource, d.active))
 
-    def _switch_done(self, d: ev.SwitchTag) -> None:
-        self.recorder.set(d.resource, Phase.IDLE, self.now, self.policy.step)
-        self._emit(ev.SwitchFinished(d.resource, d.active))
-
-    def _apply_StartTrain(self, d: ev.StartTrain) -> None:
+    def start_train(self, d: ev.StartTrain) -> None:
         samples = [s for gid in d.group_ids for s in self.groups.pop(gid)]
         seq_lens = [s.total_tokens for s in samples]
         gpus = sum(self.resources[r].devices for r in d.resources)
@@ -259,39 +256,38 @@ class Simulation:
         tokens = sum(seq_lens)
         record = StepRecord(
             d.step,
-            self.now,
-            self.now + duration,
+            self.env.now,
+            self.env.now + duration,
             tokens,
             sum(s.generated_tokens for s in samples),
             dict(sorted(lag.items())),
             len(samples),
         )
         for r in d.resources:
-            self.recorder.set(r, Phase.TRAIN, self.now, d.step)
+            self.recorder.set(r, Phase.TRAIN, self.env.now, d.step)
             self.recorder.add_tokens(r, tokens * self.resources[r].devices // gpus)
         self.wake(duration, self._train_done, d, record)
 
     def _train_done(self, d: ev.StartTrain, record: StepRecord) -> None:
         for r in d.resources:
-            self.recorder.set(r, Phase.IDLE, self.now, d.step + 1)
-        self.recorder.steps.append(record)
+            self.recorder.set(r, Phase.IDLE, self.env.now, d.step + 1)
+        self.recorder.add_step(record)
         self._bar.update(1)
         self._emit(ev.TrainFinished(d.step))
         if self.policy.done and not self._done.triggered:
             self._done.succeed()
 
-    def _apply_Refresh(self, d: ev.Refresh) -> None:
+    def refresh(self, d: ev.Refresh) -> None:
         self._restart_stale(d.min_keep_version, d.group_ids)
 
-    def _apply_PauseRollout(self, d: ev.PauseRollout) -> None:
+    def sync_weights(self, d: ev.SyncWeights) -> None:
+        """Pause each engine (keeping its requests) and start loading; the driver records the sync
+        interval, which ends when `SyncFinished` is posted."""
         for name in d.resources:
-            self.engines[name].pause(self.now)
-            self.recorder.set(name, Phase.IDLE, self.now, self.engines[name].version)
-
-    def _apply_SyncWeights(self, d: ev.SyncWeights) -> None:
-        for name in d.resources:
-            self.engines[name].start_sync()
-            self.recorder.set(name, Phase.SYNC, self.now, d.version)
+            engine = self.engines[name]
+            engine.pause(self.env.now)
+            self.recorder.set(name, Phase.IDLE, self.env.now, engine.version)
+            engine.start_sync()
         self._restart_stale(d.min_keep_version)
         local = all(self.resources[name].can(Tag.TRAIN) for name in d.resources)
         self.wake(self.cost.sync_s(local, len(d.resources)), self._sync_done, d)
@@ -328,16 +324,15 @@ class Simulation:
 
     def _sync_done(self, d: ev.SyncWeights) -> None:
         for name in d.resources:
-            engine = self.engines[name]
-            engine.finish_sync(d.version, self.now)
-            self.recorder.set(name, Phase.IDLE, self.now, d.version)
+            self.engines[name].finish_sync(d.version, self.env.now)
+        self.driver.post(ev.SyncFinished(d.version, d.resources, d.sync_id))  # ends the sync intervals now
         self._kick([n for n in d.resources if not self.engines[n].held])
-        self._emit(ev.SyncFinished(d.version, d.resources))
+        self.driver.drain()
 
-    def _apply_ResumeRollout(self, d: ev.ResumeRollout) -> None:
+    def resume_rollout(self, d: ev.ResumeRollout) -> None:
         share = self.fair_share(len(d.resources))
         for name in d.resources:
-            self.engines[name].resume(self.now, share)
+            self.engines[name].resume(self.env.now, share)
 
 
 def simulate(cfg: SimConfig, policy: str, progress: bool = False) -> Timeline:

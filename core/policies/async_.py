@@ -7,7 +7,7 @@ generation), so a batch's tokens all share one version and the trained lag is at
 
 from __future__ import annotations
 
-from core.events import Decision, Event, GroupFinished, Started, SyncFinished, SyncWeights, TrainFinished
+from core.events import Decision, Event, GroupFinished, ResourceLost, Started, SyncFinished, TrainFinished
 from core.policies.base import BasePolicy, PolicyConfig, split_pools
 from core.tags import Resource
 
@@ -24,7 +24,6 @@ class AsyncPolicy(BasePolicy):
         super().__init__(resources, config)
         self._generating = -1  # index of the batch being (or last) generated
         self._rollout_version = 0
-        self._syncing = False
         self._training = False
 
     def on_event(self, event: Event) -> list[Decision]:
@@ -41,9 +40,11 @@ class AsyncPolicy(BasePolicy):
                 self._training = False
                 return self._maybe_train() + self._feed_rollout()
             case SyncFinished(version):
+                self.synced(event)
                 self._rollout_version = version
-                self._syncing = False
                 return self._feed_rollout()
+            case ResourceLost(resource):
+                return self.lose(resource)
         return []
 
     def _maybe_train(self) -> list[Decision]:
@@ -54,11 +55,10 @@ class AsyncPolicy(BasePolicy):
 
     def _feed_rollout(self) -> list[Decision]:
         """Between batches: sync newer weights first, then generate the next batch if allowed."""
-        if self.in_flight or self._syncing or self.done:
+        if self.in_flight or self.syncing() or self.done:
             return []
         if self._rollout_version < self.version:
-            self._syncing = True
-            return [SyncWeights(self.version, self.rollout_only, self.version)]
+            return [self.sync(self.version, self.rollout_only, self.version)]
         nxt = self._generating + 1
         if nxt - self._rollout_version > self.config.max_staleness:
             return []

@@ -1,8 +1,9 @@
-"""What every scheduling policy shares: GRPO batch accounting and the staleness rule.
+"""What every scheduling policy shares: GRPO batch accounting, the staleness rule, lost resources.
 
 A policy is a state machine. `on_event` takes one event and returns the decisions to apply, in
 order. It tracks which prompt groups are in flight or finished, which step trains next, which
-policy version each resource holds, and what each resource is doing; it never sees time.
+policy version each resource holds, and what each resource is doing; it never sees time. The
+contract it keeps with executors is in `core/events.py`; `core.driver` runs it.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import count
 from typing import ClassVar, Protocol
 
-from core.errors import UserError
-from core.events import Decision, Event, Refresh, StartTrain, Submit
+from core.errors import ContractError, RunFailed, UserError
+from core.events import Decision, Event, Refresh, StartTrain, Submit, SyncFinished, SyncWeights
 from core.tags import Resource, Tag
 
 
@@ -49,9 +51,21 @@ class PolicyConfig:
 
 
 class Policy(Protocol):
-    """The seam both executors drive."""
+    """The seam both executors drive (through `core.driver.Driver`), and what they read of it.
+
+    resources: every resource still in the pools, by name (a lost one is dropped).
+    rollout_only, trainers: names of the rollout-only and of the train-capable resources.
+    step: the next training step to run; version: the newest policy version (steps completed).
+    in_flight: prompt groups submitted and not finished yet.
+    """
 
     name: str
+    resources: dict[str, Resource]
+    rollout_only: tuple[str, ...]
+    trainers: tuple[str, ...]
+    step: int
+    version: int
+    in_flight: int
 
     def on_event(self, event: Event) -> list[Decision]: ...
 
@@ -74,7 +88,7 @@ def split_pools(num_resources: int, train_fraction: float, devices: int) -> tupl
 
 
 class BasePolicy:
-    """Batch bookkeeping shared by all four policies."""
+    """Batch bookkeeping shared by all four policies, weight syncs by id, and lost resources."""
 
     name: ClassVar[str]
     strictly_on_policy: ClassVar[bool] = False
@@ -92,6 +106,13 @@ class BasePolicy:
         self.submitted = 0
         self.consumed = 0
         self.ready: deque[tuple[int, int]] = deque()  # (group_id, min_version), oldest first
+        self.running: StartTrain | None = None  # the step being trained
+        self.lost: list[str] = []
+        self._syncs: dict[int, tuple[SyncWeights, str]] = {}  # sync_id -> (sync in flight, its role)
+        self._sync_ids = count()
+
+    def on_event(self, event: Event) -> list[Decision]:
+        raise NotImplementedError
 
     @property
     def done(self) -> bool:
@@ -151,7 +172,8 @@ class BasePolicy:
         batch = tuple(self.ready[i][0] for i in sorted(chosen))
         self.ready = deque(item for i, item in enumerate(self.ready) if i not in chosen)
         self.consumed += batch_size
-        decisions.append(StartTrain(self.step, batch, resources))
+        self.running = StartTrain(self.step, batch, resources)
+        decisions.append(self.running)
         return decisions
 
     def finish_step(self, step: int) -> None:
@@ -159,3 +181,69 @@ class BasePolicy:
             raise RuntimeError(f"train step {step} finished but step {self.step} was running")
         self.step += 1
         self.version = self.step
+        self.running = None
+
+    # -- weight syncs, told apart by id --
+
+    def sync(self, version: int, resources: tuple[str, ...], min_keep_version: int, role: str = "") -> SyncWeights:
+        """A new `SyncWeights`, remembered with `role` (the policy's name for what it is for)."""
+        decision = SyncWeights(version, resources, min_keep_version, next(self._sync_ids))
+        self._syncs[decision.sync_id] = (decision, role)
+        return decision
+
+    def synced(self, event: SyncFinished) -> str:
+        """Forget the sync `event` completes; returns its role."""
+        try:
+            return self._syncs.pop(event.sync_id)[1]
+        except KeyError:
+            raise ContractError(f"{event!r} completes no sync in flight (ids {sorted(self._syncs)})") from None
+
+    def syncing(self, role: str | None = None) -> bool:
+        """Whether a sync (of `role`, or of any role) is in flight."""
+        return any(role is None or r == role for _, r in self._syncs.values())
+
+    # -- lost resources --
+
+    def lose(self, resource: str) -> list[Decision]:
+        """Drop a lost resource from the pools and issue again, on the survivors, the training step
+        and the weight syncs it took part in (the executor abandoned them). Raises `RunFailed` when no
+        train-capable or no rollout-capable resource is left."""
+        if resource not in self.resources:
+            raise ContractError(f"lost resource {resource!r} is not in the pools ({', '.join(self.resources)})")
+        self._drop(resource)
+        decisions: list[Decision] = []
+        if self.running is not None and resource in self.running.resources:
+            decisions.append(self._retrain(resource))
+        for sync_id, (sync, _) in list(self._syncs.items()):
+            if resource in sync.resources:
+                decisions += self._resync(sync_id, resource)
+        return decisions
+
+    def _drop(self, resource: str) -> None:
+        del self.resources[resource]
+        self.lost.append(resource)
+        self.rollout_only = tuple(r for r in self.rollout_only if r != resource)
+        self.trainers = tuple(r for r in self.trainers if r != resource)
+        for tag, kind in ((Tag.TRAIN, "train"), (Tag.ROLLOUT, "rollout")):
+            if not any(r.can(tag) for r in self.resources.values()):
+                raise RunFailed(
+                    f"policy {self.name!r} has no {kind}-capable resource left (lost: {', '.join(self.lost)})"
+                )
+
+    def _retrain(self, resource: str) -> StartTrain:
+        assert self.running is not None
+        survivors = tuple(r for r in self.running.resources if r != resource)
+        if not survivors:
+            raise RunFailed(
+                f"step {self.running.step} lost every resource it trained on (lost: {', '.join(self.lost)})"
+            )
+        self.running = StartTrain(self.running.step, self.running.group_ids, survivors)
+        return self.running
+
+    def _resync(self, sync_id: int, resource: str) -> list[Decision]:
+        sync, role = self._syncs[sync_id]
+        survivors = tuple(r for r in sync.resources if r != resource)
+        if not survivors:  # nothing left to load the weights onto: the sync is over
+            return self.on_event(SyncFinished(sync.version, (), sync_id))
+        del self._syncs[sync_id]
+        return [self.sync(sync.version, survivors, sync.min_keep_version, role)]

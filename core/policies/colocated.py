@@ -10,11 +10,11 @@ from core.events import (
     Decision,
     Event,
     GroupFinished,
+    ResourceLost,
     Started,
     SwitchFinished,
     SwitchTag,
     SyncFinished,
-    SyncWeights,
     TrainFinished,
 )
 from core.policies.base import BasePolicy
@@ -33,10 +33,10 @@ class ColocatedPolicy(BasePolicy):
 
     def __init__(self, resources, config) -> None:
         super().__init__(resources, config)
-        self._switching: set[str] = set()
+        self._switching: set[str] = set()  # resources whose switch to `_target` is not finished
+        self._target = Tag.ROLLOUT
 
     def on_event(self, event: Event) -> list[Decision]:
-        everyone = self.trainers
         match event:
             case Started():
                 return self.submit(self.config.batch_groups)
@@ -44,20 +44,32 @@ class ColocatedPolicy(BasePolicy):
                 self.note_finished(group_id, min_version)
                 if self.in_flight == 0:
                     return self._switch_all(Tag.TRAIN)
-            case SwitchFinished(resource, active):
+            case SwitchFinished(resource):
                 self._switching.discard(resource)
-                if not self._switching:
-                    if active is Tag.TRAIN:
-                        return self.take_batch(everyone)
-                    return [SyncWeights(self.version, everyone, self.version)]
+                return self._switched()
             case TrainFinished(step):
                 self.finish_step(step)
                 if not self.done:
                     return self._switch_all(Tag.ROLLOUT)
             case SyncFinished():
+                self.synced(event)
                 return self.submit(self.config.batch_groups)
+            case ResourceLost(resource):
+                decisions = self.lose(resource)
+                if resource in self._switching:
+                    self._switching.discard(resource)
+                    decisions += self._switched()
+                return decisions
         return []
 
     def _switch_all(self, tag: Tag) -> list[Decision]:
-        self._switching = set(self.trainers)
+        self._switching, self._target = set(self.trainers), tag
         return [SwitchTag(r, tag) for r in self.trainers]
+
+    def _switched(self) -> list[Decision]:
+        """Once every resource has switched: train, or load the new weights for the next rollout."""
+        if self._switching:
+            return []
+        if self._target is Tag.TRAIN:
+            return self.take_batch(self.trainers)
+        return [self.sync(self.version, self.trainers, self.version)]

@@ -6,7 +6,7 @@ idles while it trains and while weights are broadcast.
 
 from __future__ import annotations
 
-from core.events import Decision, Event, GroupFinished, Started, SyncFinished, SyncWeights, TrainFinished
+from core.events import Decision, Event, GroupFinished, ResourceLost, Started, SyncFinished, TrainFinished
 from core.policies.base import BasePolicy, split_pools
 from core.tags import Resource
 
@@ -31,7 +31,10 @@ class DisaggregatedPolicy(BasePolicy):
             case TrainFinished(step):
                 self.finish_step(step)
                 if not self.done:
-                    return [SyncWeights(self.version, self.rollout_only, self.version)]
+                    return [self.sync(self.version, self.rollout_only, self.version)]
             case SyncFinished():
+                self.synced(event)
                 return self.submit(self.config.batch_groups)
+            case ResourceLost(resource):
+                return self.lose(resource)
         return []

@@ -21,26 +21,30 @@ from core.events import (
     Decision,
     Event,
     GroupFinished,
-    PauseRollout,
     Preempt,
+    PreemptFinished,
     ResourceIdle,
+    ResourceLost,
     ResumeRollout,
     Started,
     SwitchFinished,
     SwitchTag,
     SyncFinished,
-    SyncWeights,
     TrainFinished,
 )
 from core.policies.base import BasePolicy, PolicyConfig, split_pools
 from core.tags import Resource, Tag
 
+# What a weight sync is for (see BasePolicy.sync): the train resources' own copy before they roll
+# out again, or the rollout-only resources' copy after a step.
+TRAINERS, ROLLOUT_ONLY = "trainers", "rollout-only"
+
 
 class _Mode(enum.Enum):
-    ROLLOUT = "rollout"
-    TO_TRAIN = "to_train"
+    ROLLOUT = "rollout"  # train resources roll out
+    TO_TRAIN = "to_train"  # they are preempted, then switched to training
     TRAIN = "train"
-    TO_ROLLOUT = "to_rollout"
+    TO_ROLLOUT = "to_rollout"  # they switch back, then load the newest weights
 
 
 class TagPolicy(BasePolicy):
@@ -56,8 +60,7 @@ class TagPolicy(BasePolicy):
         super().__init__(resources, config)
         self.window = config.batch_groups * (config.window_batches or 1 + config.max_staleness)
         self._mode = _Mode.ROLLOUT
-        self._switching: set[str] = set()
-        self._rollout_devices = sum(r.devices for r in resources if r.can(Tag.ROLLOUT))
+        self._waiting: set[str] = set()  # train resources whose preemption or switch has not finished
 
     def on_event(self, event: Event) -> list[Decision]:
         match event:
@@ -66,24 +69,19 @@ class TagPolicy(BasePolicy):
             case GroupFinished(group_id, min_version):
                 self.note_finished(group_id, min_version)
                 return self.refresh_stale() + self._top_up() + self._maybe_preempt()
-            case SwitchFinished(resource, active):
-                self._switching.discard(resource)
-                if self._switching:
-                    return []
-                if active is Tag.TRAIN:
-                    return self._train_or_return()
-                floor = self.version - self.config.max_staleness
-                return [SyncWeights(self.version, self.trainers, floor)]
+            case PreemptFinished(resource):
+                return [SwitchTag(resource, Tag.TRAIN)]
+            case SwitchFinished(resource):
+                self._waiting.discard(resource)
+                return self._switched()
             case TrainFinished(step):
                 return self._after_step(step)
             case ResourceIdle(resource):
                 return self._fill(resource)
-            case SyncFinished(_, resources):
-                decisions: list[Decision] = [ResumeRollout(resources)]
-                if resources == self.trainers:
-                    self._mode = _Mode.ROLLOUT
-                    decisions += self._maybe_preempt()
-                return decisions
+            case SyncFinished():
+                return self._synced(event)
+            case ResourceLost(resource):
+                return self._lose(resource)
         return []
 
     def _top_up(self) -> list[Decision]:
@@ -97,7 +95,8 @@ class TagPolicy(BasePolicy):
         rollout-capable device idles while there is training left to feed."""
         if self.done or not self.config.fill_idle:
             return []
-        share = self.resources[resource].devices / self._rollout_devices
+        rollout_devices = sum(r.devices for r in self.resources.values() if r.can(Tag.ROLLOUT))
+        share = self.resources[resource].devices / rollout_devices
         extra = max(1, round(self.config.batch_groups * share))
         return self.submit(self.in_flight + len(self.ready) + extra)
 
@@ -105,11 +104,21 @@ class TagPolicy(BasePolicy):
         return not self.done and self.admissible_ready() >= self.config.batch_groups
 
     def _maybe_preempt(self) -> list[Decision]:
+        """A full batch is ready: take the train resources back from rollout (each is switched to
+        training once its preemption finished)."""
         if self._mode is not _Mode.ROLLOUT or not self._batch_ready():
             return []
         self._mode = _Mode.TO_TRAIN
-        self._switching = set(self.trainers)
-        return [d for r in self.trainers for d in (Preempt(r), SwitchTag(r, Tag.TRAIN))]
+        self._waiting = set(self.trainers)
+        return [Preempt(r) for r in self.trainers]
+
+    def _switched(self) -> list[Decision]:
+        """Once every train resource has switched: train, or load the newest weights to roll out."""
+        if self._waiting:
+            return []
+        if self._mode is _Mode.TO_TRAIN:
+            return self._train_or_return()
+        return [self.sync(self.version, self.trainers, self._floor(), TRAINERS)]
 
     def _train_or_return(self) -> list[Decision]:
         if not self._batch_ready():  # the batch went stale while switching: go back to rollout
@@ -120,9 +129,10 @@ class TagPolicy(BasePolicy):
     def _after_step(self, step: int) -> list[Decision]:
         self.finish_step(step)
         decisions: list[Decision] = self.refresh_stale()
-        if self.rollout_only and not self.done:
-            floor = self.version - self.config.max_staleness
-            decisions += [PauseRollout(self.rollout_only), SyncWeights(self.version, self.rollout_only, floor)]
+        # A sync still loading older weights onto the rollout-only resources is followed by this one
+        # when it finishes (`_synced`), so a resource never runs two syncs at once.
+        if self.rollout_only and not self.done and not self.syncing(ROLLOUT_ONLY):
+            decisions.append(self.sync(self.version, self.rollout_only, self._floor(), ROLLOUT_ONLY))
         if self.done:
             return decisions
         if self._batch_ready():
@@ -132,5 +142,29 @@ class TagPolicy(BasePolicy):
 
     def _switch_back(self) -> list[Decision]:
         self._mode = _Mode.TO_ROLLOUT
-        self._switching = set(self.trainers)
+        self._waiting = set(self.trainers)
         return [SwitchTag(r, Tag.ROLLOUT) for r in self.trainers]
+
+    def _synced(self, event: SyncFinished) -> list[Decision]:
+        role = self.synced(event)
+        if role == TRAINERS:
+            self._mode = _Mode.ROLLOUT
+            return self._resume(event.resources) + self._maybe_preempt()
+        if event.version < self.version and self.rollout_only and not self.done:  # a step ended meanwhile
+            return [self.sync(self.version, self.rollout_only, self._floor(), ROLLOUT_ONLY)]
+        return self._resume(event.resources)
+
+    def _lose(self, resource: str) -> list[Decision]:
+        decisions = self.lose(resource)
+        if resource in self._waiting:  # its preemption or switch will never finish
+            self._waiting.discard(resource)
+            decisions += self._switched()
+        return decisions
+
+    def _floor(self) -> int:
+        """The oldest version a request may hold after a weight update."""
+        return self.version - self.config.max_staleness
+
+    @staticmethod
+    def _resume(resources: tuple[str, ...]) -> list[Decision]:
+        return [ResumeRollout(resources)] if resources else []

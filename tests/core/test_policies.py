@@ -1,25 +1,23 @@
 """Tests for core.policies without the simulator: events in by hand, whole decision logs out.
 
 Like SimPy's own tests, each scripted test asserts the complete log of (event, decisions) pairs, so a
-decision that appears, disappears or changes order fails it. A seeded fake executor then replays
-decisions as completions in random orders to check the invariants every order must keep.
+decision that appears, disappears or changes order fails it. The seeded fake executor of
+`core.fake` then replays decisions as completions in random orders, with every decision taking a
+random time, to check the invariants every order must keep; with resources lost at random times too.
 """
 
 from __future__ import annotations
 
-import heapq
-import random
-from itertools import count
-
 import pytest
 
-from core.errors import UserError
+from core.errors import ContractError, RunFailed, UserError
 from core.events import (
     GroupFinished,
-    PauseRollout,
     Preempt,
+    PreemptFinished,
     Refresh,
     ResourceIdle,
+    ResourceLost,
     ResumeRollout,
     Started,
     StartTrain,
@@ -30,6 +28,7 @@ from core.events import (
     SyncWeights,
     TrainFinished,
 )
+from core.fake import FakeExecutor
 from core.policies import POLICIES, PolicyConfig, make_policy, policy_class
 from core.policies.base import split_pools
 from core.policies.colocated import ColocatedPolicy
@@ -170,8 +169,8 @@ def test_colocated_rolls_out_switches_trains_and_syncs_in_lock_step():
             (SwitchFinished("C01", TRAIN), [StartTrain(0, (0, 1), both)]),
             (TrainFinished(0), [SwitchTag("C00", ROLLOUT), SwitchTag("C01", ROLLOUT)]),
             (SwitchFinished("C01", ROLLOUT), []),
-            (SwitchFinished("C00", ROLLOUT), [SyncWeights(1, both, 1)]),
-            (SyncFinished(1, both), [Submit(2)]),
+            (SwitchFinished("C00", ROLLOUT), [SyncWeights(1, both, 1, 0)]),
+            (SyncFinished(1, both, 0), [Submit(2)]),
             (GroupFinished(3, 1), []),
             (GroupFinished(2, 1), to_train),
             (SwitchFinished("C00", TRAIN), []),
@@ -191,8 +190,8 @@ def test_disaggregated_pools_wait_for_each_other():
             (Started(), [Submit(2)]),
             (GroupFinished(1, 0), []),
             (GroupFinished(0, 0), [StartTrain(0, (1, 0), train)]),
-            (TrainFinished(0), [SyncWeights(1, rollout, 1)]),  # nothing is generated while it trains
-            (SyncFinished(1, rollout), [Submit(2)]),
+            (TrainFinished(0), [SyncWeights(1, rollout, 1, 0)]),  # nothing is generated while it trains
+            (SyncFinished(1, rollout, 0), [Submit(2)]),
             (GroupFinished(2, 1), []),
             (GroupFinished(3, 1), [StartTrain(1, (2, 3), train)]),
             (TrainFinished(1), []),
@@ -212,12 +211,12 @@ def test_async_generates_one_batch_ahead_and_syncs_between_batches():
             (GroupFinished(1, 0), [StartTrain(0, (0, 1), train), Submit(2)]),  # batch 1 with version 0: lag 1
             (GroupFinished(2, 0), []),
             (GroupFinished(3, 0), []),  # batch 2 would need version >= 1: wait
-            (TrainFinished(0), [StartTrain(1, (2, 3), train), SyncWeights(1, rollout, 1)]),
-            (SyncFinished(1, rollout), [Submit(2)]),  # batch 2 with version 1
+            (TrainFinished(0), [StartTrain(1, (2, 3), train), SyncWeights(1, rollout, 1, 0)]),
+            (SyncFinished(1, rollout, 0), [Submit(2)]),  # batch 2 with version 1
             (GroupFinished(4, 1), []),
             (GroupFinished(5, 1), []),  # batch 3 would need version >= 2: wait
-            (TrainFinished(1), [StartTrain(2, (4, 5), train), SyncWeights(2, rollout, 2)]),
-            (SyncFinished(2, rollout), [Submit(2)]),  # keeps generating past the last measured step
+            (TrainFinished(1), [StartTrain(2, (4, 5), train), SyncWeights(2, rollout, 2, 1)]),
+            (SyncFinished(2, rollout, 1), [Submit(2)]),  # keeps generating past the last measured step
             (TrainFinished(2), []),
         ],
     )
@@ -231,7 +230,7 @@ def test_async_with_zero_staleness_decides_like_disaggregated():
         GroupFinished(0, 0),
         GroupFinished(1, 0),
         TrainFinished(0),
-        SyncFinished(1, ("R00", "R01")),
+        SyncFinished(1, ("R00", "R01"), 0),
         GroupFinished(2, 1),
         GroupFinished(3, 1),
         TrainFinished(1),
@@ -242,8 +241,9 @@ def test_async_with_zero_staleness_decides_like_disaggregated():
 
 def test_tag_multiplexes_train_resources_and_keeps_the_staleness_bound():
     """Window 1 + max_staleness = 2 batches counting the one training; a full batch preempts the
-    train resources; a step pauses, syncs and resumes rollout-only resources; a group that fell out
-    of the bound is refreshed; when no batch is ready the trainers go back to rollout."""
+    train resources, each switches to training once its preemption finished; a step syncs
+    rollout-only resources (pausing them) and resumes them; a group that fell out of the bound is
+    refreshed; when no batch is ready the trainers go back to rollout."""
     policy = make_policy("tag", PolicyConfig(batch_groups=2, num_steps=3, fill_idle=True), 2, 0.5, 1)
     r, t = ("R00",), ("T00",)
     check(
@@ -251,31 +251,56 @@ def test_tag_multiplexes_train_resources_and_keeps_the_staleness_bound():
         [
             (Started(), [Submit(4)]),  # groups 0-3: two batches
             (GroupFinished(0, 0), []),
-            (GroupFinished(1, 0), [Preempt("T00"), SwitchTag("T00", TRAIN)]),
+            (GroupFinished(1, 0), [Preempt("T00")]),
             (GroupFinished(2, 0), []),
+            (PreemptFinished("T00"), [SwitchTag("T00", TRAIN)]),
             # Training batch 0 plus batches in flight or ready fill the window: submit nothing yet (a
             # third batch generated with version 0 could never be trained within lag 1).
             (SwitchFinished("T00", TRAIN), [StartTrain(0, (0, 1), t)]),
             (GroupFinished(3, 0), []),
-            (TrainFinished(0), [PauseRollout(r), SyncWeights(1, r, 0), StartTrain(1, (2, 3), t), Submit(2)]),
-            (SyncFinished(1, r), [ResumeRollout(r)]),
+            (TrainFinished(0), [SyncWeights(1, r, 0, 0), StartTrain(1, (2, 3), t), Submit(2)]),
+            (SyncFinished(1, r, 0), [ResumeRollout(r)]),
             (GroupFinished(4, 0), []),  # holds a token of version 0: fine for step 1, too old for step 2
             (GroupFinished(5, 1), []),
-            (
-                TrainFinished(1),
-                [Refresh((4,), 1), PauseRollout(r), SyncWeights(2, r, 1), Submit(2), SwitchTag("T00", ROLLOUT)],
-            ),
-            (SyncFinished(2, r), [ResumeRollout(r)]),
-            (SwitchFinished("T00", ROLLOUT), [SyncWeights(2, t, 1)]),
+            (TrainFinished(1), [Refresh((4,), 1), SyncWeights(2, r, 1, 1), Submit(2), SwitchTag("T00", ROLLOUT)]),
+            (SyncFinished(2, r, 1), [ResumeRollout(r)]),
+            (SwitchFinished("T00", ROLLOUT), [SyncWeights(2, t, 1, 2)]),
             (ResourceIdle("R00"), [Submit(1)]),  # its device share of a batch beyond the window
-            (SyncFinished(2, t), [ResumeRollout(t)]),
-            (GroupFinished(4, 2), [Preempt("T00"), SwitchTag("T00", TRAIN)]),  # the refreshed group is back
+            (SyncFinished(2, t, 2), [ResumeRollout(t)]),
+            (GroupFinished(4, 2), [Preempt("T00")]),  # the refreshed group is back
+            (PreemptFinished("T00"), [SwitchTag("T00", TRAIN)]),
             (SwitchFinished("T00", TRAIN), [StartTrain(2, (5, 4), t)]),
             (TrainFinished(2), []),
             (ResourceIdle("R00"), []),  # done: no more filling
         ],
     )
     assert policy.done and policy.submitted == 9 and policy.consumed == 6
+
+
+def test_tag_tells_syncs_apart_by_id_and_never_overlaps_two_on_a_resource():
+    """A step that ends while the rollout-only resources still load older weights does not start a
+    second sync on them: the newer weights follow when the first sync finishes, and the trainers'
+    own sync (told apart by its id, not by its resources) is what returns them to rollout."""
+    policy = make_policy("tag", PolicyConfig(batch_groups=1, num_steps=4), 2, 0.5, 1)
+    r, t = ("R00",), ("T00",)
+    check(
+        policy,
+        [
+            (Started(), [Submit(2)]),
+            (GroupFinished(0, 0), [Preempt("T00")]),
+            (PreemptFinished("T00"), [SwitchTag("T00", TRAIN)]),
+            (SwitchFinished("T00", TRAIN), [StartTrain(0, (0,), t)]),
+            (TrainFinished(0), [SyncWeights(1, r, 0, 0), Submit(1), SwitchTag("T00", ROLLOUT)]),
+            (GroupFinished(1, 0), []),
+            (SwitchFinished("T00", ROLLOUT), [SyncWeights(1, t, 0, 1)]),
+            (SyncFinished(1, t, 1), [ResumeRollout(t), Preempt("T00")]),
+            (PreemptFinished("T00"), [SwitchTag("T00", TRAIN)]),
+            (SwitchFinished("T00", TRAIN), [StartTrain(1, (1,), t)]),
+            (TrainFinished(1), [Submit(1), SwitchTag("T00", ROLLOUT)]),  # R00 still syncing: no second sync
+            (SyncFinished(1, r, 0), [SyncWeights(2, r, 1, 2)]),  # version 2 exists now: load it, then resume
+            (SyncFinished(2, r, 2), [ResumeRollout(r)]),
+        ],
+    )
 
 
 def test_tag_leaves_idle_resources_alone_unless_fill_idle():
@@ -291,112 +316,93 @@ def test_tag_with_a_larger_bound_keeps_a_larger_window():
     assert drive(explicit, [Started()]) == [(Started(), [Submit(2)])]
 
 
+# ---- lost resources ----
+
+
+def test_colocated_carries_on_without_a_resource_lost_while_switching_or_training():
+    policy = make_policy("colocated", PolicyConfig(batch_groups=1, num_steps=2), 3, 0.5, 1)
+    check(
+        policy,
+        [
+            (Started(), [Submit(1)]),
+            (GroupFinished(0, 0), [SwitchTag("C00", TRAIN), SwitchTag("C01", TRAIN), SwitchTag("C02", TRAIN)]),
+            (SwitchFinished("C00", TRAIN), []),
+            (SwitchFinished("C02", TRAIN), []),
+            (ResourceLost("C01"), [StartTrain(0, (0,), ("C00", "C02"))]),  # its switch will never finish
+            (ResourceLost("C02"), [StartTrain(0, (0,), ("C00",))]),  # the step again, on the survivor
+            (TrainFinished(0), [SwitchTag("C00", ROLLOUT)]),
+        ],
+    )
+    assert policy.lost == ["C01", "C02"] and policy.trainers == ("C00",)
+
+
+def test_a_sync_is_issued_again_on_the_resources_that_survive():
+    policy = make_policy("disaggregated", PolicyConfig(batch_groups=1, num_steps=2), 4, 0.5, 1)
+    rollout = ("R00", "R01")
+    check(
+        policy,
+        [
+            (Started(), [Submit(1)]),
+            (GroupFinished(0, 0), [StartTrain(0, (0,), ("T00", "T01"))]),
+            (TrainFinished(0), [SyncWeights(1, rollout, 1, 0)]),
+            (ResourceLost("R00"), [SyncWeights(1, ("R01",), 1, 1)]),
+            (SyncFinished(1, ("R01",), 1), [Submit(1)]),
+        ],
+    )
+
+
+def test_tag_rolls_out_on_its_train_resources_alone_once_every_rollout_only_one_is_lost():
+    """A sync whose every resource was lost is over: nothing is left to resume, and later steps sync
+    no rollout-only resource."""
+    policy = make_policy("tag", PolicyConfig(batch_groups=1, num_steps=3), 2, 0.5, 1)
+    t = ("T00",)
+    check(
+        policy,
+        [
+            (Started(), [Submit(2)]),
+            (GroupFinished(0, 0), [Preempt("T00")]),
+            (PreemptFinished("T00"), [SwitchTag("T00", TRAIN)]),
+            (SwitchFinished("T00", TRAIN), [StartTrain(0, (0,), t)]),
+            (TrainFinished(0), [SyncWeights(1, ("R00",), 0, 0), Submit(1), SwitchTag("T00", ROLLOUT)]),
+            (ResourceLost("R00"), []),
+            (SwitchFinished("T00", ROLLOUT), [SyncWeights(1, t, 0, 1)]),
+            (SyncFinished(1, t, 1), [ResumeRollout(t)]),
+            (GroupFinished(1, 0), [Preempt("T00")]),
+            (PreemptFinished("T00"), [SwitchTag("T00", TRAIN)]),
+            (SwitchFinished("T00", TRAIN), [StartTrain(1, (1,), t)]),
+            (TrainFinished(1), [Submit(1), SwitchTag("T00", ROLLOUT)]),
+        ],
+    )
+    assert policy.rollout_only == () and not policy.syncing()
+
+
+@pytest.mark.parametrize(
+    ("name", "lost", "message"),
+    [
+        ("disaggregated", ["T00"], "policy 'disaggregated' has no train-capable resource left (lost: T00)"),
+        ("async", ["R00"], "policy 'async' has no rollout-capable resource left (lost: R00)"),
+        ("tag", ["R00", "T00"], "policy 'tag' has no train-capable resource left (lost: R00, T00)"),
+        ("colocated", ["C01", "C00"], "policy 'colocated' has no train-capable resource left (lost: C01, C00)"),
+    ],
+)
+def test_losing_every_resource_of_a_role_fails_the_run_naming_them(name, lost, message):
+    policy = make_policy(name, PolicyConfig(batch_groups=1, num_steps=2), 2, 0.5, 1)
+    policy.on_event(Started())
+    for resource in lost[:-1]:
+        policy.on_event(ResourceLost(resource))
+    with pytest.raises(RunFailed, match=message.replace("(", r"\(").replace(")", r"\)")):
+        policy.on_event(ResourceLost(lost[-1]))
+
+
+def test_a_sync_finishing_twice_or_an_unknown_loss_breaks_the_contract():
+    policy = make_policy("disaggregated", PolicyConfig(batch_groups=1, num_steps=2), 2, 0.5, 1)
+    with pytest.raises(ContractError, match=r"completes no sync in flight \(ids \[\]\)"):
+        policy.on_event(SyncFinished(1, ("R00",), 7))
+    with pytest.raises(ContractError, match="lost resource 'X09' is not in the pools"):
+        policy.on_event(ResourceLost("X09"))
+
+
 # ---- random completion orders ----
-
-
-class FakeExecutor:
-    """Replays a policy's decisions as completion events after seeded random delays.
-
-    No physics: a group's tokens all come from the weights its rollout pool holds when it starts
-    (or restarts). Sync restarts in-flight groups older than `min_keep_version`, as the simulator
-    does. Records the lag of every trained group and the rollout version behind every Submit.
-    """
-
-    def __init__(self, policy, seed: int) -> None:
-        self.policy, self.rng = policy, random.Random(seed)
-        self.now, self._seq, self._heap = 0.0, count(), []
-        self.weights = dict.fromkeys(policy.resources, 0)
-        self.rollout_pool = policy.rollout_only or policy.trainers
-        self.group_version: dict[int, int] = {}  # in flight -> version it is generated with
-        self.finished_version: dict[int, int] = {}
-        self._token: dict[int, int] = {}  # invalidates the completion of a restarted group
-        self.next_gid = 0
-        self.trained: list[int] = []
-        self.steps: list[int] = []
-        self.lags: list[int] = []
-        self.submits: list[int] = []  # rollout version at each Submit
-
-    def rollout_version(self) -> int:
-        return min(self.weights[r] for r in self.rollout_pool)
-
-    def _later(self, item) -> None:
-        heapq.heappush(self._heap, (self.now + self.rng.uniform(0.1, 2.0), next(self._seq), item))
-
-    def _start_group(self, gid: int) -> None:
-        self.group_version[gid] = self.rollout_version()
-        self._token[gid] = self._token.get(gid, 0) + 1
-        self._later(("group", gid, self._token[gid]))
-
-    def run(self, max_events: int = 20_000) -> None:
-        self.deliver(Started())
-        for _ in range(max_events):
-            if self.policy.done:
-                return
-            assert self._heap, "the policy waits for an event that cannot come"
-            self.now, _, item = heapq.heappop(self._heap)
-            if item[0] == "group":
-                _, gid, token = item
-                if token == self._token[gid]:
-                    self.finished_version[gid] = self.group_version.pop(gid)
-                    self.deliver(GroupFinished(gid, self.finished_version[gid]))
-            else:
-                event = item[1]
-                if isinstance(event, SyncFinished):
-                    self._finish_sync(event, item[2])
-                self.deliver(event)
-                if self.rng.random() < 0.3 and self.policy.rollout_only:
-                    self._later(("event", ResourceIdle(self.rng.choice(self.policy.rollout_only))))
-        raise AssertionError(f"not done after {max_events} events")
-
-    def _finish_sync(self, event: SyncFinished, floor: int) -> None:
-        for name in event.resources:
-            self.weights[name] = event.version
-        for gid, version in list(self.group_version.items()):
-            if version < floor:
-                self._start_group(gid)
-
-    def deliver(self, event) -> None:
-        for d in self.policy.on_event(event):
-            getattr(self, f"_apply_{type(d).__name__}")(d)
-
-    def _apply_Submit(self, d: Submit) -> None:
-        assert d.num_groups >= 1
-        self.submits.append(self.rollout_version())
-        for _ in range(d.num_groups):
-            self._start_group(self.next_gid)
-            self.next_gid += 1
-
-    def _apply_Refresh(self, d: Refresh) -> None:
-        for gid in d.group_ids:
-            assert gid in self.finished_version and gid not in self.trained
-            self._start_group(gid)
-
-    def _apply_StartTrain(self, d: StartTrain) -> None:
-        assert all(self.policy.resources[r].can(TRAIN) for r in d.resources)
-        assert len(set(d.group_ids)) == len(d.group_ids) == self.policy.config.batch_groups
-        assert not set(d.group_ids) & set(self.trained), "a group trained twice"
-        self.trained += d.group_ids
-        self.steps.append(d.step)
-        self.lags += [d.step - self.finished_version[g] for g in d.group_ids]
-        self._later(("event", TrainFinished(d.step)))
-
-    def _apply_SwitchTag(self, d: SwitchTag) -> None:
-        assert self.policy.resources[d.resource].capabilities == {ROLLOUT, TRAIN}
-        self._later(("event", SwitchFinished(d.resource, d.active)))
-
-    def _apply_SyncWeights(self, d: SyncWeights) -> None:
-        assert all(self.policy.resources[r].can(ROLLOUT) for r in d.resources)
-        assert d.version == self.policy.version and d.min_keep_version <= d.version
-        self._later(("event", SyncFinished(d.version, d.resources), d.min_keep_version))
-
-    def _apply_Preempt(self, d: Preempt) -> None:
-        assert self.policy.resources[d.resource].can(TRAIN)
-
-    def _apply_PauseRollout(self, d: PauseRollout) -> None:
-        assert set(d.resources) <= set(self.policy.rollout_only)
-
-    def _apply_ResumeRollout(self, d: ResumeRollout) -> None:
-        assert all(self.policy.resources[r].can(ROLLOUT) for r in d.resources)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -409,7 +415,39 @@ def test_any_completion_order_trains_every_step_within_the_staleness_bound(name,
     executor.run()
     assert executor.steps == list(range(6))
     bound = 0 if policy.strictly_on_policy else max_staleness
-    assert executor.lags and max(executor.lags) <= bound
+    assert executor.lags
+    assert max(executor.lags) <= bound
     if name == "async":
         # batch j may only be generated with weights of version >= j - max_staleness
         assert all(j - version <= max_staleness for j, version in enumerate(executor.submits))
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_runs_survive_losing_a_train_and_a_rollout_resource_at_random_times(name, seed):
+    """Whatever each was doing (preempting, switching, training, syncing, rolling out), the run
+    goes on without it and keeps the staleness bound."""
+    cfg = PolicyConfig(batch_groups=3, num_steps=6, max_staleness=1)
+    policy = make_policy(name, cfg, num_resources=4, train_fraction=0.5, devices=2)
+    executor = FakeExecutor(policy, seed)
+    trainer, other = policy.trainers[seed % 2], ("C03" if name == "colocated" else "R01")
+    executor.lose(trainer, at_s=executor.rng.uniform(0.5, 15.0))
+    executor.lose(other, at_s=executor.rng.uniform(0.5, 15.0))
+    executor.run()
+    assert executor.steps == list(range(6))
+    assert sorted(policy.lost) == sorted([trainer, other])
+    assert max(executor.lags) <= (0 if policy.strictly_on_policy else 1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tag_survives_losing_every_rollout_only_resource_at_random_times(seed):
+    policy = make_policy(
+        "tag", PolicyConfig(batch_groups=3, num_steps=6), num_resources=4, train_fraction=0.5, devices=2
+    )
+    executor = FakeExecutor(policy, seed)
+    for resource in ("R00", "R01"):
+        executor.lose(resource, at_s=executor.rng.uniform(0.5, 15.0))
+    executor.run()
+    assert executor.steps == list(range(6))
+    assert policy.rollout_only == ()
+    assert max(executor.lags) <= 1
