@@ -1,0 +1,47 @@
+"""The task seam: prompts in, graded completions out, with a held-out split.
+
+A task is verifiable by code: `grade` compares a completion string with the problem's answer and
+returns a dense reward in [0, 1] and whether it was an exact match. Prompts are raw strings sent to the
+trajectory manager's `/completions` endpoint without a chat template; `max_tokens` is the answer's
+length in tokens. `sample_train` draws from the training split only; `held_out` is a fixed list of
+problems that training never sees.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+from reference.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Problem:
+    problem_id: str  # stable across runs; doubles as the GRPO group's task id
+    prompt: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class Grade:
+    reward: float  # in [0, 1]
+    exact: bool  # the whole answer was right
+
+
+class Task(Protocol):
+    name: str
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens to generate per completion (the answer's length)."""
+        ...
+
+    def sample_train(self, rng: random.Random, n: int) -> list[Problem]: ...
+
+    def held_out(self) -> list[Problem]: ...
+
+    def grade(self, problem: Problem, completion: str) -> Grade: ...

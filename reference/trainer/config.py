@@ -1,0 +1,73 @@
+"""The trainer's one config: loss, optimiser and checkpoint settings, validated on construction.
+
+Defaults are the setup that made GRPO learn from a random start on a 2-core CPU (see the task
+recipe in `reference.trainer.recipe`): clip 0.2, entropy bonus 0.01 (without it the policy collapses
+to a deterministic one and every group's advantages become zero), AdamW at 3e-4, gradient clipping
+at 1.0. The KL term is off by default (`kl_coef` 0), so no reference model is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Every knob of `Trainer`; see the field comments for units and allowed values."""
+
+    # Loss (see `reference.trainer.loss` for the exact formula).
+    clip_eps: float = 0.2  # PPO clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps]; in (0, 1)
+    ratio_cap: float = 3.0  # dual clip: a token's loss is at most ratio_cap * |advantage|; > 1 + clip_eps
+    entropy_coef: float = 0.01  # weight of the entropy bonus (nats per token); >= 0
+    kl_coef: float = 0.0  # weight of the k3 KL to a frozen reference model; >= 0 (> 0 needs one)
+    normalize_std: bool = True  # divide group-centred rewards by the group's std
+    std_eps: float = 1e-6  # added to the std before dividing; > 0
+    # Optimiser.
+    lr: float = 3e-4  # AdamW learning rate, constant; > 0
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas, each in [0, 1)
+    weight_decay: float = 0.01  # AdamW decoupled weight decay; >= 0
+    adam_eps: float = 1e-8  # AdamW epsilon; > 0
+    grad_clip: float = 1.0  # max global L2 norm of the gradient; 0 turns clipping off
+    # Batching and bookkeeping.
+    micro_batch_size: int = 64  # sequences per forward/backward; >= 1 (does not change the result)
+    checkpoint_every_steps: int = 0  # write a resumable checkpoint every this many steps; 0 = never
+    seed: int = 0  # seeds the trainer's RNGs (prompt order, sampling in the probe)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "betas", tuple(self.betas))
+        _check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "in (0, 1)")
+        _check(self.ratio_cap > 1 + self.clip_eps, "ratio_cap", self.ratio_cap, f"> 1 + clip_eps = {1 + self.clip_eps}")
+        _check(self.entropy_coef >= 0, "entropy_coef", self.entropy_coef, ">= 0")
+        _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
+        _check(self.std_eps > 0, "std_eps", self.std_eps, "> 0")
+        _check(self.lr > 0, "lr", self.lr, "> 0")
+        betas_ok = len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)
+        _check(betas_ok, "betas", self.betas, "two values in [0, 1)")
+        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "> 0")
+        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, ">= 0 (0 turns clipping off)")
+        _check(_is_int(self.micro_batch_size) and self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size)
+        _check(_is_int(self.checkpoint_every_steps) and self.checkpoint_every_steps >= 0, "checkpoint_every_steps",
+               self.checkpoint_every_steps, "an integer >= 0")  # fmt: skip
+        _check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainerConfig:
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown TrainerConfig field(s) {unknown}; allowed: {sorted(cls.__dataclass_fields__)}")
+        return cls(**data)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(ok: bool, name: str, value: object, allowed: str = "an integer >= 1") -> None:
+    if not ok or (isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"TrainerConfig.{name} must be {allowed}, got {value!r}")

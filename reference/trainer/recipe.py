@@ -1,0 +1,72 @@
+"""The math-training recipe: model size, batch shape and trainer settings in one validated record.
+
+These defaults made GRPO learn the `math` task from a random start on a 2-core CPU in well under a
+minute (see `reference.trainer.probe`): a 2-layer, 128-wide Qwen3 over the 22-token task vocabulary,
+16 prompts x 16 samples a step at temperature 1, and `TrainerConfig`'s defaults (clip 0.2, entropy
+0.01, AdamW 3e-4, gradient clip 1.0). `make train-math` and the probe both start from it.
+
+Departure from `reference.model.tiny_config`: the init std is Qwen3's 0.02, not the tiny default's
+0.1. The wider init makes the untrained policy's distributions peaked, and measured here it collapsed
+early (per-token entropy 0.6 within 40 steps) and needed about twice as many steps to reach 0.8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from transformers import Qwen3Config
+
+from reference.model import tiny_config
+from reference.trainer.config import TrainerConfig
+
+
+@dataclass(frozen=True)
+class MathRecipe:
+    """What to train and how; every integer field must be >= 1."""
+
+    task: str = "math"  # a name in reference.tasks.TASKS
+    hidden_size: int = 128  # model width
+    num_layers: int = 2  # decoder layers
+    num_heads: int = 4  # query heads
+    num_kv_heads: int = 2  # key/value heads (GQA); divides num_heads
+    head_dim: int = 32  # per-head width
+    intermediate_size: int = 512  # MLP width
+    initializer_range: float = 0.02  # std of the random init (Qwen3's value; see the module docstring)
+    prompts_per_step: int = 16  # GRPO groups per training step
+    group_size: int = 16  # samples per prompt (temperature 1)
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(micro_batch_size=256))
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                     "prompts_per_step", "group_size"):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"MathRecipe.{name} must be an integer >= 1, got {value!r}")
+        if not 0 < self.initializer_range <= 1:
+            raise ValueError(f"MathRecipe.initializer_range must be in (0, 1], got {self.initializer_range!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (GRPO compares samples of a prompt), got {self.group_size}")
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per training step."""
+        return self.prompts_per_step * self.group_size
+
+    def model_config(self, vocab_size: int, max_positions: int = 64) -> Qwen3Config:
+        """The Qwen3 config of the recipe's model over a vocabulary of `vocab_size` ids."""
+        return tiny_config(
+            vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=max_positions,
+            initializer_range=self.initializer_range,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,174 @@
+"""The trainer's loss and gradients against a naive reference written with explicit loops over tokens.
+
+The hand-made batch has two groups, a masked tool-output stretch inside a generated answer, tokens
+whose behaviour logprob puts the ratio inside and outside the clip range (on both sides, with both
+signs of advantage, and beyond the dual clip's cap), and off-policy tokens (version 0 while the
+trainer trains version 1).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from reference.trainer.batch import Trajectory
+from reference.trainer.config import TrainerConfig
+from reference.trainer.trainer import Trainer
+
+# (token ids, generated mask, group, reward, log-ratio offsets per generated token, versions)
+# The behaviour logprob of a generated token is the current model's logprob minus its offset, so the
+# importance ratio is exp(offset): 0 -> 1 (on-policy), 0.4 -> 1.49 (clipped high), -0.9 -> 0.41
+# (clipped low), 1.7 -> 5.5 (past the dual clip's cap of 3).
+SPECS = [
+    ((5, 6, 7, 8, 9, 10, 11), (0, 0, 1, 1, 0, 0, 1), "a", 1.0, (0.0, 0.4, 1.7), (1, 1, 0)),
+    ((5, 6, 7, 12, 13, 14), (0, 0, 1, 1, 1, 1), "a", 0.0, (0.0, -0.9, 1.7, 0.01), (1, 1, 0, 1)),
+    ((5, 6, 7, 15), (0, 0, 0, 1), "a", 0.5, (0.02,), (1,)),
+    ((8, 9, 16, 17, 18), (0, 0, 1, 1, 1), "b", 0.25, (0.4, -0.9, 0.0), (0, 1, 1)),
+    ((8, 9, 19, 20, 1, 2), (0, 0, 1, 0, 0, 1), "b", 1.0, (1.7, -0.05), (1, 1)),
+]
+
+
+@torch.no_grad()
+def _model_logprob(model, ids, i: int) -> float:
+    logits = model(input_ids=torch.tensor([ids])).logits[0, i - 1]
+    return torch.log_softmax(logits.float(), -1)[ids[i]].item()
+
+
+def make_batch(model) -> list[Trajectory]:
+    out = []
+    for ids, mask, group, reward, offsets, versions in SPECS:
+        positions = [i for i, m in enumerate(mask) if m]
+        logprobs = [_model_logprob(model, ids, i) - off for i, off in zip(positions, offsets, strict=True)]
+        out.append(Trajectory(ids, mask, logprobs, versions, group, reward))
+    return out
+
+
+def on_policy(trajs) -> list[Trajectory]:
+    """The same trajectories with every token stamped version 0 (for a trainer that has not stepped)."""
+    return [Trajectory(t.token_ids, t.generated_mask, t.logprobs, (0,) * len(t.versions), t.group_id, t.reward)
+            for t in trajs]  # fmt: skip
+
+
+def naive_advantages(trajs, normalize_std: bool, eps: float) -> list[float]:
+    advantages = []
+    for t in trajs:
+        group = [u.reward for u in trajs if u.group_id == t.group_id]
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / len(group))
+        advantages.append((t.reward - mean) / (std + eps) if normalize_std else t.reward - mean)
+    return advantages
+
+
+def naive_loss(model, ref_model, trajs, config: TrainerConfig, version: int):
+    """Loss (a tensor), clipped-token count and off-policy count, one token at a time."""
+    advantages = naive_advantages(trajs, config.normalize_std, config.std_eps)
+    total_tokens = sum(sum(t.generated_mask) for t in trajs)
+    loss, clipped, off_policy = torch.zeros(()), 0, 0
+    for t, adv in zip(trajs, advantages, strict=True):
+        logits = model(input_ids=torch.tensor([t.token_ids])).logits[0].float()
+        ref_logits = ref_model(input_ids=torch.tensor([t.token_ids])).logits[0].float() if ref_model else None
+        k = 0
+        for i in range(1, len(t.token_ids)):
+            if not t.generated_mask[i]:
+                continue
+            logsm = torch.log_softmax(logits[i - 1], -1)
+            logp = logsm[t.token_ids[i]]
+            ratio = torch.exp(logp - t.logprobs[k])
+            surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - config.clip_eps, 1 + config.clip_eps) * adv)
+            if adv < 0:
+                surrogate = torch.maximum(surrogate, torch.tensor(config.ratio_cap * adv))
+            term = -surrogate
+            entropy = -(logsm.exp() * logsm).sum()
+            term = term - config.entropy_coef * entropy
+            if ref_logits is not None:
+                d = torch.log_softmax(ref_logits[i - 1], -1)[t.token_ids[i]].detach() - logp
+                term = term + config.kl_coef * (torch.exp(d) - d - 1)
+            outside = not 1 - config.clip_eps <= ratio.item() <= 1 + config.clip_eps
+            clipped += int(outside and (ratio.item() - 1) * adv > 0)  # the clip removed this token's gradient
+            off_policy += int(t.versions[k] < version)
+            loss = loss + term / total_tokens
+            k += 1
+    return loss, clipped, off_policy
+
+
+def _trainer_after_one_step(make_model, config: TrainerConfig, ref_model=None) -> Trainer:
+    """A trainer at version 1 (so version-0 tokens are off-policy), after one step on a warm-up batch."""
+    trainer = Trainer(make_model(0), config, pad_id=0, ref_model=ref_model)
+    warmup = [Trajectory((3, 4, 5), (0, 1, 1), (-3.0, -3.0), (0, 0), "w", float(r)) for r in range(2)]
+    trainer.train_step(warmup)
+    assert trainer.version == 1
+    return trainer
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_loss_and_gradients_match_the_naive_reference(make_model, normalize_std, kl_coef):
+    config = TrainerConfig(normalize_std=normalize_std, kl_coef=kl_coef, grad_clip=0.0, micro_batch_size=2)
+    ref_model = make_model(7) if kl_coef else None
+    trainer = _trainer_after_one_step(make_model, config, ref_model)
+    before = copy.deepcopy(trainer.model)
+    trajs = make_batch(before)
+
+    expected, clipped, off_policy = naive_loss(before, ref_model, trajs, config, trainer.version)
+    expected.backward()
+    metrics = trainer.train_step(trajs)  # grad_clip 0: p.grad is left as the raw gradient
+
+    assert metrics.loss == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
+    assert metrics.tokens == 13
+    assert metrics.clip_fraction == pytest.approx(clipped / 13)
+    assert metrics.off_policy_fraction == pytest.approx(off_policy / 13)
+    assert metrics.dual_clip_fraction > 0
+    for (name, p), q in zip(trainer.model.named_parameters(), before.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_every_interesting_case_occurs_in_the_batch(make_model):
+    """The hand-made batch really has clipped, dual-clipped, off-policy, masked and on-policy tokens."""
+    trainer = _trainer_after_one_step(make_model, TrainerConfig())
+    metrics = trainer.train_step(make_batch(copy.deepcopy(trainer.model)))
+    assert 0 < metrics.clip_fraction < 1
+    assert metrics.dual_clip_fraction > 0
+    assert metrics.off_policy_fraction == pytest.approx(3 / 13)
+    assert metrics.ratio_max == pytest.approx(math.exp(1.7), rel=1e-4)
+    assert metrics.ratio_min == pytest.approx(math.exp(-0.9), rel=1e-4)
+    assert metrics.staleness_max == 1
+
+
+def test_micro_batching_does_not_change_the_gradient(make_model):
+    grads = []
+    for size in (1, 2, 64):
+        trainer = Trainer(make_model(0), TrainerConfig(micro_batch_size=size, grad_clip=0.0), pad_id=0)
+        trainer.train_step(on_policy(make_batch(trainer.model)))
+        grads.append(torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters()]))
+    torch.testing.assert_close(grads[0], grads[2], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(grads[1], grads[2], rtol=1e-4, atol=1e-6)
+
+
+def test_an_all_equal_group_contributes_only_its_entropy_bonus(make_model):
+    """Equal rewards give zero advantage: with no entropy bonus the gradient is exactly zero."""
+    trainer = Trainer(make_model(0), TrainerConfig(entropy_coef=0.0, grad_clip=0.0), pad_id=0)
+    trajs = [Trajectory((3, 4, 5), (0, 1, 1), (-3.0, -3.0), (0, 0), "g", 0.5) for _ in range(3)]
+    metrics = trainer.train_step(trajs)
+    assert metrics.grad_norm == 0.0
+
+
+def test_a_token_from_a_future_version_is_refused(make_model):
+    trainer = Trainer(make_model(0), TrainerConfig(), pad_id=0)
+    with pytest.raises(ValueError, match="version 1, newer than the trainer's 0"):
+        trainer.train_step([Trajectory((3, 4), (0, 1), (-1.0,), (1,), "g", 1.0)])
+
+
+def test_kl_needs_a_reference_model(make_model):
+    with pytest.raises(ValueError, match="kl_coef 0.1 > 0 needs a frozen reference model"):
+        Trainer(make_model(0), TrainerConfig(kl_coef=0.1), pad_id=0)
+
+
+def test_gradient_clipping_bounds_the_update_norm(make_model):
+    trainer = Trainer(make_model(0), TrainerConfig(grad_clip=1e-3), pad_id=0)
+    metrics = trainer.train_step(on_policy(make_batch(trainer.model)))
+    norm = torch.sqrt(sum((p.grad**2).sum() for p in trainer.model.parameters()))
+    assert metrics.grad_norm > 1e-3
+    assert norm.item() == pytest.approx(1e-3, rel=1e-3)
