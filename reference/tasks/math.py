@@ -35,7 +35,7 @@ class MathConfig:
     digits: int = 3  # digits of A and of the answer; 1..8
     addends: str = "12"  # the digits B is drawn from (distinct, in any order)
     held_out_percent: int = 20  # share of the prompt space never trained on; 1..50
-    held_out_size: int = 128  # problems in the fixed held-out evaluation list; >= 1
+    held_out_size: int | None = None  # problems in the fixed held-out list; None: 128, or fewer if the space is small
     split_salt: str = "math-v1"  # changes which prompts are held out
 
     def __post_init__(self) -> None:
@@ -46,6 +46,8 @@ class MathConfig:
         if not 1 <= self.held_out_percent <= 50:
             raise ValueError(f"held_out_percent must be in [1, 50], got {self.held_out_percent!r}")
         space = self.prompt_space * self.held_out_percent // 100
+        if self.held_out_size is None:
+            object.__setattr__(self, "held_out_size", max(1, min(128, space // 2)))
         if not 1 <= self.held_out_size <= space // 2:
             raise ValueError(
                 f"held_out_size must be in [1, {space // 2}] (half the held-out prompts), got {self.held_out_size!r}"
@@ -118,7 +120,9 @@ class MathTask:
         return Grade(reward=right / len(answer), exact=right == len(answer))
 
     def chance_reward(self) -> float:
-        """Expected reward of a policy drawing every token uniformly from the whole vocabulary."""
+        """The chance that a token drawn uniformly from the vocabulary is the right digit. A uniformly
+        random policy scores a little below it: a special token decodes to several characters and
+        shifts the later ones out of place."""
         return 1.0 / self.tokenizer.vocab_size
 
     def best_constant_reward(self) -> float:

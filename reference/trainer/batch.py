@@ -85,6 +85,13 @@ class TokenBatch:
     def num_tokens(self) -> int:
         return int(self.mask.sum().item())
 
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """The same batch on `device` (itself when already there)."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        move = {k: (v.to(device) if v is not None else None) for k, v in self.__dict__.items()}
+        return TokenBatch(**move)
+
 
 def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad_id: int) -> TokenBatch:
     """Pad `trajectories` to one length (right padding with `pad_id`) and align them on targets."""

@@ -107,8 +107,13 @@ class DataParallel:
         ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
         if op not in ops:
             raise ValueError(f"unknown reduce op {op!r}; choose one of {list(ops)}")
-        if self.distributed:
-            dist.all_reduce(tensor, op=ops[op])
+        if not self.distributed:
+            return tensor
+        if dist.get_backend() == "nccl":  # NCCL reduces CUDA tensors only
+            on_device = tensor.cuda()
+            dist.all_reduce(on_device, op=ops[op])
+            return tensor.copy_(on_device.cpu())
+        dist.all_reduce(tensor, op=ops[op])
         return tensor
 
     def barrier(self) -> None:

@@ -95,6 +95,10 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(config.seed)
 
     @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
     def version(self) -> int:
         """The policy version of the current weights (= steps taken)."""
         return self.step
@@ -116,6 +120,7 @@ class Trainer:
         size = self.config.micro_batch_size
         for first in range(0, len(trajectories), size):
             batch = collate(trajectories[first : first + size], advantages[first : first + size], self.pad_id)
+            batch = batch.to(self.device)
             last = first + size >= len(trajectories)
             out = self._micro_step(batch, total, last)
             self._accumulate(sums, maxes, batch, out, trajectories[first : first + size])
@@ -163,8 +168,8 @@ class Trainer:
         }  # fmt: skip
         sums += torch.tensor([float(values[k]) for k in _SUMS], dtype=torch.float64)
         if bool(on.any()):
-            top = torch.tensor([out.ratio[on].max(), -out.ratio[on].min(), lag[on].max()], dtype=torch.float32)
-            torch.maximum(maxes, top, out=maxes)
+            top = [float(out.ratio[on].max()), -float(out.ratio[on].min()), float(lag[on].max())]
+            torch.maximum(maxes, torch.tensor(top), out=maxes)
 
     def _clip_gradients(self) -> float:
         limit = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
