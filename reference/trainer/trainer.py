@@ -117,13 +117,11 @@ class Trainer:
             raise ValueError("the step has no generated tokens on any rank: nothing to train on")
         sums, maxes = torch.zeros(len(_SUMS), dtype=torch.float64), torch.full((len(_MAXES),), -math.inf)
         self.optimizer.zero_grad(set_to_none=True)
-        size = self.config.micro_batch_size
-        for first in range(0, len(trajectories), size):
-            batch = collate(trajectories[first : first + size], advantages[first : first + size], self.pad_id)
-            batch = batch.to(self.device)
-            last = first + size >= len(trajectories)
-            out = self._micro_step(batch, total, last)
-            self._accumulate(sums, maxes, batch, out, trajectories[first : first + size])
+        bounds = self._micro_batches(len(trajectories))
+        for i, (lo, hi) in enumerate(bounds):
+            batch = collate(trajectories[lo:hi], advantages[lo:hi], self.pad_id).to(self.device)
+            out = self._micro_step(batch, total, last=i == len(bounds) - 1)
+            self._accumulate(sums, maxes, batch, out, trajectories[lo:hi])
         self.parallel.sync_gradients(self.model)
         grad_norm = self._clip_gradients()
         self.optimizer.step()
@@ -139,6 +137,16 @@ class Trainer:
         newest = max((max(t.versions, default=0) for t in trajectories), default=0)
         if newest > self.version:
             raise ValueError(f"a token has policy version {newest}, newer than the trainer's {self.version}")
+
+    def _micro_batches(self, n: int) -> list[tuple[int, int]]:
+        """(start, end) of each micro-batch: near-equal slices of at most `micro_batch_size`. Under FSDP every
+        rank runs the same number (its collectives must pair up), the largest any rank needs."""
+        count = -(-n // self.config.micro_batch_size)
+        if self.parallel.fsdp:
+            count = int(self.parallel.all_reduce(torch.tensor([count]), op="max")[0])
+            if n < count:
+                raise ValueError(f"FSDP: this rank has {n} trajectories for {count} micro-batches; shard more evenly")
+        return [(i * n // count, (i + 1) * n // count) for i in range(count)]
 
     def _micro_step(self, batch: TokenBatch, total_tokens: int, last: bool) -> LossOutput:
         logp, entropy = token_logprobs(self.model, batch)
