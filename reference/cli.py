@@ -3,6 +3,7 @@
 serve            engines (each in its own process) + the trajectory manager on one machine
 engine           one engine process (what `serve` starts; also usable on its own)
 check            re-score stored trajectories: token-id mismatches (must be 0), logprob drift
+train            GRPO training on real engines and trainer shards under a scheduling policy
 build-tokenizer  rebuild the shipped byte-level BPE tokenizer from the shipped corpus
 """
 
@@ -99,6 +100,9 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("--session", action="append", help="only these sessions (repeatable)")
     x.add_argument("--rewarded-only", action="store_true", help="skip branches without a reward")
     sub.add_parser("build-tokenizer", help="rebuild reference/assets/tokenizer.json")
+    from reference.control.cli import add_train_parser
+
+    add_train_parser(sub)
     return p
 
 
@@ -230,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
             return check(args)
         elif args.command == "export":
             return export(args)
+        elif args.command == "train":
+            from reference.control.cli import train_main
+
+            return train_main(args)
         elif args.command == "build-tokenizer":
             from reference.tokenizer import rebuild_default_tokenizer
 

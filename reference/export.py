@@ -44,3 +44,36 @@ def export_jsonl(
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
             count += 1
     return count
+
+
+def request_records(store: TrajectoryStore, session_id: str, request_ids: Iterable[str]) -> Iterator[dict]:
+    """One record per request named (the branch-record fields, for that request alone): its full sequence,
+    with the prompt masked out and its own generated tokens' logprobs and versions. Unlike branches, two
+    requests that sampled the same tokens stay two records (a GRPO group counts both), and a request that
+    was superseded (regenerated) is simply not named. `reward` is the request's own (`meta.request_rewards`,
+    as the rollout manager writes them) if there is one, else its branch's, else the session's."""
+    records = {r.request_id: r for r in store.records(session_id)}
+    tree = store.load_tree(session_id)
+    notes = store.annotations(session_id)
+    branch_rewards = notes.get("branch_rewards", {})
+    own = notes.get("meta", {}).get("request_rewards", {})
+    branch_of = {rid: b.branch_id for b in tree.branches() for rid in b.request_ids}
+    for rid in request_ids:
+        if rid not in records:
+            raise ValueError(f"no request {rid!r} in session {session_id!r} of {store.path}")
+        r = records[rid]
+        prompt = list(tree.sequence_array(r.anchor_request_id)[: r.match_len]) if r.anchor_request_id else []
+        prompt += r.new_prompt_token_ids
+        n = len(r.token_ids)
+        yield {
+            "session_id": session_id,
+            "request_id": rid,
+            "branch_id": branch_of[rid],
+            "token_ids": prompt + list(r.token_ids),
+            "generated_mask": [0] * len(prompt) + [1] * n,
+            "logprobs": [None] * len(prompt) + list(r.logprobs),
+            "versions": [None] * len(prompt) + list(r.versions),
+            "reward": own.get(rid, branch_rewards.get(str(branch_of[rid]), notes.get("reward"))),
+            "task_id": notes.get("task_id"),
+            "meta": notes.get("meta", {}),
+        }

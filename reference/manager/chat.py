@@ -211,6 +211,15 @@ def parse_completion(body: Any) -> CompletionRequest:
     return CompletionRequest(_model(body), prompt, parse_sampling(body, logprobs_flag=False), echo)
 
 
+def encode_text(tokenizer, text: str) -> list[int]:
+    """The ids of `text`; a 400 when this model's tokenizer cannot encode it (a small task vocabulary)."""
+    try:
+        return tokenizer.encode(text)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for text outside its vocabulary
+        raise RequestError(f"this model's tokenizer cannot encode the text {text[:60]!r}: {e}",
+                           code="unencodable_text") from None  # fmt: skip
+
+
 class ChatRenderer:
     """Renders one session's chat requests to token ids (see the module docstring).
 
@@ -224,7 +233,13 @@ class ChatRenderer:
         self._segments: dict[str, array] = {}  # text -> token ids (this session's cache)
         self._generated: dict[str, array] = {}  # completion text -> the ids the engine sampled
         self.segment_tokens = self.generated_tokens = 0
-        self.generation_prompt = array("I", [tokenizer.im_start_id, *tokenizer.encode("assistant\n")])
+        self._generation_prompt: array | None = None  # built on first use: a completions-only tokenizer has no roles
+
+    @property
+    def generation_prompt(self) -> array:
+        if self._generation_prompt is None:
+            self._generation_prompt = array("I", [self.tok.im_start_id, *encode_text(self.tok, "assistant\n")])
+        return self._generation_prompt
 
     @property
     def tokens_held(self) -> int:
@@ -235,7 +250,7 @@ class ChatRenderer:
         if ids is None:
             ids = fresh.get(text)
             if ids is None:
-                ids = fresh[text] = array("I", self.tok.encode(text)) if text else array("I")
+                ids = fresh[text] = array("I", encode_text(self.tok, text)) if text else array("I")
         return ids
 
     def commit(self, fresh: dict[str, array]) -> None:

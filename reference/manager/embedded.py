@@ -64,7 +64,19 @@ class ManagerThread:
     def call(self, coro: Coroutine, timeout_s: float | None = 600.0) -> Any:
         """Run a coroutine on the manager's loop from another thread and wait for its result."""
         future: Future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(timeout_s)
+        try:
+            return future.result(timeout_s)
+        except BaseException:  # timed out or interrupted: the coroutine must not run on unattended
+            future.cancel()
+            raise
+
+    def call_soon(self, fn, *args) -> Any:
+        """Run a plain function on the manager's loop thread (where its state may be touched) and wait."""
+
+        async def run():
+            return fn(*args)
+
+        return self.call(run(), timeout_s=60.0)
 
     def submit(self, coro: Coroutine) -> Future:
         """Run a coroutine on the manager's loop without waiting."""

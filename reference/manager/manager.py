@@ -109,6 +109,7 @@ class _Progress:
     logprobs: list[float]
     versions: list[int]
     engines: list[str]
+    restartable: bool = False  # no text of it reached the agent yet, so it may start over from its prompt
 
 
 def check_session_id(session_id: str) -> str:
@@ -144,6 +145,8 @@ class TrajectoryManager:
         self.watchdog_resumes = 0
         self._watchdogs: set[asyncio.Task] = set()
         self._migrating: set[str] = set()  # engine request ids aborted by `preempt`, to continue elsewhere
+        self._restarting: set[str] = set()  # engine request ids aborted to start over from their prompt
+        self._progress: dict[str, _Progress] = {}  # engine request id -> its request's progress
         self._serving_changed = asyncio.Event()
         self.control = asyncio.Lock()  # serialises fleet state changes (pause, weights, resume, engine syncs)
         self._stop_ids = (tokenizer.im_end_id, tokenizer.eos_token_id)
@@ -288,7 +291,7 @@ class TrajectoryManager:
                     if isinstance(item, Outcome):
                         return item
             raise RuntimeError("generation ended without an outcome")
-        prompt, progress, request_id = tuple(prompt), _Progress([], [], [], []), f"req-{uuid.uuid4().hex[:20]}"
+        prompt, progress, request_id = tuple(prompt), _Progress([], [], [], [], True), f"req-{uuid.uuid4().hex[:20]}"
         max_tokens = self.budget(len(prompt), sampling)
         reason = "abort"
         async with aclosing(
@@ -366,16 +369,22 @@ class TrajectoryManager:
             calls += 1
             self.router.acquire(slot)
             slot.calls.add(call.request_id)
+            self._progress[call.request_id] = progress
             progress.engines.append(slot.name)
             stream = stream_batches(slot.engine, call)
             try:
                 async for item in stream:
                     if isinstance(item, TokenBatch):
+                        slot.tokens += len(item.token_ids)
                         progress.token_ids += item.token_ids
                         progress.logprobs += item.logprobs
                         progress.versions += item.versions
                         yield item
                         continue
+                    if item.reason is FinishReason.ABORT and call.request_id in self._restarting:
+                        for tokens in (progress.token_ids, progress.logprobs, progress.versions):
+                            tokens.clear()
+                        break  # its tokens were too old to train on: start over from the prompt
                     if item.reason is FinishReason.ABORT and call.request_id in self._migrating:
                         break  # preempted: go on elsewhere
                     if item.reason is FinishReason.ABORT and not progress.token_ids:
@@ -397,6 +406,8 @@ class TrajectoryManager:
                 await stream.aclose()  # closing the stream early aborts the engine's request
                 slot.calls.discard(call.request_id)
                 self._migrating.discard(call.request_id)
+                self._restarting.discard(call.request_id)
+                self._progress.pop(call.request_id, None)
                 self.router.release(slot)
         raise RequestError(
             f"generation failed on {self.config.max_engine_attempts} engines; try again",
@@ -518,6 +529,20 @@ class TrajectoryManager:
                 raise TimeoutError(f"engine {engine}: {len(slot.calls)} requests did not move within {timeout_s} s")
             await asyncio.sleep(0.01)
         return len(moved)
+
+    async def restart_older_than(self, min_version: int, engines: Sequence[str] | None = None) -> int:
+        """Requests on these engines holding a token older than `min_version` start over from their prompt
+        (their tokens could never be trained within the staleness bound). Only requests whose text has not
+        reached the agent (non-streaming) are restarted. Returns how many were."""
+        restarted = []
+        for slot in self.select(engines):
+            for call in list(slot.calls):
+                p = self._progress.get(call)
+                if p is not None and p.restartable and p.versions and min(p.versions) < min_version:
+                    restarted.append((slot, call))
+        self._restarting |= {call for _, call in restarted}
+        await asyncio.gather(*(slot.engine.abort(call) for slot, call in restarted), return_exceptions=True)
+        return len(restarted)
 
     async def _pause_watchdog(self, slots: list[EngineSlot], since: float, after_s: float) -> None:
         try:

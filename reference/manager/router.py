@@ -37,6 +37,7 @@ class EngineSlot:
     version: int = 0  # the policy version of its weights
     weights_source: str | None = None  # the checkpoint it last loaded (None: its initial weights)
     calls: set[str] = field(default_factory=set)  # engine request ids running on it now
+    tokens: int = 0  # tokens it generated for the manager's requests, ever
 
     @property
     def paused(self) -> bool:

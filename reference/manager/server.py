@@ -44,6 +44,7 @@ from reference.engine.base import MAX_SEED
 from reference.manager.chat import (
     RequestError,
     chat_logprobs,
+    encode_text,
     now_s,
     parse_chat,
     parse_completion,
@@ -211,7 +212,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         req = parse_completion(body)
         manager.check_model(req.model)
         session = await manager.session(sid)
-        prompt = await _off_loop(size, manager.tok.encode, req.prompt) if isinstance(req.prompt, str) else req.prompt
+        prompt = req.prompt
+        if isinstance(prompt, str):
+            prompt = await _off_loop(size, encode_text, manager.tok, prompt)
         manager.budget(len(prompt), req.sampling)
         async with manager.accepted(session) as session:
             if req.sampling.stream:

@@ -73,6 +73,11 @@ _ADDITIVE = (
         updates TEXT NOT NULL  -- JSON object: the fields this write set
     )""",
     "CREATE INDEX IF NOT EXISTS annotation_history_session ON annotation_history (session_id)",
+    """CREATE TABLE IF NOT EXISTS consumed (
+        item TEXT PRIMARY KEY,  -- what a training step consumed (a rollout group's key)
+        step INTEGER NOT NULL,  -- the step that consumed it
+        at_s REAL NOT NULL
+    )""",
 )
 _COLUMNS = (
     "session_id, seq, request_id, anchor_request_id, match_len, num_tokens, new_prompt_token_ids, token_ids, "
@@ -439,6 +444,38 @@ class TrajectoryStore:
             return None
         finally:
             lock.release()
+
+    # ---- consumed-markers: what training used, exactly once ----
+
+    def mark_consumed(self, items: Sequence[str], step: int) -> None:
+        """Record, in one transaction, that training step `step` consumed `items` (rollout groups' keys).
+        ValueError (and nothing recorded) if one was already consumed: no group is trained twice."""
+        items = list(items)
+        for item in items:
+            _check_name("item", item)
+        if len(set(items)) != len(items):
+            raise ValueError(f"items to mark consumed repeat: {sorted(items)}")
+        if not items:
+            return
+        with self._writing("mark consumed items"):
+            rows = self._conn.execute(
+                f"SELECT item, step FROM consumed WHERE item IN ({', '.join('?' * len(items))})", items
+            ).fetchall()
+            if rows:
+                raise ValueError(f"{rows[0][0]!r} was already consumed by step {rows[0][1]}")
+            now = time.time()
+            self._conn.executemany("INSERT INTO consumed VALUES (?, ?, ?)", [(i, step, now) for i in items])
+
+    def consumed(self) -> dict[str, int]:
+        """Every consumed item and the step that consumed it."""
+        with self._read_lock:
+            return dict(self._read.execute("SELECT item, step FROM consumed").fetchall())
+
+    def release_consumed(self, from_step: int) -> int:
+        """Forget what steps >= `from_step` consumed (a trainer resumed from the checkpoint before them will
+        train on it again); returns how many items were released."""
+        with self._writing("release consumed items"):
+            return self._conn.execute("DELETE FROM consumed WHERE step >= ?", (from_step,)).rowcount
 
     def has_session(self, session_id: str) -> bool:
         with self._read_lock:

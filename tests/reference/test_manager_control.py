@@ -136,3 +136,20 @@ def test_the_watchdog_resumes_only_what_it_paused(fake_manager, http, wait_for):
     wait_for(lambda: http("GET", f"{m.url}/stats")[1]["watchdog_resumes"] == 1, what="the watchdog")
     stats = http("GET", f"{m.url}/stats")[1]
     assert [e["paused"] for e in stats["engines"]] == [False, False]
+
+
+def test_text_outside_the_tokenizer_is_a_400_not_a_500(tmp_path, http):
+    """A task's small character vocabulary cannot encode every text: the agent gets a clear 400."""
+    from reference.manager.embedded import ManagerThread
+    from reference.tasks.tokenizer import task_tokenizer
+
+    tok = task_tokenizer()
+    with ManagerThread({"fake-0": FakeEngine(vocab_size=tok.vocab_size, reply_tokens=3)}, tok,
+                       tmp_path / "t.sqlite") as m:  # fmt: skip
+        body = {"model": MODEL, "prompt": "12+3=", "max_tokens": 3}
+        assert http("POST", f"{m.base_url('ok')}/completions", body)[0] == 200
+        status, err = http("POST", f"{m.base_url('bad')}/completions", {**body, "prompt": "hello"})
+        assert status == 400
+        assert err["error"]["code"] == "unencodable_text"
+        status, err = http("POST", f"{m.base_url('chat')}/chat/completions", say("12"))
+        assert status == 400  # the chat template's role names are letters

@@ -188,3 +188,19 @@ def test_append_rejects_bad_records_and_stores_nothing(args, message):
     with pytest.raises(ValueError, match=message):
         store.append(*args)
     assert [r.request_id for r in store.records("s")] == ["a"] and store.sessions() == ["s"]
+
+
+def test_consumed_markers_are_exactly_once_and_survive_a_reopen(tmp_path):
+    path = tmp_path / "c.sqlite"
+    store = TrajectoryStore(path)
+    store.mark_consumed(["g1", "g2"], step=0)
+    with pytest.raises(ValueError, match="'g2' was already consumed by step 0"):
+        store.mark_consumed(["g3", "g2"], step=1)
+    assert store.consumed() == {"g1": 0, "g2": 0}  # the failed call recorded nothing, g3 included
+    store.mark_consumed(["g3"], step=1)
+    store.close()
+    store = TrajectoryStore(path)
+    assert store.consumed() == {"g1": 0, "g2": 0, "g3": 1}
+    assert store.release_consumed(from_step=1) == 1  # a trainer resumed from the checkpoint before step 1
+    assert store.consumed() == {"g1": 0, "g2": 0}
+    store.close()

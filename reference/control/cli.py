@@ -1,0 +1,149 @@
+"""`python -m reference train`: argument parsing, the one-line errors, the outputs and the end-of-run table."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from core.errors import UserError
+from core.policies import POLICIES
+
+COMPARE_ORDER = ("colocated", "disaggregated", "async", "tag")
+
+
+def add_train_parser(sub) -> None:
+    t = sub.add_parser("train", help="GRPO training under a scheduling policy (default config: make train-math)")
+    t.add_argument("--task", default=None, help="task name (default from the config: math)")
+    t.add_argument("--policy", default=None, help=f"one of: {', '.join(POLICIES)} (default from the config: tag)")
+    t.add_argument("--compare", action="store_true", help="run the four policies one after another, same config")
+    t.add_argument("--config", default=None, help="YAML merged over reference/configs/train.yaml")
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set policy.num_steps=20 (repeatable)")  # fmt: skip
+    t.add_argument("--model", default=None, help="a local Qwen3 checkpoint directory to train (default: tiny)")
+    t.add_argument("--backend", default=None, help="engine backend: builtin (CPU) or vllm (GPUs)")
+    t.add_argument("--steps", type=int, default=None, help="training steps (policy.num_steps)")
+    t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
+    t.add_argument("--out", default=None, help="output folder (default: results/train-<policy>-<time>)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _overrides(args) -> list[str]:
+    pairs = {"task.name": args.task, "policy.name": args.policy, "model.dir": args.model,
+             "engine.backend": args.backend, "policy.num_steps": args.steps, "run.seed": args.seed,
+             "run.ray_address": args.ray_address}  # fmt: skip
+    return [*args.overrides, *(f"{k}={v}" for k, v in pairs.items() if v is not None)]
+
+
+def train_main(args) -> int:
+    from reference.control.config import load_train_config
+
+    try:
+        cfg = load_train_config(args.config, _overrides(args))
+        names = COMPARE_ORDER if args.compare else (cfg.policy.name,)
+        for name in names:
+            validate(_with_policy(cfg, name))
+        label = "compare" if args.compare else cfg.policy.name
+        out = Path(args.out) if args.out else Path("results") / f"train-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+        _check_out(out)
+        summaries = [_one(cfg, name, out / name if args.compare else out, args.quiet) for name in names]
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(table(summaries))
+    print(f"outputs: {out}/")
+    return 0
+
+
+def validate(cfg) -> None:
+    """Everything that can be checked before a process starts, one clear line each (UserError)."""
+    from core.policies import PolicyConfig, make_policy
+    from reference.control.config import check_feasible
+    from reference.tasks import make_task
+
+    try:
+        make_task(cfg.task.name, **cfg.task.options)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"task: {e}") from None
+    if cfg.engine.backend == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            raise UserError("backend 'vllm' needs NVIDIA GPUs and the gpu extra (pip install -e '.[gpu]'); "
+                            "use backend 'builtin' on CPU") from None  # fmt: skip
+    check_feasible(cfg)
+    pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps, cfg.policy.max_staleness,
+                        cfg.policy.window_batches, cfg.policy.fill_idle)  # fmt: skip
+    policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)
+    if cfg.rollout.prompts_per_step < len(policy.trainers):
+        raise UserError(f"rollout.prompts_per_step {cfg.rollout.prompts_per_step} cannot feed {len(policy.trainers)} "
+                        f"data-parallel train resources (each needs whole prompt groups)")  # fmt: skip
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {str(out)!r} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {str(out)!r} cannot be created: {e.strerror}") from None
+
+
+def _one(cfg, policy: str, out: Path, quiet: bool) -> dict:
+    from reference.control.report import write_outputs
+    from reference.train import train
+
+    cfg = _with_policy(cfg, policy)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {str(out)!r} is not empty; choose a new folder")
+    print(f"training {cfg.task.name} under {policy}: {cfg.policy.num_steps} steps of {cfg.rollout.prompts_per_step} "
+          f"x {cfg.rollout.group_size} samples on {cfg.resources.count} resources ...", file=sys.stderr)  # fmt: skip
+    timeline, metrics = train(cfg, out, progress=not quiet)
+    resolved = {**dataclasses.asdict(cfg), "command": " ".join(sys.argv), "code_version": _code_version()}
+    summary = write_outputs(timeline, metrics, resolved, out)
+    return summary
+
+
+def _with_policy(cfg, name: str):
+    return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, name=name))
+
+
+def _code_version() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)  # fmt: skip
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def table(summaries: list[dict]) -> str:
+    rows = [("policy", lambda s: s["policy"]),
+            ("trained tokens / s", lambda s: f"{s['token_throughput']:,.0f}"),
+            ("step time mean (s)", lambda s: f"{s['step_time_s']['mean']:.2f}"),
+            ("bubble fraction", lambda s: f"{s['bubble_fraction']:.1%}"),
+            ("reward first -> last step", lambda s: _pair(s["training"]["reward_first_step"],
+                                                          s["training"]["reward_last_step"])),
+            ("held-out reward start -> end", lambda s: _pair(s["training"]["held_out_first"],
+                                                             s["training"]["held_out_last"])),
+            ("staleness (lag: share)", lambda s: _staleness(s))]  # fmt: skip
+    base = next((s for s in summaries if s["policy"] == "colocated"), None)
+    if base is not None and len(summaries) > 1:
+        rows.insert(2, ("ratio to colocated", lambda s: f"{s['token_throughput'] / base['token_throughput']:.2f}x"))
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{name:<{width}}  " + "  ".join(f"{fn(s):>16}" for s in summaries) for name, fn in rows)
+
+
+def _pair(a, b) -> str:
+    return "-" if a is None or b is None else f"{a:.3f} -> {b:.3f}"
+
+
+def _staleness(s: dict) -> str:
+    hist = s["staleness"]["histogram"]
+    total = sum(hist.values()) or 1
+    return " ".join(f"{lag}:{n / total:.0%}" for lag, n in hist.items())
+
+

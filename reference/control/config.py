@@ -1,0 +1,132 @@
+"""The training run's one config: YAML defaults (`reference/configs/train.yaml`), `--config FILE` merged over
+them, `--set key.path=value` overrides, validated on construction; the resolved config is saved with
+every run. Feasibility against the resources (cores, pools, batch shape) is checked in `check_feasible`
+before anything starts, with one clear line per problem.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.config import apply_overrides, from_dict, load_yaml, merge
+from core.errors import UserError
+from core.policies import POLICIES
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "train.yaml"
+BACKENDS = ("builtin", "vllm")
+
+
+@dataclass(frozen=True)
+class TaskSection:
+    name: str  # a task in reference.tasks.TASKS
+    options: dict  # the task's config fields (e.g. digits)
+
+
+@dataclass(frozen=True)
+class PolicySection:
+    name: str  # colocated | disaggregated | async | tag
+    num_steps: int  # training steps in the run
+    max_staleness: int  # largest policy-version lag of a trained token (async, tag)
+    window_batches: int | None  # tag: batches kept in flight (null: 1 + max_staleness)
+    fill_idle: bool  # tag: start extra groups when a rollout resource runs dry
+
+
+@dataclass(frozen=True)
+class ResourcesSection:
+    count: int  # resources (worker processes), each with its own cores
+    cores_per_resource: int  # CPU cores each resource owns (pinned)
+    train_fraction: float  # share of resources in the train pool (disaggregated, async, tag)
+
+
+@dataclass(frozen=True)
+class RolloutSection:
+    prompts_per_step: int  # GRPO groups per training step
+    group_size: int  # samples per prompt
+    max_concurrency: int  # completion requests in flight
+    temperature: float
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    dir: str | None  # a local Qwen3 checkpoint to train; null: a fresh tiny model for the task
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    initializer_range: float  # std of the fresh model's initial weights
+    init_seed: int  # weights of the fresh model
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    backend: str  # builtin (CPU) | vllm (GPUs)
+    max_batch: int  # sequences an engine decodes together
+
+
+@dataclass(frozen=True)
+class RunSection:
+    seed: int
+    eval_every_steps: int  # held-out evaluation every this many steps (0: only before and after)
+    checkpoint_every_steps: int  # resumable checkpoint every this many steps (0: never)
+    ray_address: str | None  # join this Ray cluster (null: start a local one sized to this machine)
+    time_limit_s: float  # the run stops with an error after this long
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    task: TaskSection
+    policy: PolicySection
+    resources: ResourcesSection
+    rollout: RolloutSection
+    model: ModelSection
+    engine: EngineSection
+    trainer: dict  # reference.trainer.config.TrainerConfig fields
+    run: RunSection
+
+    def __post_init__(self) -> None:
+        if self.policy.name not in POLICIES:
+            raise UserError(f"unknown policy {self.policy.name!r}; choose one of {', '.join(POLICIES)}")
+        if self.engine.backend not in BACKENDS:
+            raise UserError(f"unknown backend {self.engine.backend!r}; choose one of {', '.join(BACKENDS)}")
+        positive = {"policy.num_steps": self.policy.num_steps, "resources.count": self.resources.count,
+                    "resources.cores_per_resource": self.resources.cores_per_resource,
+                    "rollout.prompts_per_step": self.rollout.prompts_per_step,
+                    "rollout.max_concurrency": self.rollout.max_concurrency,
+                    "engine.max_batch": self.engine.max_batch}  # fmt: skip
+        for key, value in positive.items():
+            if value < 1:
+                raise UserError(f"{key} must be >= 1, got {value}")
+        if self.rollout.group_size < 2:
+            raise UserError(f"rollout.group_size must be >= 2 (GRPO compares samples of a prompt), got "
+                            f"{self.rollout.group_size}")  # fmt: skip
+        if self.policy.max_staleness < 0:
+            raise UserError(f"policy.max_staleness must be >= 0, got {self.policy.max_staleness}")
+        if self.model.dir is not None and not Path(self.model.dir).is_dir():
+            raise UserError(f"model.dir {self.model.dir!r} is not a directory (a local Qwen3 checkpoint)")
+        if not self.run.time_limit_s > 0:
+            raise UserError(f"run.time_limit_s must be > 0, got {self.run.time_limit_s}")
+
+
+def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    data = load_yaml(DEFAULT_CONFIG)
+    if path is not None:
+        data = merge(data, load_yaml(path))
+    data = apply_overrides(data, overrides or [])
+    return from_dict(TrainConfig, data)
+
+
+def check_feasible(cfg: TrainConfig, cores: int | None = None) -> None:
+    """What cannot run with these resources, as one clear line (UserError)."""
+    have = len(os.sched_getaffinity(0)) if cores is None else cores
+    need = cfg.resources.count * cfg.resources.cores_per_resource
+    if cfg.run.ray_address is None and need > have:
+        raise UserError(f"{cfg.resources.count} resources x {cfg.resources.cores_per_resource} cores need "
+                        f"{need} cores; this machine has {have} (lower resources.count or "
+                        f"resources.cores_per_resource)")  # fmt: skip
+    if cfg.policy.name != "colocated" and cfg.resources.count < 2:
+        raise UserError(f"policy {cfg.policy.name!r} needs separate rollout and train resources: resources.count "
+                        f"must be >= 2, got {cfg.resources.count}")  # fmt: skip

@@ -1,0 +1,240 @@
+"""The runtime executor: `core.driver`'s decisions applied to real engines, trainer shards and prompt groups.
+
+The counterpart of `sim/runner.py`. It runs on the trajectory manager's event loop (the manager is
+embedded in the driver process) and never blocks it: each decision starts an asyncio task and returns;
+its completion is posted to the driver when the work is done. What each decision does here:
+
+    Submit(n)           the rollout manager starts n prompt groups (GroupFinished when each is rewarded)
+    Preempt(r)          the manager stops routing to r's engine and moves its requests, with their
+                        tokens, to other engines (partial rollout)          -> PreemptFinished
+    SwitchTag(r, tag)   train: r's engine takes no request; rollout: it serves again -> SwitchFinished
+    StartTrain(k, ...)  the groups' trajectories are read from the manager's store, split by group over
+                        the train shards (data parallel), one optimiser step, the new weights published
+                        as version k+1, the groups marked consumed in the store -> TrainFinished
+    SyncWeights(v, rs)  pause rs' engines at a token boundary, restart requests older than the bound,
+                        load version v, resume engines that hold no request -> SyncFinished
+    Refresh / ResumeRollout   regenerate stale samples / resume paused engines
+
+Resources are reached through `Workers` (Ray actors by default; in-process for tests). Any failure in
+this work stops the run with an error that names the decision; nothing waits for ever (the driver's
+deadlines cover what an engine or a shard never finishes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from core import events as ev
+from core.tags import Phase, Tag
+from core.timeline import StepRecord, TimelineRecorder
+from reference.manager.manager import TrajectoryManager
+from reference.rollout.groups import GroupResult, RolloutManager, training_batch
+from reference.trainer.batch import Trajectory
+from reference.trainer.handoff import version_dir
+
+log = logging.getLogger(__name__)
+
+
+class Workers(Protocol):
+    """Calls on the resources' workers (`reference.control.worker.ResourceWorker`), awaitable."""
+
+    def call(self, resource: str, method: str, *args) -> Awaitable: ...
+
+
+class Sink(Protocol):
+    def step(self, record: dict) -> None:
+        """One finished training step's metrics (see `RuntimeExecutor._step_metrics`)."""
+
+
+@dataclass
+class _State:
+    """What the executor tracks between decisions."""
+
+    trainers: tuple[str, ...]  # the data-parallel group, in rank order
+    step_started_s: dict[int, float] = field(default_factory=dict)
+    tasks: set[asyncio.Task] = field(default_factory=set)
+    failure: BaseException | None = None
+
+
+class RuntimeExecutor:
+    def __init__(
+        self,
+        manager: TrajectoryManager,
+        rollout: RolloutManager,
+        workers: Workers,
+        recorder: TimelineRecorder,
+        trainers: Sequence[str],
+        weights_root: Path,
+        sink: Sink,
+        checkpoint: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
+        self.manager, self.rollout, self.workers, self.recorder = manager, rollout, workers, recorder
+        self.weights_root, self.sink, self.checkpoint = weights_root, sink, checkpoint
+        self.state = _State(tuple(trainers))
+        self.post: Callable[[ev.Event], None] = lambda e: None  # the driver's post, set by `attach`
+        self._t0 = time.monotonic()
+        self.sync_s: list[float] = []
+
+    def attach(self, post: Callable[[ev.Event], None]) -> None:
+        self.post = post
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self.state.failure or self.rollout.failure
+
+    # ---- decisions ----
+
+    def submit(self, d: ev.Submit) -> None:
+        self.rollout.submit(d.num_groups)
+
+    def refresh(self, d: ev.Refresh) -> None:
+        self.rollout.refresh(d.group_ids, d.min_keep_version)
+
+    def preempt(self, d: ev.Preempt) -> None:
+        self._spawn(d, self._preempt(d))
+
+    def switch_tag(self, d: ev.SwitchTag) -> None:
+        self._spawn(d, self._switch(d))
+
+    def start_train(self, d: ev.StartTrain) -> None:
+        self._spawn(d, self._train(d))
+
+    def sync_weights(self, d: ev.SyncWeights) -> None:
+        self._spawn(d, self._sync(d))
+
+    def resume_rollout(self, d: ev.ResumeRollout) -> None:
+        self._spawn(d, self.manager.resume(list(d.resources)))
+
+    # ---- the work ----
+
+    def _spawn(self, decision: ev.Decision, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.state.tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self.state.tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None and self.state.failure is None:
+                self.state.failure = RuntimeError(f"{decision!r} failed: {t.exception()}")
+                self.state.failure.__cause__ = t.exception()
+
+        task.add_done_callback(done)
+
+    async def _preempt(self, d: ev.Preempt) -> None:
+        moved = await self.manager.preempt(d.resource)
+        log.debug("preempted %s: %d requests moved", d.resource, moved)
+        self.post(ev.PreemptFinished(d.resource))
+
+    async def _switch(self, d: ev.SwitchTag) -> None:
+        serving = d.active is Tag.ROLLOUT
+        if not serving and (held := self.manager.router.slot(d.resource).calls):
+            raise RuntimeError(f"{d.resource} still holds {len(held)} requests; it must be preempted first")
+        self.manager.set_serving(d.resource, serving)
+        self.post(ev.SwitchFinished(d.resource, d.active))
+
+    async def _train(self, d: ev.StartTrain) -> None:
+        if tuple(d.resources) != self.state.trainers:
+            raise RuntimeError(f"the data-parallel group is {list(self.state.trainers)}; a step on "
+                               f"{list(d.resources)} is not supported")  # fmt: skip
+        start = self.now()
+        for r in d.resources:
+            self.recorder.set(r, Phase.TRAIN, start, d.step)
+        groups = self.rollout.take(d.group_ids)
+        batch = await asyncio.to_thread(training_batch, self.manager.store, groups)
+        shards = _shard(groups, batch, len(d.resources))
+        results = await asyncio.gather(*(self.workers.call(r, "train_step", shard)
+                                         for r, shard in zip(d.resources, shards, strict=True)))  # fmt: skip
+        handoffs = await asyncio.gather(*(self.workers.call(r, "publish", str(self.weights_root))
+                                          for r in d.resources))  # fmt: skip
+        await asyncio.to_thread(self.manager.store.mark_consumed, [g.key for g in groups], d.step)
+        if self.checkpoint is not None:
+            await self.checkpoint(d.step + 1)
+        end = self.now()
+        record = _step_record(d.step, start, end, batch)
+        for r, shard in zip(d.resources, shards, strict=True):
+            self.recorder.add_tokens(r, sum(len(t.token_ids) for t in shard))
+            self.recorder.set(r, Phase.IDLE, end, d.step + 1)
+        self.recorder.add_step(record)
+        handoff = next(h for h in handoffs if h is not None)
+        self.sink.step(self._step_metrics(d.step, groups, results, handoff, record))
+        self.post(ev.TrainFinished(d.step))
+
+    async def _sync(self, d: ev.SyncWeights) -> None:
+        start = time.perf_counter()
+        engines = list(d.resources)
+        await self.manager.pause(engines)
+        await self.manager.restart_older_than(d.min_keep_version, engines)
+        await self.manager.update_weights(d.version, str(version_dir(self.weights_root, d.version)), engines)
+        idle = [e for e in engines if not self.manager.router.slot(e).calls]
+        if idle:
+            await self.manager.resume(idle)
+        self.sync_s.append(time.perf_counter() - start)
+        self.post(ev.SyncFinished(d.version, d.resources, d.sync_id))
+
+    def _step_metrics(self, step: int, groups, results: list[dict], handoff: dict, record: StepRecord) -> dict:
+        rewards = [s.reward for g in groups for s in g.samples]
+        n = len(rewards)
+        mean = sum(rewards) / n
+        tokens = sum(r["tokens"] for r in results)
+        return {
+            "step": step,
+            "reward_mean": mean,
+            "reward_std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
+            "exact_match": sum(s.exact for g in groups for s in g.samples) / n,
+            "samples": n,
+            "trained_tokens": record.tokens,
+            "generated_tokens": record.generated_tokens,
+            "staleness": {str(k): v for k, v in sorted(record.lag_tokens.items())},
+            "loss": _mean(results, "loss"),
+            "kl": _mean(results, "kl"),
+            "entropy": _mean(results, "entropy"),
+            "clip_fraction": _mean(results, "clip_fraction"),
+            "grad_norm": results[0]["grad_norm"],
+            "train_s": max(r["time_s"] for r in results),
+            "publish_s": handoff["seconds"],
+            "step_s": record.end_s - record.start_s,
+            "time_s": record.end_s,
+            "tokens_per_s_trained": tokens / max(1e-9, max(r["time_s"] for r in results)),
+        }
+
+    async def close(self) -> None:
+        for task in list(self.state.tasks):
+            task.cancel()
+        await asyncio.gather(*self.state.tasks, return_exceptions=True)
+
+
+def _mean(results: list[dict], key: str) -> float:
+    """A token-weighted mean over the shards."""
+    total = sum(r["tokens"] for r in results)
+    return sum(r[key] * r["tokens"] for r in results) / max(1, total)
+
+
+def _shard(groups: Sequence[GroupResult], batch: list[Trajectory], n: int) -> list[list[Trajectory]]:
+    """Whole groups to each of `n` shards, round robin (GRPO normalises within a group)."""
+    shards: list[list[Trajectory]] = [[] for _ in range(n)]
+    rank = {g.key: i % n for i, g in enumerate(groups)}
+    for t in batch:
+        shards[rank[t.group_id]].append(t)
+    if any(not s for s in shards):
+        raise RuntimeError(f"{len(groups)} groups cannot feed {n} data-parallel shards")
+    return shards
+
+
+def _step_record(step: int, start: float, end: float, batch: list[Trajectory]) -> StepRecord:
+    lag: Counter[int] = Counter()
+    for t in batch:
+        for v in t.versions:
+            lag[step - v] += 1
+    generated = sum(t.num_generated for t in batch)
+    return StepRecord(step, start, end, sum(len(t.token_ids) for t in batch), generated, dict(sorted(lag.items())),
+                      len(batch))  # fmt: skip

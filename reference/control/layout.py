@@ -1,0 +1,51 @@
+"""Where a run's pieces go: the initial weights (policy version 0) and one worker per resource with its cores.
+
+With no `model.dir`, a fresh tiny Qwen3 for the task (its small vocabulary, the config's size) is written
+as version 0 of the weight hand-off directory, so engines and trainer shards start from the same bytes.
+With `model.dir`, that checkpoint is version 0 as it is. Resource i owns cores [i*c, (i+1)*c) of the
+cores this process may use (c = `resources.cores_per_resource`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from core.policies import BasePolicy
+from core.tags import Tag
+from reference.control.config import TrainConfig
+from reference.control.worker import WorkerSpec
+from reference.model import build_model, tiny_config
+from reference.tasks.base import Task
+from reference.trainer.handoff import publish_weights
+
+
+def initial_weights(cfg: TrainConfig, task: Task, root: Path) -> str:
+    """The checkpoint directory every engine and trainer shard starts from (policy version 0)."""
+    if cfg.model.dir is not None:
+        return str(Path(cfg.model.dir).resolve())
+    m = cfg.model
+    config = tiny_config(task.tokenizer.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+                         num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim,
+                         intermediate_size=m.intermediate_size, initializer_range=m.initializer_range,
+                         max_position_embeddings=task_context(task))  # fmt: skip
+    model = build_model(config, seed=m.init_seed)
+    return str(publish_weights(model.state_dict(), config, root, 0, task.tokenizer).path.resolve())
+
+
+def task_context(task: Task) -> int:
+    """Positions the model needs: the longest held-out prompt and its answer, with room to spare."""
+    longest = max(len(task.tokenizer.encode(p.prompt)) for p in task.held_out())
+    return max(64, 2 * (longest + task.max_tokens))
+
+
+def worker_specs(cfg: TrainConfig, policy: BasePolicy, model_dir: str) -> list[WorkerSpec]:
+    cores = sorted(os.sched_getaffinity(0)) if cfg.run.ray_address is None else []
+    c = cfg.resources.cores_per_resource
+    specs = []
+    for i, r in enumerate(policy.resources.values()):
+        mine = tuple(cores[i * c : (i + 1) * c]) if cores else ()
+        tags = tuple(t.value for t in (Tag.ROLLOUT, Tag.TRAIN) if r.can(t))
+        specs.append(WorkerSpec(r.name, tags, mine, model_dir, cfg.run.seed + i, cfg.engine.max_batch,
+                                cfg.engine.backend))  # fmt: skip
+    return specs

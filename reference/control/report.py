@@ -1,0 +1,116 @@
+"""A training run's outputs: the simulator's (summary.json, intervals.json, timeline.json, timeline.png, all
+from `core`), plus metrics.jsonl (one line per step, and one per held-out evaluation), reward.png and the
+resolved config.yaml; and the progress bar and the end-of-run table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import yaml
+from tqdm import tqdm
+
+from core.metrics import summarize
+from core.plot import draw_timeline
+from core.timeline import Timeline
+from core.trace import write_chrome_trace
+
+
+class MetricsLog:
+    """metrics.jsonl, written as the run goes (one JSON object a line), and kept in memory."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.path.write_text("")
+        self.steps: list[dict] = []
+        self.evaluations: list[dict] = []
+        self.counters: dict[str, float] = {}
+
+    def step(self, record: dict) -> None:
+        self.steps.append(record)
+        self._write({"kind": "step", **record})
+
+    def held_out(self, step: int, result: dict) -> None:
+        record = {"step": step, **result}
+        self.evaluations.append(record)
+        self._write({"kind": "held_out", **record})
+
+    def _write(self, record: dict) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=True, allow_nan=False, default=_finite) + "\n")
+
+
+def _finite(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class Progress:
+    """A progress bar per training step, with reward and trained tokens per second."""
+
+    def __init__(self, steps: int, enabled: bool = True) -> None:
+        self.bar = tqdm(total=steps, desc="train", unit="step", disable=not enabled, leave=False)
+
+    def update(self, record: dict) -> None:
+        self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", tok_s=f"{record['tokens_per_s_trained']:,.0f}")
+        self.bar.update(1)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+
+
+def write_outputs(timeline: Timeline, metrics: MetricsLog, config: dict, out: Path, picture: bool = True) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(timeline)
+    summary["training"] = training_summary(metrics)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=_finite) + "\n")
+    timeline.save(out / "intervals.json")
+    write_chrome_trace(timeline, out / "timeline.json")
+    (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    if picture:
+        draw_timeline(timeline, out / "timeline.png", f"{summary['policy']} (measured): {timeline.meta['workload']}")
+        draw_rewards(metrics, out / "reward.png", summary["policy"])
+    return summary
+
+
+def training_summary(metrics: MetricsLog) -> dict:
+    steps, evals = metrics.steps, metrics.evaluations
+    first, last = (steps[0], steps[-1]) if steps else ({}, {})
+    return {
+        "steps": len(steps),
+        "reward_first_step": first.get("reward_mean"),
+        "reward_last_step": last.get("reward_mean"),
+        "held_out_first": evals[0]["reward_mean"] if evals else None,
+        "held_out_last": evals[-1]["reward_mean"] if evals else None,
+        "first_step_reaching_0.8": next((s["step"] for s in steps if s["reward_mean"] >= 0.8), None),
+    }
+
+
+def draw_rewards(metrics: MetricsLog, path: Path, policy: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
+    steps = metrics.steps
+    ax.plot([s["time_s"] for s in steps], [s["reward_mean"] for s in steps], marker=".", label="training reward (mean)")
+    evals = metrics.evaluations
+    if evals:
+        ax.plot([e["time_s"] for e in evals], [e["reward_mean"] for e in evals], marker="s", linestyle="--",
+                label="held-out reward")  # fmt: skip
+    ax.axhline(0.8, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("wall time (s, measured)")
+    ax.set_ylabel("reward (fraction of answer digits right)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"{policy}: reward over time")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

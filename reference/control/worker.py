@@ -1,0 +1,127 @@
+"""One resource: a worker process with its own cores, an inference engine and (if it can train) a trainer shard.
+
+A resource never shares compute with another: the worker pins itself to its cores
+(`os.sched_setaffinity`) before anything starts, its engine process inherits that mask, and torch in
+both uses as many threads as it has cores. While the resource's active tag is `rollout` its engine
+serves and the trainer shard is idle; while it is `train` its engine holds no request (the trajectory
+manager routes none to it) and the shard computes. Both stay loaded, so a tag switch on CPU costs
+only the hand-over, not a reload.
+
+The class is plain Python: `reference/ray/` runs it as a Ray actor (placement by capability tags),
+and tests can run it in-process. Every method is synchronous and returns plain data.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from reference.engine.process import EngineProcess, EngineSpec
+from reference.model import load_checkpoint
+from reference.trainer.batch import Trajectory
+from reference.trainer.config import TrainerConfig
+from reference.trainer.parallel import DataParallel, init_process_group
+from reference.trainer.trainer import Trainer
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    name: str  # the resource's name in the policy (R00, T00, ...)
+    capabilities: tuple[str, ...]  # capability tags: "rollout" and/or "train"
+    cores: tuple[int, ...]  # CPU cores it owns (empty: leave the affinity alone)
+    model_dir: str  # the initial weights (a checkpoint directory the engine and the trainer both load)
+    seed: int = 0
+    max_batch: int = 64  # engine: sequences decoded together
+    backend: str = "builtin"  # engine backend
+
+    @property
+    def threads(self) -> int:
+        return max(1, len(self.cores))
+
+    @property
+    def can_roll_out(self) -> bool:
+        return "rollout" in self.capabilities
+
+
+class ResourceWorker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        if spec.cores:
+            os.sched_setaffinity(0, spec.cores)
+        torch.set_num_threads(spec.threads)
+        self.engine: EngineProcess | None = None
+        if "rollout" in spec.capabilities:
+            self.engine = EngineProcess(EngineSpec(backend=spec.backend, model=spec.model_dir, seed=spec.seed,
+                                                   max_batch=spec.max_batch, torch_threads=spec.threads))  # fmt: skip
+        self.trainer: Trainer | None = None
+
+    # ---- engine ----
+
+    def engine_address(self) -> tuple[str, str] | None:
+        """(url, token) of this resource's engine, or None if it cannot roll out."""
+        return None if self.engine is None else (self.engine.url, self.engine.token)
+
+    def engine_pid(self) -> int | None:
+        return None if self.engine is None else self.engine.pid
+
+    # ---- trainer shard ----
+
+    def init_trainer(self, rank: int, world_size: int, init_method: str, config: dict, resume: str | None) -> int:
+        """Join the data-parallel group (gloo) and build the trainer from the initial weights, or from the
+        checkpoint `resume`; returns the step it starts at."""
+        if world_size > 1:
+            init_process_group("gloo", init_method, rank, world_size)
+        parallel = DataParallel(rank, world_size)
+        cfg = TrainerConfig.from_dict(config)
+        if resume is not None:
+            self.trainer = Trainer.from_checkpoint(resume, parallel=parallel)
+        else:
+            model, tokenizer = load_checkpoint(self.spec.model_dir)
+            model.to(torch.float32)
+            self.trainer = Trainer(model, cfg, pad_id=tokenizer.eos_token_id, parallel=parallel)
+        return self.trainer.step
+
+    def train_step(self, trajectories: list[Trajectory]) -> dict:
+        """One optimiser step on this shard (every shard of the group calls it together)."""
+        return self._trainer().train_step(trajectories).to_dict()
+
+    def publish(self, root: str) -> dict | None:
+        """Write the current weights as a version directory under `root` (rank 0 writes)."""
+        start = time.perf_counter()
+        handoff = self._trainer().publish(root)
+        if handoff is None:
+            return None
+        return {"version": handoff.version, "path": str(handoff.path), "seconds": time.perf_counter() - start,
+                "bytes": handoff.bytes}  # fmt: skip
+
+    def save_checkpoint(self, directory: str) -> str:
+        return str(self._trainer().save_checkpoint(Path(directory)))
+
+    def _trainer(self) -> Trainer:
+        if self.trainer is None:
+            raise RuntimeError(f"resource {self.spec.name} has no trainer shard (init_trainer first)")
+        return self.trainer
+
+    def free_address(self, loopback: bool = True) -> str:
+        """A `tcp://host:port` on this worker's host for the data-parallel group's rendezvous (rank 0):
+        loopback when every worker is on this machine, else the host's address."""
+        host = "127.0.0.1" if loopback else socket.gethostbyname(socket.gethostname())
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        return f"tcp://{host}:{port}"
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

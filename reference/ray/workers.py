@@ -1,0 +1,98 @@
+"""Resource workers as Ray actors, placed by capability tags.
+
+Each `ResourceWorker` (reference/control/worker.py) runs as one actor that asks Ray for its cores and one
+unit of each of its capability tags, which are Ray custom resources: a node offers `{"rollout": n,
+"train": m}` and Ray places each worker on a node that can run what it may be asked to run. The embedded
+default (`ray_address` None) starts a local Ray sized to this machine: as many CPUs as it has cores and
+as many tag units as the plan's workers need. `ray_address` joins an existing cluster instead, whose
+nodes must offer the tags (`ray start --resources='{"rollout": 8, "train": 8}'`); scaling past one
+machine is Ray's job.
+
+Calls return Ray object refs, which asyncio awaits directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from collections.abc import Sequence
+
+import ray
+
+from core.errors import UserError
+from reference.control.worker import ResourceWorker, WorkerSpec
+
+
+class RayWorkers:
+    """The `Workers` of a run on Ray. Use as a context manager: actors (and a Ray started here) are released."""
+
+    def __init__(self, specs: Sequence[WorkerSpec], address: str | None = None, start_timeout_s: float = 600.0):
+        self.specs = {s.name: s for s in specs}
+        self._started_ray = False
+        self._local = address is None
+        tags = Counter(tag for s in specs for tag in s.capabilities)
+        if not ray.is_initialized():
+            try:
+                if address is None:
+                    ray.init(num_cpus=len(os.sched_getaffinity(0)), resources=dict(tags), include_dashboard=False,
+                             logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)  # fmt: skip
+                else:
+                    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                where = address or "a local Ray"
+                raise UserError(f"cannot reach the Ray cluster at {where!r}: {str(e).splitlines()[0]}") from None
+            self._started_ray = True
+        actor = ray.remote(ResourceWorker)
+        self.actors = {
+            s.name: actor.options(
+                num_cpus=len(s.cores) or 1,
+                resources={t: 1 for t in s.capabilities},
+                name=f"seamlessflow-{s.name}-{os.getpid()}",
+                max_restarts=0,
+            ).remote(s)  # fmt: skip
+            for s in specs
+        }
+        try:
+            ray.get([a.ping.remote() for a in self.actors.values()], timeout=start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, resource: str, method: str, *args):
+        """`method(*args)` on the resource's worker: an awaitable Ray object ref."""
+        return getattr(self.actors[resource], method).remote(*args)
+
+    def get(self, resource: str, method: str, *args, timeout_s: float = 600.0):
+        """The same, waited for (from a thread that is not an event loop)."""
+        return ray.get(self.call(resource, method, *args), timeout=timeout_s)
+
+    def init_trainers(self, trainers: Sequence[str], trainer_config: dict, resume: str | None = None) -> list[int]:
+        """Every train-capable resource builds its shard and joins the data-parallel group (gloo, in rank
+        order); returns the step each starts at."""
+        address = self.get(trainers[0], "free_address", self._local) if len(trainers) > 1 else ""
+        refs = [self.call(r, "init_trainer", rank, len(trainers), address, trainer_config, resume)
+                for rank, r in enumerate(trainers)]  # fmt: skip
+        return ray.get(refs, timeout=600)
+
+    def kill(self, resource: str) -> None:
+        """Kill a worker's actor process (fault injection)."""
+        ray.kill(self.actors[resource], no_restart=True)
+
+    def close(self) -> None:
+        for name, a in list(self.actors.items()):
+            try:
+                ray.get(a.close.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - a dead actor has nothing left to close
+                pass
+            ray.kill(a, no_restart=True)
+            del self.actors[name]
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    def __enter__(self) -> RayWorkers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

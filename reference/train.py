@@ -1,0 +1,57 @@
+"""`python -m reference train`: GRPO post-training on real engines and trainer shards, scheduled by a `core` policy.
+
+The story: lay out the resources the policy wants (capability tags), write the initial weights, start one
+worker per resource on Ray (its own cores, its engine, its trainer shard), put the trajectory manager in
+front of the engines, and let `core.driver` run the policy against the runtime executor until the last
+step; then score the timeline with the simulator's scorer and write the same outputs.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from core.policies import PolicyConfig, make_policy
+from core.tags import Tag
+from core.timeline import Timeline, TimelineRecorder
+from reference.control.config import TrainConfig, check_feasible
+from reference.control.layout import initial_weights, worker_specs
+from reference.control.report import MetricsLog, Progress
+from reference.control.run import run_policy
+from reference.engine.client import HTTPEngine
+from reference.manager.embedded import ManagerThread
+from reference.manager.manager import ManagerConfig
+from reference.tasks import make_task
+
+
+def train(cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = True) -> tuple[Timeline, MetricsLog]:
+    """Run `cfg` to its last step; returns the timeline and the per-step metrics (also written in `out`)."""
+    check_feasible(cfg)
+    task = make_task(cfg.task.name, **cfg.task.options)
+    pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps, cfg.policy.max_staleness,
+                        cfg.policy.window_batches, cfg.policy.fill_idle)  # fmt: skip
+    policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)
+    model_dir = initial_weights(cfg, task, out / "weights")
+    specs = worker_specs(cfg, policy, model_dir)
+    if workers_factory is None:
+        from reference.ray.workers import RayWorkers as workers_factory
+    admin = secrets.token_urlsafe(24)  # the manager's admin token: rewards and weights are ours alone
+    metrics = MetricsLog(out / "metrics.jsonl")
+    with workers_factory(specs, cfg.run.ray_address) as workers:
+        addresses = {s.name: workers.get(s.name, "engine_address") for s in specs if s.can_roll_out}
+        engines = {name: HTTPEngine(url, token=token) for name, (url, token) in addresses.items()}
+        # The rollout manager bounds the requests in flight itself, so the manager sheds nothing here.
+        config = ManagerConfig(model_name=f"seamlessflow-{cfg.task.name}", admin_token=admin, max_pause_s=0,
+                               max_in_flight_requests=0, max_loop_lag_s=0)  # fmt: skip
+        with ManagerThread(engines, task.tokenizer, out / "trajectories.sqlite", config) as m:
+            for name in engines:  # a resource that starts on its train tag takes no request
+                m.call_soon(m.manager.set_serving, name, policy.initial_active(name) is Tag.ROLLOUT)
+            workers.init_trainers(policy.trainers, {**cfg.trainer, "seed": cfg.run.seed})
+            active = {n: policy.initial_active(n).value for n in policy.resources}
+            recorder = TimelineRecorder(list(policy.resources.values()), active)
+            with Progress(cfg.policy.num_steps, enabled=progress) as bar:
+                run = run_policy(cfg, task, policy, workers, m, recorder, metrics, bar, admin, out)
+                wall = m.call(run, timeout_s=cfg.run.time_limit_s + 120)
+    meta = {"policy": policy.name, "model": cfg.model.dir or "tiny", "device": "cpu",
+            "num_gpus": cfg.resources.count, "workload": cfg.task.name, "seed": cfg.run.seed}  # fmt: skip
+    return recorder.finish(wall, meta, metrics.counters), metrics

@@ -1,0 +1,48 @@
+"""`python -m reference train`: every mistake is one line on stderr and exit code 2, before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from reference.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--task", "poetry"], "unknown task 'poetry'"),
+        (["--policy", "fastest"], "unknown policy 'fastest'"),
+        (["--model", "/nonexistent/ckpt"], "model.dir '/nonexistent/ckpt' is not a directory"),
+        (["--backend", "tpu"], "unknown backend 'tpu'"),
+        (["--backend", "vllm"], "backend 'vllm' needs NVIDIA GPUs"),
+        (["--set", "resources.count=64"], "64 resources x 1 cores need 64 cores"),
+        (["--set", "resources.count=1"], "policy 'tag' needs separate rollout and train resources"),
+        (["--set", "rollout.group_size=1"], "rollout.group_size must be >= 2"),
+        (["--set", "policy.max_staleness=-1"], "policy.max_staleness must be >= 0"),
+        (["--set", "rollout.prompts_per_step=0"], "rollout.prompts_per_step must be >= 1"),
+        (["--set", "policy.window_batches=0"], "window_batches must be >= 1"),
+        (["--set", "resources.train_fraction=1.0"], "train_fraction must be in (0, 1)"),
+        (["--set", "task.options={digits: 99}"], "digits must be an integer in [1, 8]"),
+        (["--set", "nope=1"], "unknown config key 'nope'"),
+        (["--config", "/nonexistent.yaml"], "config file '/nonexistent.yaml' does not exist"),
+    ],
+)
+def test_a_bad_setting_is_one_line_and_exit_2(argv, needle, capsys, tmp_path):
+    assert main(["train", "--out", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert err.count("\n") == 1, err  # one line, no traceback
+    assert not (tmp_path / "out").exists()  # nothing was started or written
+
+
+def test_an_unusable_out_folder_is_one_line(capsys, tmp_path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    assert main(["train", "--out", str(target)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_more_data_parallel_shards_than_groups_is_refused(capsys, tmp_path):
+    argv = ["train", "--policy", "colocated", "--set", "rollout.prompts_per_step=1", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "cannot feed 2 data-parallel train resources" in capsys.readouterr().err
