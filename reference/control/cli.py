@@ -12,11 +12,13 @@ from core.errors import UserError
 from core.policies import POLICIES
 
 COMPARE_ORDER = ("colocated", "disaggregated", "async", "tag")
+COMPARE_TASK = "throughput"  # --compare measures the runtime: forced, long-tailed response lengths, as the simulator's
 
 
 def add_train_parser(sub) -> None:
     t = sub.add_parser("train", help="GRPO training under a scheduling policy (default config: make train-math)")
-    t.add_argument("--task", default=None, help="task name (default from the config: math)")
+    t.add_argument("--task", default=None, help=f"task name (default from the config: math; {COMPARE_TASK} "
+                                                "with --compare)")  # fmt: skip
     t.add_argument("--policy", default=None, help=f"one of: {', '.join(POLICIES)} (default from the config: tag)")
     t.add_argument("--compare", action="store_true", help="run the four policies one after another, same config")
     t.add_argument("--config", default=None, help="YAML merged over reference/configs/train.yaml")
@@ -32,10 +34,21 @@ def add_train_parser(sub) -> None:
 
 
 def _overrides(args) -> list[str]:
-    pairs = {"task.name": args.task, "policy.name": args.policy, "model.dir": args.model,
+    task = COMPARE_TASK if args.compare and not _task_chosen(args) else args.task
+    pairs = {"task.name": task, "policy.name": args.policy, "model.dir": args.model,
              "engine.backend": args.backend, "policy.num_steps": args.steps, "run.seed": args.seed,
              "run.ray_address": args.ray_address}  # fmt: skip
     return [*args.overrides, *(f"{k}={v}" for k, v in pairs.items() if v is not None)]
+
+
+def _task_chosen(args) -> bool:
+    """Whether the user named the task: --task, --set task.name=... (or task=...), or a --config file's task.name."""
+    from core.config import load_yaml
+
+    if args.task is not None or any(o.split("=", 1)[0].strip() in ("task", "task.name") for o in args.overrides):
+        return True
+    section = load_yaml(args.config).get("task") if args.config is not None else None
+    return isinstance(section, dict) and "name" in section
 
 
 def train_main(args) -> int:
@@ -145,5 +158,3 @@ def _staleness(s: dict) -> str:
     hist = s["staleness"]["histogram"]
     total = sum(hist.values()) or 1
     return " ".join(f"{lag}:{n / total:.0%}" for lag, n in hist.items())
-
-

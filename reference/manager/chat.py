@@ -44,6 +44,7 @@ class Sampling:
     include_usage: bool
     logprobs: bool
     n: int = 1  # samples of the same prompt (each its own branch of the session)
+    ignore_eos: bool = False  # stop tokens are ordinary tokens: generate exactly max_tokens (vLLM's extra field)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,9 @@ def parse_sampling(body: dict, *, logprobs_flag: bool) -> Sampling:
         raise RequestError(f"'logprobs' must be a boolean, got {logprobs!r}", param="logprobs")
     if not logprobs_flag and logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
         raise RequestError(f"'logprobs' must be an integer, got {logprobs!r}", param="logprobs")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise RequestError(f"'ignore_eos' must be a boolean, got {ignore_eos!r:.80}", param="ignore_eos")
     return Sampling(
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
@@ -128,6 +132,7 @@ def parse_sampling(body: dict, *, logprobs_flag: bool) -> Sampling:
         include_usage=bool(options.get("include_usage", False)),
         logprobs=bool(logprobs),
         n=n,
+        ignore_eos=ignore_eos,
     )
 
 

@@ -300,7 +300,8 @@ class TrajectoryManager:
             async for item in it:
                 if isinstance(item, Finished):
                     reason = str(item.reason)
-        text = self.tok.decode([t for t in progress.token_ids if t not in self._stop_ids])
+        stops = self._stops(sampling)
+        text = self.tok.decode([t for t in progress.token_ids if t not in stops])
         return await self._record(session, request_id, prompt, progress, text, reason)
 
     async def generate(
@@ -312,7 +313,7 @@ class TrajectoryManager:
         prompt = tuple(prompt)
         max_tokens = self.budget(len(prompt), sampling)
         request_id = f"req-{uuid.uuid4().hex[:20]}"
-        decoder = IncrementalDecoder(self.tok, skip_ids=self._stop_ids)
+        decoder = IncrementalDecoder(self.tok, skip_ids=self._stops(sampling))
         progress = _Progress([], [], [], [])
         held = max((len(s) for s in sampling.stop), default=1) - 1  # text withheld while a stop may be forming
         emitted, reason, text = 0, "abort", None
@@ -342,6 +343,11 @@ class TrajectoryManager:
             yield text[emitted:]
         yield await self._record(session, request_id, prompt, progress, text, reason)
 
+    def _stops(self, sampling: Sampling) -> tuple[int, ...]:
+        """The ids that end a sample and are left out of its text: none with `ignore_eos`, where they are
+        ordinary tokens (sampled, counted and shown like any other) and only `max_tokens` ends a sample."""
+        return () if sampling.ignore_eos else self._stop_ids
+
     async def _engines(
         self,
         session_id: str,
@@ -362,7 +368,7 @@ class TrajectoryManager:
                 max_tokens=max_tokens - len(progress.token_ids),
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                stop_token_ids=self._stop_ids,
+                stop_token_ids=self._stops(sampling),
                 seed=sampling.seed,
             )
             call = GenerateRequest(f"{request_id}.{calls}", prompt + tuple(progress.token_ids), params)

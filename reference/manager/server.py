@@ -14,6 +14,12 @@
     POST /admin/serve                          {"engine": name, "serving": bool}
     GET  /health | /stats
 
+Sampling takes the OpenAI fields (`max_tokens`, `temperature`, `top_p`, `stop`, `seed`, `n`, `stream`,
+`logprobs`) and one extra field, as vLLM's OpenAI server does: `"ignore_eos": true` makes the stop tokens
+(`<|im_end|>`, `<|endoftext|>`) ordinary tokens, so a sample without `stop` strings ends only at
+`max_tokens` (finish reason "length") and its text keeps them; a workload that forces response lengths
+uses it. Anything but a boolean is a 400 naming the field.
+
 Access: with an admin token set, everything except the agents' own `/s/<session>/v1/*` calls, `/v1/models`
 and `/health` needs `Authorization: Bearer <token>`: reading and annotating trajectories (rewards decide
 what the model learns), stats, and the control endpoints.

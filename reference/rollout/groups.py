@@ -151,7 +151,8 @@ class RolloutManager:
                 "problems": n}  # fmt: skip
 
     async def _evaluate_one(self, problem: Problem, sid: str):
-        body = {"prompt": problem.prompt, "max_tokens": self.task.max_tokens, "temperature": self.config.temperature,
+        body = {"prompt": problem.prompt, "max_tokens": problem.max_tokens or self.task.max_tokens,
+                "ignore_eos": problem.ignore_eos, "temperature": self.config.temperature,
                 "seed": self._rng.getrandbits(62)}  # fmt: skip
         async with self._slots:
             answer = await self._post(f"/s/{sid}/v1/completions", body)
@@ -177,7 +178,8 @@ class RolloutManager:
         """Sample the group's problem len(indices) times in one request (`n`), grade each sample and write the
         rewards with the session; then the group (with the samples `kept` from before) is finished."""
         problem, sid = self._problems[gid], self.key(gid)
-        body = {"prompt": problem.prompt, "max_tokens": self.task.max_tokens, "n": len(indices),
+        body = {"prompt": problem.prompt, "max_tokens": problem.max_tokens or self.task.max_tokens,
+                "ignore_eos": problem.ignore_eos, "n": len(indices),
                 "temperature": self.config.temperature, "seed": self._rng.getrandbits(62)}  # fmt: skip
         async with self._slots:
             answer = await self._post(f"/s/{sid}/v1/completions", body)

@@ -1,4 +1,5 @@
-"""Verifiable tasks for RL training, chosen by name: `make_task("math")`.
+"""Verifiable tasks for RL training, chosen by name: `make_task("math")`; `throughput` is a workload (forced,
+long-tailed response lengths) for measuring the runtime, not a task to learn.
 
 Each entry maps a short name to a dotted path, imported only when asked for; an unknown name raises
 a ValueError that lists the choices.
@@ -12,6 +13,7 @@ from reference.tasks.base import Grade, Problem, Task
 
 TASKS = {
     "math": "reference.tasks.math:MathTask",
+    "throughput": "reference.tasks.throughput:ThroughputTask",
 }
 
 __all__ = ["TASKS", "Grade", "Problem", "Task", "make_task", "task_class"]

@@ -1,6 +1,6 @@
 """Describe a task: examples, the split, and what a random policy scores.
 
-    python -m reference.tasks [math] [--samples 2000] [--seed 0]
+    python -m reference.tasks [math|throughput] [--samples 2000] [--seed 0]
 
 The random policy draws every completion token uniformly from the task tokenizer's vocabulary; it
 scores a little below `chance_reward()` (see there). (The untrained model's reward is printed by
@@ -21,7 +21,8 @@ def random_policy_reward(task, rng: random.Random, samples: int) -> tuple[float,
     rewards, exact = 0.0, 0
     for i in range(samples):
         problem = problems[i % len(problems)]
-        grade = task.grade(problem, tok.decode([rng.randrange(tok.vocab_size) for _ in range(task.max_tokens)]))
+        length = problem.max_tokens or task.max_tokens
+        grade = task.grade(problem, tok.decode([rng.randrange(tok.vocab_size) for _ in range(length)]))
         rewards, exact = rewards + grade.reward, exact + grade.exact
     return rewards / samples, exact / samples
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(args.seed)
     for p in task.sample_train(rng, 3):
         print(f"example: {p.prompt!r} -> {p.answer!r}")
-    print(f"vocabulary {task.tokenizer.vocab_size} tokens, completions of {task.max_tokens} tokens")
+    print(f"vocabulary {task.tokenizer.vocab_size} tokens, completions of up to {task.max_tokens} tokens")
     print(f"held-out evaluation problems: {len(task.held_out())}")
     reward, exact = random_policy_reward(task, rng, args.samples)
     print(f"random-policy reward {reward:.3f} (exact {exact:.4f}); chance {task.chance_reward():.3f}; "

@@ -3,8 +3,10 @@
 A task is verifiable by code: `grade` compares a completion string with the problem's answer and
 returns a dense reward in [0, 1] and whether it was an exact match. Prompts are raw strings sent to the
 trajectory manager's `/completions` endpoint without a chat template; `max_tokens` is the answer's
-length in tokens. `sample_train` draws from the training split only; `held_out` is a fixed list of
-problems that training never sees.
+length in tokens. A problem may name its own `max_tokens` (at most the task's, which sizes the model's
+context) and ask for `ignore_eos`: stop tokens are then ordinary tokens and every sample is exactly
+`max_tokens` long (a throughput workload forces its response lengths that way). `sample_train` draws
+from the training split only; `held_out` is a fixed list of problems that training never sees.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ class Problem:
     problem_id: str  # stable across runs; doubles as the GRPO group's task id
     prompt: str
     answer: str
+    max_tokens: int | None = None  # tokens to generate; None: the task's `max_tokens`
+    ignore_eos: bool = False  # generate exactly `max_tokens` tokens: stop tokens do not end a sample
 
 
 @dataclass(frozen=True)

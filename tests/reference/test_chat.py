@@ -6,7 +6,14 @@ import random
 
 import pytest
 
-from reference.manager.chat import ChatRenderer, IncrementalDecoder, RequestError, find_stop, parse_chat
+from reference.manager.chat import (
+    ChatRenderer,
+    IncrementalDecoder,
+    RequestError,
+    find_stop,
+    parse_chat,
+    parse_completion,
+)
 
 
 def test_render_is_chatml_token_for_token(tok):
@@ -75,3 +82,11 @@ def test_parse_chat_errors_name_the_field():
         parse_chat({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})
     ok = parse_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}], "stop": "x"})
     assert ok.sampling.stop == ("x",) and ok.sampling.temperature == 1.0
+
+
+def test_ignore_eos_is_a_boolean_off_by_default():
+    assert parse_completion({"prompt": "x", "ignore_eos": True}).sampling.ignore_eos
+    assert not parse_completion({"prompt": "x"}).sampling.ignore_eos
+    with pytest.raises(RequestError, match="'ignore_eos' must be a boolean, got 1") as e:
+        parse_completion({"prompt": "x", "ignore_eos": 1})
+    assert e.value.param == "ignore_eos"

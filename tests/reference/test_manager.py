@@ -145,6 +145,52 @@ def test_completions_with_text_and_token_ids(fake_manager, openai_client, tok):
         assert client.models.list().data[0].id == MODEL
 
 
+def test_ignore_eos_generates_exactly_max_tokens(fake_manager, http, tok):
+    """The fake ends its reply with a stop token after 5 tokens; with `ignore_eos` the engine is sent no stop
+    token, so every sample runs to max_tokens, token for token what the engine samples, its text all of them."""
+    m, (engine,) = fake_manager(reply_tokens=5)
+    url = f"{m.base_url('forced')}/completions"
+    _, stopped = http("POST", url, {"model": MODEL, "prompt": "x", "max_tokens": 12})
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert len(stopped["choices"][0]["trajectory"]["token_ids"]) == 5
+    status, forced = http("POST", url, {"model": MODEL, "prompt": "x", "max_tokens": 12, "n": 2, "ignore_eos": True})
+    assert status == 200, forced
+    assert forced["usage"]["completion_tokens"] == 24
+    for choice in forced["choices"]:
+        ids = choice["trajectory"]["token_ids"]
+        assert choice["finish_reason"] == "length"
+        assert ids == expected_tokens(engine, tok.encode("x"), [0] * 12)
+        assert choice["text"] == tok.decode(ids)
+
+
+def test_ignore_eos_keeps_sampled_stop_tokens_in_streams_too(fake_manager, http, tok):
+    """Over a 3-token vocabulary the fake samples <|endoftext|> and <|im_end|> on its own: with `ignore_eos` they
+    are ordinary tokens, counted and kept in the text, streamed or not."""
+    m, _ = fake_manager(vocab_size=3)
+    body = {"model": MODEL, "prompt": [1, 1], "max_tokens": 16, "ignore_eos": True, "seed": 1}
+    _, whole = http("POST", f"{m.base_url('tiny')}/completions", body)
+    ids = whole["choices"][0]["trajectory"]["token_ids"]
+    assert len(ids) == 16
+    assert {tok.eos_token_id, tok.im_end_id} <= set(ids)
+    assert whole["choices"][0]["text"] == tok.decode(ids)
+    streamed = _stream_text(f"{m.base_url('tiny-stream')}/completions", {**body, "stream": True})
+    assert streamed == whole["choices"][0]["text"]
+
+
+def _stream_text(url: str, body: dict) -> str:
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    pieces = []
+    with urllib.request.urlopen(request, timeout=30) as response:
+        for line in response:
+            data = line.decode().strip().removeprefix("data: ")
+            if data and data != "[DONE]":
+                pieces += [c["text"] for c in json.loads(data)["choices"]]
+    return "".join(pieces)
+
+
 def test_partial_rollout_across_a_weight_update(fake_manager, openai_client, http):
     """Pause mid-generation, update the version, resume: the request finishes normally and its
     tokens carry the version that produced them."""
@@ -201,6 +247,7 @@ def test_update_weights_needs_pause(fake_manager, http):
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2, "stream": True}, 400, "'n'"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 65}, 400, "'n' must be at most 64"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "ignore_eos": "yes"}, 400, "'ignore_eos'"),
         ({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, 404, "gpt-9"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, 400, "context"),
     ],

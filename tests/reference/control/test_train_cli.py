@@ -46,3 +46,33 @@ def test_more_data_parallel_shards_than_groups_is_refused(capsys, tmp_path):
     argv = ["train", "--policy", "colocated", "--set", "rollout.prompts_per_step=1", "--out", str(tmp_path / "o")]
     assert main(argv) == 2
     assert "cannot feed 2 data-parallel train resources" in capsys.readouterr().err
+
+
+def _task_name(argv: list[str]) -> str:
+    """The task a `train` command line resolves to (config and overrides only: nothing starts)."""
+    from reference.cli import parser
+    from reference.control.cli import _overrides
+    from reference.control.config import load_train_config
+
+    args = parser().parse_args(["train", *argv])
+    return load_train_config(args.config, _overrides(args)).task.name
+
+
+@pytest.mark.parametrize(
+    "argv, task",
+    [
+        (["--compare"], "throughput"),  # --compare measures the runtime on the long-tailed workload
+        (["--compare", "--task", "math"], "math"),
+        (["--compare", "--set", "task.name=math"], "math"),
+        ([], "math"),  # the config's task
+        (["--task", "throughput"], "throughput"),
+    ],
+)
+def test_compare_defaults_to_the_throughput_task(argv, task):
+    assert _task_name(argv) == task
+
+
+def test_compare_keeps_the_task_a_config_file_names(tmp_path):
+    config = tmp_path / "mine.yaml"
+    config.write_text("task: {name: math}\n")
+    assert _task_name(["--compare", "--config", str(config)]) == "math"
