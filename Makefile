@@ -10,11 +10,12 @@ OUT ?=
 TORCH_VERSION ?= 2.13.0
 PORT ?= 8000
 ENGINES ?= 1
+SEED ?=
 comma := ,
 SET_ARGS := $(foreach s,$(subst $(comma), ,$(SET)),--set $(s))
 OUT_ARG := $(if $(OUT),--out $(OUT),)
 
-.PHONY: setup sim compare serve test test-fast test-gpu lint bench bench-sim bench-runtime figures train-math train-swe validate clean
+.PHONY: setup sim compare serve test test-fast test-gpu lint bench bench-sim bench-runtime bench-train figures train-math compare-train train-swe validate clean
 
 setup: $(STAMP)
 
@@ -46,7 +47,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-bench: bench-sim bench-runtime  ## every benchmark (prints the figures quoted in the README)
+bench: bench-sim bench-runtime bench-train  ## every benchmark (prints the figures quoted in the README)
 
 bench-sim: $(STAMP)  ## speed of the simulator
 	$(PY) -m benchmarks.sim_speed
@@ -66,8 +67,17 @@ figures: $(STAMP)  ## regenerate the simulator figures in experiments/out/
 	$(PY) -m experiments.sensitivity
 	$(PY) -m experiments.weight_updates
 
-train-math train-swe validate:
-	@echo "make $@: the reference runtime is not built yet (see README, 'Status')." >&2; exit 1
+train-math: $(STAMP)  ## GRPO on the math task from a random start, on CPU: make train-math [POLICY=tag] [SEED=0] [SET=policy.num_steps=300]
+	$(PY) -m reference train --task math --policy $(POLICY) $(if $(SEED),--seed $(SEED),) $(SET_ARGS) $(OUT_ARG)
+
+compare-train: $(STAMP)  ## the four policies on the runtime, one after another, with ratios to colocated
+	$(PY) -m reference train --compare $(SET_ARGS) $(OUT_ARG)
+
+bench-train: $(STAMP)  ## trainer tokens/s against plain transformers, weight hand-off time, share of matmul FLOP/s
+	$(PY) -m benchmarks.train_speed
+
+train-swe validate:
+	@echo "make $@: not built yet (see README, 'Status')." >&2; exit 1
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .ruff_cache

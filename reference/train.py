@@ -15,42 +15,53 @@ from core.policies import PolicyConfig, make_policy
 from core.tags import Tag
 from core.timeline import Timeline, TimelineRecorder
 from reference.control.config import TrainConfig, check_feasible
-from reference.control.layout import initial_weights, worker_specs
+from reference.control.engines import WorkerEngine
+from reference.control.layout import initial_weights, last_checkpoint, resumed, worker_specs
 from reference.control.report import MetricsLog, Progress
 from reference.control.run import run_policy
 from reference.engine.client import HTTPEngine
 from reference.manager.embedded import ManagerThread
 from reference.manager.manager import ManagerConfig
 from reference.tasks import make_task
+from reference.trainer.handoff import version_dir
 
 
-def train(cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = True) -> tuple[Timeline, MetricsLog]:
-    """Run `cfg` to its last step; returns the timeline and the per-step metrics (also written in `out`)."""
+def train(cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = True,
+          resume: bool = False) -> tuple[Timeline, MetricsLog]:  # fmt: skip
+    """Run `cfg` to its last step; returns the timeline and the per-step metrics (also written in `out`).
+    `resume`: continue the run in `out` from its last checkpoint (the steps after it are trained again)."""
     check_feasible(cfg)
     task = make_task(cfg.task.name, **cfg.task.options)
-    pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps, cfg.policy.max_staleness,
+    checkpoint = last_checkpoint(out, cfg.policy.num_steps) if resume else None
+    done = checkpoint.step if checkpoint else 0  # steps trained before this run: the policy counts from here
+    pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps - done, cfg.policy.max_staleness,
                         cfg.policy.window_batches, cfg.policy.fill_idle)  # fmt: skip
     policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)
-    model_dir = initial_weights(cfg, task, out / "weights")
+    model_dir = str(version_dir(out / "weights", done)) if checkpoint else initial_weights(cfg, task, out / "weights")
     specs = worker_specs(cfg, policy, model_dir)
     if workers_factory is None:
         from reference.ray.workers import RayWorkers as workers_factory
     admin = secrets.token_urlsafe(24)  # the manager's admin token: rewards and weights are ours alone
-    metrics = MetricsLog(out / "metrics.jsonl")
+    metrics = MetricsLog(out / "metrics.jsonl", append=resume)
     with workers_factory(specs, cfg.run.ray_address) as workers:
         addresses = {s.name: workers.get(s.name, "engine_address") for s in specs if s.can_roll_out}
         engines = {name: HTTPEngine(url, token=token) for name, (url, token) in addresses.items()}
+        local = cfg.run.ray_address is None
+        owned = {n: WorkerEngine(workers, n, engines[n].base_url, workers.get(n, "engine_pid"), local) for n in engines}
         # The rollout manager bounds the requests in flight itself, so the manager sheds nothing here.
         config = ManagerConfig(model_name=f"seamlessflow-{cfg.task.name}", admin_token=admin, max_pause_s=0,
                                max_in_flight_requests=0, max_loop_lag_s=0)  # fmt: skip
-        with ManagerThread(engines, task.tokenizer, out / "trajectories.sqlite", config) as m:
+        with ManagerThread(engines, task.tokenizer, out / "trajectories.sqlite", config, processes=owned) as m:
             for name in engines:  # a resource that starts on its train tag takes no request
                 m.call_soon(m.manager.set_serving, name, policy.initial_active(name) is Tag.ROLLOUT)
-            workers.init_trainers(policy.trainers, {**cfg.trainer, "seed": cfg.run.seed})
+            trainer = {**cfg.trainer, "seed": cfg.run.seed, "checkpoint_every_steps": cfg.run.checkpoint_every_steps}
+            start_from = str(checkpoint.path) if checkpoint else None
+            workers.init_trainers(policy.trainers, trainer, str(out / "checkpoints"), start_from)
+            adopted = m.call(resumed(m.manager, done, model_dir)) if checkpoint else []
             active = {n: policy.initial_active(n).value for n in policy.resources}
             recorder = TimelineRecorder(list(policy.resources.values()), active)
-            with Progress(cfg.policy.num_steps, enabled=progress) as bar:
-                run = run_policy(cfg, task, policy, workers, m, recorder, metrics, bar, admin, out)
+            with Progress(cfg.policy.num_steps, enabled=progress, done=done) as bar:
+                run = run_policy(cfg, task, policy, workers, m, recorder, metrics, bar, admin, out, done, adopted)
                 wall = m.call(run, timeout_s=cfg.run.time_limit_s + 120)
     meta = {"policy": policy.name, "model": cfg.model.dir or "tiny", "device": "cpu",
             "num_gpus": cfg.resources.count, "workload": cfg.task.name, "seed": cfg.run.seed}  # fmt: skip

@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
+from core.config import from_dict
 from core.errors import UserError
 from core.policies import POLICIES
 
@@ -30,6 +33,8 @@ def add_train_parser(sub) -> None:
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
     t.add_argument("--out", default=None, help="output folder (default: results/train-<policy>-<time>)")
+    t.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the run in DIR from its last checkpoint, with its config.yaml")  # fmt: skip
     t.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -55,6 +60,8 @@ def train_main(args) -> int:
     from reference.control.config import load_train_config
 
     try:
+        if args.resume is not None:
+            return _resume(Path(args.resume), args.quiet)
         cfg = load_train_config(args.config, _overrides(args))
         names = COMPARE_ORDER if args.compare else (cfg.policy.name,)
         for name in names:
@@ -114,10 +121,31 @@ def _one(cfg, policy: str, out: Path, quiet: bool) -> dict:
         raise UserError(f"--out {str(out)!r} is not empty; choose a new folder")
     print(f"training {cfg.task.name} under {policy}: {cfg.policy.num_steps} steps of {cfg.rollout.prompts_per_step} "
           f"x {cfg.rollout.group_size} samples on {cfg.resources.count} resources ...", file=sys.stderr)  # fmt: skip
-    timeline, metrics = train(cfg, out, progress=not quiet)
     resolved = {**dataclasses.asdict(cfg), "command": " ".join(sys.argv), "code_version": _code_version()}
-    summary = write_outputs(timeline, metrics, resolved, out)
-    return summary
+    (out / "config.yaml").write_text(
+        yaml.safe_dump(resolved, sort_keys=False)
+    )  # before anything runs: --resume reads it
+    timeline, metrics = train(cfg, out, progress=not quiet)
+    return write_outputs(timeline, metrics, resolved, out)
+
+
+def _resume(out: Path, quiet: bool) -> int:
+    from reference.control.config import TrainConfig
+    from reference.control.report import write_outputs
+    from reference.train import train
+
+    saved = out / "config.yaml"
+    if not saved.is_file():
+        raise UserError(f"--resume {str(out)!r}: no config.yaml there (not a training run's folder)")
+    resolved = yaml.safe_load(saved.read_text())
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    cfg = from_dict(TrainConfig, {k: v for k, v in resolved.items() if k in fields})
+    print(f"resuming {out} ...", file=sys.stderr)
+    timeline, metrics = train(cfg, out, progress=not quiet, resume=True)
+    summary = write_outputs(timeline, metrics, {**resolved, "resumed": True}, out)
+    print(table([summary]))
+    print(f"outputs: {out}/")
+    return 0
 
 
 def _with_policy(cfg, name: str):

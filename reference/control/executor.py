@@ -49,8 +49,9 @@ class Workers(Protocol):
 
 
 class Sink(Protocol):
-    def step(self, record: dict) -> None:
-        """One finished training step's metrics (see `RuntimeExecutor._step_metrics`)."""
+    def step(self, record: dict, held_out: dict | None) -> None:
+        """One finished training step's metrics (see `RuntimeExecutor._step_metrics`), and the held-out
+        evaluation of its weights when there was one."""
 
 
 @dataclass
@@ -73,10 +74,15 @@ class RuntimeExecutor:
         trainers: Sequence[str],
         weights_root: Path,
         sink: Sink,
-        checkpoint: Callable[[int], Awaitable[None]] | None = None,
+        offset: int = 0,
+        evaluate: Callable[[int], tuple | None] | None = None,
     ) -> None:
+        """`offset`: steps trained before this run began (a resumed run). The policy counts its steps and
+        versions from 0; engines, trainer shards, the store and the metrics use the run's true numbers,
+        which are the policy's plus `offset` (a resumed run's older groups have negative policy versions)."""
         self.manager, self.rollout, self.workers, self.recorder = manager, rollout, workers, recorder
-        self.weights_root, self.sink, self.checkpoint = weights_root, sink, checkpoint
+        self.weights_root, self.sink, self.offset = weights_root, sink, offset
+        self.evaluate = evaluate  # step -> (worker method args) when the step's weights are to be evaluated
         self.state = _State(tuple(trainers))
         self.post: Callable[[ev.Event], None] = lambda e: None  # the driver's post, set by `attach`
         self._t0 = time.monotonic()
@@ -99,7 +105,7 @@ class RuntimeExecutor:
         self.rollout.submit(d.num_groups)
 
     def refresh(self, d: ev.Refresh) -> None:
-        self.rollout.refresh(d.group_ids, d.min_keep_version)
+        self.rollout.refresh(d.group_ids, d.min_keep_version + self.offset)
 
     def preempt(self, d: ev.Preempt) -> None:
         self._spawn(d, self._preempt(d))
@@ -146,9 +152,9 @@ class RuntimeExecutor:
         if tuple(d.resources) != self.state.trainers:
             raise RuntimeError(f"the data-parallel group is {list(self.state.trainers)}; a step on "
                                f"{list(d.resources)} is not supported")  # fmt: skip
-        start = self.now()
+        start, step = self.now(), d.step + self.offset
         for r in d.resources:
-            self.recorder.set(r, Phase.TRAIN, start, d.step)
+            self.recorder.set(r, Phase.TRAIN, start, step)
         groups = self.rollout.take(d.group_ids)
         batch = await asyncio.to_thread(training_batch, self.manager.store, groups)
         shards = _shard(groups, batch, len(d.resources))
@@ -156,25 +162,28 @@ class RuntimeExecutor:
                                          for r, shard in zip(d.resources, shards, strict=True)))  # fmt: skip
         handoffs = await asyncio.gather(*(self.workers.call(r, "publish", str(self.weights_root))
                                           for r in d.resources))  # fmt: skip
-        await asyncio.to_thread(self.manager.store.mark_consumed, [g.key for g in groups], d.step)
-        if self.checkpoint is not None:
-            await self.checkpoint(d.step + 1)
+        await asyncio.to_thread(self.manager.store.mark_consumed, [g.key for g in groups], step)
+        handoff = next(h for h in handoffs if h is not None)
+        if handoff["version"] != step + 1:
+            raise RuntimeError(f"step {step} published version {handoff['version']}, not {step + 1}")
+        held_out = None  # an evaluation of the new weights is trainer work: it counts as train time
+        if self.evaluate is not None and (args := self.evaluate(step + 1)) is not None:
+            held_out = await self.workers.call(d.resources[0], "evaluate", *args)
         end = self.now()
-        record = _step_record(d.step, start, end, batch)
+        record = _step_record(step, start, end, batch)
         for r, shard in zip(d.resources, shards, strict=True):
             self.recorder.add_tokens(r, sum(len(t.token_ids) for t in shard))
-            self.recorder.set(r, Phase.IDLE, end, d.step + 1)
+            self.recorder.set(r, Phase.IDLE, end, step + 1)
         self.recorder.add_step(record)
-        handoff = next(h for h in handoffs if h is not None)
-        self.sink.step(self._step_metrics(d.step, groups, results, handoff, record))
+        self.sink.step(self._step_metrics(step, groups, results, handoff, record), held_out)
         self.post(ev.TrainFinished(d.step))
 
     async def _sync(self, d: ev.SyncWeights) -> None:
         start = time.perf_counter()
-        engines = list(d.resources)
+        engines, version = list(d.resources), d.version + self.offset
         await self.manager.pause(engines)
-        await self.manager.restart_older_than(d.min_keep_version, engines)
-        await self.manager.update_weights(d.version, str(version_dir(self.weights_root, d.version)), engines)
+        await self.manager.restart_older_than(d.min_keep_version + self.offset, engines)
+        await self.manager.update_weights(version, str(version_dir(self.weights_root, version)), engines)
         idle = [e for e in engines if not self.manager.router.slot(e).calls]
         if idle:
             await self.manager.resume(idle)

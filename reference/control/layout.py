@@ -8,14 +8,18 @@ cores this process may use (c = `resources.cores_per_resource`).
 
 from __future__ import annotations
 
+import asyncio
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+from core.errors import UserError
 from core.policies import BasePolicy
 from core.tags import Tag
 from reference.control.config import TrainConfig
 from reference.control.worker import WorkerSpec
 from reference.model import build_model, tiny_config
+from reference.rollout.groups import GroupResult, untrained_groups
 from reference.tasks.base import Task
 from reference.trainer.handoff import publish_weights
 
@@ -37,6 +41,34 @@ def task_context(task: Task) -> int:
     """Positions the model needs: the longest held-out prompt and its answer, with room to spare."""
     longest = max(len(task.tokenizer.encode(p.prompt)) for p in task.held_out())
     return max(64, 2 * (longest + task.max_tokens))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int  # steps it holds (the policy version of its weights)
+    path: Path
+
+
+def last_checkpoint(out: Path, num_steps: int) -> Checkpoint:
+    """The newest trainer checkpoint of the run in `out` (UserError if there is none to resume from)."""
+    found = sorted((out / "checkpoints").glob("step-*"))
+    if not found:
+        raise UserError(f"nothing to resume in {str(out)!r}: no checkpoint under checkpoints/ (set "
+                        f"run.checkpoint_every_steps when starting a run)")  # fmt: skip
+    step = int(found[-1].name.removeprefix("step-"))
+    if step >= num_steps:
+        raise UserError(f"the run in {str(out)!r} already trained its {num_steps} steps")
+    return Checkpoint(step, found[-1])
+
+
+async def resumed(manager, step: int, weights: str) -> list[GroupResult]:
+    """A resumed run's manager state: every engine holds policy version `step` (they start from its weights
+    but label tokens 0), and the groups that no kept step consumed are released for adoption."""
+    await manager.pause()
+    await manager.update_weights(step, weights)
+    await manager.resume()
+    await asyncio.to_thread(manager.store.release_consumed, step)
+    return await asyncio.to_thread(untrained_groups, manager.store)
 
 
 def worker_specs(cfg: TrainConfig, policy: BasePolicy, model_dir: str) -> list[WorkerSpec]:

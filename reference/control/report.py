@@ -21,10 +21,11 @@ from core.trace import write_chrome_trace
 class MetricsLog:
     """metrics.jsonl, written as the run goes (one JSON object a line), and kept in memory."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, append: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.path.write_text("")
+        if not append:
+            self.path.write_text("")
         self.steps: list[dict] = []
         self.evaluations: list[dict] = []
         self.counters: dict[str, float] = {}
@@ -50,8 +51,8 @@ def _finite(value):
 class Progress:
     """A progress bar per training step, with reward and trained tokens per second."""
 
-    def __init__(self, steps: int, enabled: bool = True) -> None:
-        self.bar = tqdm(total=steps, desc="train", unit="step", disable=not enabled, leave=False)
+    def __init__(self, steps: int, enabled: bool = True, done: int = 0) -> None:
+        self.bar = tqdm(total=steps, initial=done, desc="train", unit="step", disable=not enabled, leave=False)
 
     def update(self, record: dict) -> None:
         self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", tok_s=f"{record['tokens_per_s_trained']:,.0f}")

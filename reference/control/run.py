@@ -21,21 +21,30 @@ WATCH_INTERVAL_S = 0.02  # how often the rollout/idle phases are sampled
 
 
 async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, metrics, bar, token: str,
-                     out: Path) -> float:  # fmt: skip
-    """Run the policy to its last step; returns the wall time of the run (held-out evaluations excluded)."""
+                     out: Path, offset: int = 0, adopted=()) -> float:  # fmt: skip
+    """Run the policy to its last step; returns the wall time of the run (held-out evaluations excluded).
+    `offset`: steps trained before (a resumed run); `adopted`: finished groups no kept step trained."""
     driver: Driver | None = None
 
     def finished(group) -> None:
-        driver.post(ev.GroupFinished(group.group_id, group.min_version))
+        driver.post(ev.GroupFinished(group.group_id, group.min_version - offset))
 
     rcfg = RolloutConfig(cfg.rollout.group_size, cfg.rollout.max_concurrency, cfg.rollout.temperature)
     async with RolloutManager(task, m.url, rcfg, f"run{time.time_ns()}", cfg.run.seed, finished, token) as rollout:
-        metrics.held_out(0, {**await rollout.evaluate(task.held_out(), "start"), "time_s": 0.0})
-        sink = _Sink(metrics, bar, rollout, task, cfg.run.eval_every_steps, cfg.policy.num_steps)
-        executor = RuntimeExecutor(m.manager, rollout, workers, recorder, policy.trainers, out / "weights", sink)
+        rollout.adopt(adopted)
+        metrics.held_out(offset, {**await rollout.evaluate(task.held_out(), "start"), "time_s": 0.0})
+        sink = _Sink(metrics, bar)
+        every, steps = cfg.run.eval_every_steps, cfg.policy.num_steps
+
+        def evaluate(version: int):  # the weights of every `every`-th step, but the last (evaluated below)
+            if every and version % every == 0 and version < steps:
+                return cfg.task.name, cfg.task.options, cfg.run.seed * 1_000_003 + version
+            return None
+
+        executor = RuntimeExecutor(m.manager, rollout, workers, recorder, policy.trainers, out / "weights", sink,
+                                   offset, evaluate)  # fmt: skip
         driver = Driver(policy, executor, recorder, Deadlines())
         executor.attach(driver.post)
-        sink.clock = executor.now
         watcher = asyncio.create_task(watch_phases(m.manager, recorder, policy, executor.now))
         try:
             await _until_done(driver, executor, cfg.run.time_limit_s)
@@ -48,7 +57,8 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
         await _all_serving(m.manager)  # the last held-out evaluation may use every engine
         metrics.held_out(cfg.policy.num_steps, {**await rollout.evaluate(task.held_out(), "end"), "time_s": wall})
         metrics.counters.update(sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
-                                syncs=len(executor.sync_s), requests=rollout.requests)  # fmt: skip
+                                syncs=len(executor.sync_s), requests=rollout.requests,
+                                engine_restarts=m.manager.supervisor.restarts)  # fmt: skip
     return wall
 
 
@@ -93,24 +103,13 @@ async def watch_phases(manager, recorder: TimelineRecorder, policy, now) -> None
 
 
 class _Sink:
-    """Where a finished step's metrics go: metrics.jsonl, the progress bar, a periodic held-out evaluation."""
+    """Where a finished step's metrics go: metrics.jsonl and the progress bar."""
 
-    def __init__(self, metrics, bar, rollout: RolloutManager, task, every: int, steps: int) -> None:
-        self.metrics, self.bar, self.rollout, self.task = metrics, bar, rollout, task
-        self.every, self.steps = every, steps
-        self.clock = time.monotonic
-        self._evals: set[asyncio.Task] = set()
+    def __init__(self, metrics, bar) -> None:
+        self.metrics, self.bar = metrics, bar
 
-    def step(self, record: dict) -> None:
+    def step(self, record: dict, held_out: dict | None) -> None:
         self.metrics.step(record)
+        if held_out is not None:
+            self.metrics.held_out(record["step"] + 1, {**held_out, "time_s": record["time_s"]})
         self.bar.update(record)
-        done = record["step"] + 1
-        if self.every and done % self.every == 0 and done < self.steps:
-            task = asyncio.get_running_loop().create_task(self._evaluate(done))
-            self._evals.add(task)
-            task.add_done_callback(self._evals.discard)
-
-    async def _evaluate(self, step: int) -> None:
-        started = self.clock()
-        result = await self.rollout.evaluate(self.task.held_out(), f"step{step}")
-        self.metrics.held_out(step, {**result, "time_s": started})

@@ -69,26 +69,46 @@ class ResourceWorker:
     def engine_pid(self) -> int | None:
         return None if self.engine is None else self.engine.pid
 
+    def restart_engine(self) -> tuple[str, int]:
+        """Replace a dead or hung engine process with a fresh one (same spec, same token): (url, pid).
+        It starts from the initial weights; the trajectory manager then loads the resource's version."""
+        if self.engine is None:
+            raise RuntimeError(f"resource {self.spec.name} has no engine")
+        self.engine.restart()
+        return self.engine.url, self.engine.pid
+
     # ---- trainer shard ----
 
-    def init_trainer(self, rank: int, world_size: int, init_method: str, config: dict, resume: str | None) -> int:
+    def init_trainer(self, rank: int, world_size: int, init_method: str, config: dict, checkpoints: str | None,
+                     resume: str | None) -> int:  # fmt: skip
         """Join the data-parallel group (gloo) and build the trainer from the initial weights, or from the
-        checkpoint `resume`; returns the step it starts at."""
+        checkpoint `resume`; checkpoints go under `checkpoints`. Returns the step it starts at."""
         if world_size > 1:
             init_process_group("gloo", init_method, rank, world_size)
         parallel = DataParallel(rank, world_size)
-        cfg = TrainerConfig.from_dict(config)
         if resume is not None:
-            self.trainer = Trainer.from_checkpoint(resume, parallel=parallel)
+            self.trainer = Trainer.from_checkpoint(resume, parallel=parallel, checkpoint_dir=checkpoints)
         else:
             model, tokenizer = load_checkpoint(self.spec.model_dir)
-            model.to(torch.float32)
-            self.trainer = Trainer(model, cfg, pad_id=tokenizer.eos_token_id, parallel=parallel)
+            cfg = TrainerConfig.from_dict(config)
+            self.trainer = Trainer(model.to(torch.float32), cfg, pad_id=tokenizer.eos_token_id, parallel=parallel,
+                                   checkpoint_dir=checkpoints)  # fmt: skip
         return self.trainer.step
 
     def train_step(self, trajectories: list[Trajectory]) -> dict:
         """One optimiser step on this shard (every shard of the group calls it together)."""
         return self._trainer().train_step(trajectories).to_dict()
+
+    def evaluate(self, task_name: str, options: dict, seed: int) -> dict:
+        """Held-out reward of the current weights: one temperature-1 sample per held-out problem, drawn by
+        this shard's trainer model in-process (so it never competes with rollout for an engine)."""
+        from reference.tasks import make_task
+        from reference.trainer.probe import evaluate
+
+        start = time.perf_counter()
+        generator = torch.Generator().manual_seed(seed)
+        reward, exact = evaluate(self._trainer().model, make_task(task_name, **options), generator)
+        return {"reward_mean": reward, "exact_match": exact, "eval_s": time.perf_counter() - start}
 
     def publish(self, root: str) -> dict | None:
         """Write the current weights as a version directory under `root` (rank 0 writes)."""

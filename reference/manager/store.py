@@ -471,11 +471,13 @@ class TrajectoryStore:
         with self._read_lock:
             return dict(self._read.execute("SELECT item, step FROM consumed").fetchall())
 
-    def release_consumed(self, from_step: int) -> int:
+    def release_consumed(self, from_step: int) -> list[str]:
         """Forget what steps >= `from_step` consumed (a trainer resumed from the checkpoint before them will
-        train on it again); returns how many items were released."""
+        train on it again); returns the items released."""
         with self._writing("release consumed items"):
-            return self._conn.execute("DELETE FROM consumed WHERE step >= ?", (from_step,)).rowcount
+            rows = self._conn.execute("SELECT item FROM consumed WHERE step >= ?", (from_step,)).fetchall()
+            self._conn.execute("DELETE FROM consumed WHERE step >= ?", (from_step,))
+        return sorted(r[0] for r in rows)
 
     def has_session(self, session_id: str) -> bool:
         with self._read_lock:

@@ -17,8 +17,10 @@ of the same problem, in the same session); the group finishes anew. Concurrency 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -101,6 +103,8 @@ class RolloutManager:
         self._next_group = 0
         self.groups: dict[int, GroupResult] = {}  # finished (and not yet refreshed) groups
         self._problems: dict[int, Problem] = {}
+        self._keys: dict[int, str] = {}  # group id -> its session id (and consumed-marker)
+        self._adopted: deque[GroupResult] = deque()
         self._tasks: set[asyncio.Task] = set()
         self.failure: BaseException | None = None
         self.requests = 0  # completion requests (one per group, or per refresh of a group)
@@ -121,14 +125,28 @@ class RolloutManager:
     # ---- what the control plane asks ----
 
     def submit(self, num_groups: int) -> list[int]:
-        """Start `num_groups` new groups of fresh training problems; returns their ids."""
+        """Start `num_groups` groups: adopted ones first (they finish at once), then fresh training problems."""
         ids = []
-        for problem in self.task.sample_train(self._rng, num_groups):
+        while self._adopted and len(ids) < num_groups:
+            ids.append(self._adopt(self._adopted.popleft()))
+        for problem in self.task.sample_train(self._rng, num_groups - len(ids)):
             gid, self._next_group = self._next_group, self._next_group + 1
-            self._problems[gid] = problem
+            self._problems[gid], self._keys[gid] = problem, f"{self.run_id}-g{gid}"
             self._spawn(self._run_group(gid, range(self.config.group_size), {}))
             ids.append(gid)
         return ids
+
+    def adopt(self, groups: Sequence[GroupResult]) -> None:
+        """Finished groups of an earlier run that training has not used (a resumed run's released groups):
+        `submit` hands them out before it generates anything, so no finished group is lost."""
+        self._adopted.extend(groups)
+
+    def _adopt(self, old: GroupResult) -> int:
+        gid, self._next_group = self._next_group, self._next_group + 1
+        group = dataclasses.replace(old, group_id=gid)
+        self._problems[gid], self._keys[gid], self.groups[gid] = group.problem, group.key, group
+        asyncio.get_running_loop().call_soon(self.on_group, group)  # after the Submit that asked for it
+        return gid
 
     def refresh(self, group_ids: Sequence[int], min_keep_version: int) -> None:
         """Regenerate each sample of these finished groups that holds tokens older than `min_keep_version`."""
@@ -159,7 +177,7 @@ class RolloutManager:
         return self.task.grade(problem, answer["choices"][0]["text"])
 
     def key(self, group_id: int) -> str:
-        return f"{self.run_id}-g{group_id}"
+        return self._keys[group_id]
 
     # ---- generation ----
 
@@ -190,7 +208,8 @@ class RolloutManager:
         await self._post(f"/trajectories/{sid}", {
             "branch_rewards": {str(s.branch_id): s.reward for s in fresh},
             "task_id": problem.problem_id,
-            "meta": {"group": sid, "request_rewards": {s.request_id: s.reward for s in ordered}},
+            "meta": {"group": sid, "problem": dataclasses.asdict(problem),
+                     "request_rewards": {s.request_id: s.reward for s in ordered}},
         })  # fmt: skip
         group = GroupResult(gid, sid, problem, ordered)
         self.groups[gid] = group
@@ -228,6 +247,35 @@ class RolloutManager:
             failures += 1
             await asyncio.sleep(wait)
         raise RolloutError(f"POST {path} failed: {last}")
+
+
+def untrained_groups(store: TrajectoryStore) -> list[GroupResult]:
+    """Every finished rollout group in the store that no training step consumed, oldest first (what a
+    resumed run adopts, so that no finished group is lost)."""
+    consumed = store.consumed()
+    keys = [sid for sid in store.sessions() if sid not in consumed and "request_rewards" in
+            store.annotations(sid).get("meta", {})]  # fmt: skip
+    return stored_groups(store, keys)
+
+
+def stored_groups(store: TrajectoryStore, keys: Sequence[str]) -> list[GroupResult]:
+    """Finished groups as the rollout manager wrote them to the store (their current samples are the
+    requests named in `meta.request_rewards`); group ids are assigned when they are adopted."""
+    out = []
+    for key in keys:
+        notes = store.annotations(key)
+        meta = notes.get("meta", {})
+        if "problem" not in meta or "request_rewards" not in meta:
+            raise ValueError(f"session {key!r} is not a finished rollout group (no problem or rewards)")
+        rewards = meta["request_rewards"]
+        records = {r.request_id: r for r in store.records(key)}
+        samples = []
+        for rid, reward in rewards.items():
+            versions = records[rid].versions or (0,)
+            samples.append(SampleResult(rid, -1, reward, reward >= 1.0, min(versions), max(versions),
+                                        len(records[rid].token_ids)))  # fmt: skip
+        out.append(GroupResult(-1, key, Problem(**meta["problem"]), tuple(samples)))
+    return out
 
 
 def training_batch(store: TrajectoryStore, groups: Sequence[GroupResult]) -> list[Trajectory]:

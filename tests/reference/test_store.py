@@ -201,6 +201,6 @@ def test_consumed_markers_are_exactly_once_and_survive_a_reopen(tmp_path):
     store.close()
     store = TrajectoryStore(path)
     assert store.consumed() == {"g1": 0, "g2": 0, "g3": 1}
-    assert store.release_consumed(from_step=1) == 1  # a trainer resumed from the checkpoint before step 1
+    assert store.release_consumed(from_step=1) == ["g3"]  # a trainer resumed from the checkpoint before step 1
     assert store.consumed() == {"g1": 0, "g2": 0}
     store.close()

@@ -80,3 +80,100 @@ def test_outputs_match_the_simulators(tmp_path):
     assert summarize(again) == summarize(timeline)
     kinds = [line.split('"kind": "')[1].split('"')[0] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert kinds == ["held_out", "step", "step", "held_out"]
+
+
+def _engine_pids(out: Path) -> list[int]:
+    """Engine processes serving this run (their command line names the run's weights)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "reference engine" in cmd and str(out) in cmd:
+                pids.append(int(proc.name))
+    return pids
+
+
+def test_a_killed_engine_is_routed_around_and_restarted(tmp_path, wait_for):
+    """SIGKILL one engine mid-run: its requests continue elsewhere, the supervisor restarts it through its
+    worker, and the run finishes every step with every group trained once."""
+    import os
+    import signal
+    import threading
+
+    out = tmp_path / "tag"
+    killed, restarted, before = [], [], []
+
+    def killer():
+        wait_for(lambda: (out / "metrics.jsonl").is_file() and '"step"' in (out / "metrics.jsonl").read_text(),
+                 timeout_s=240, what="the first step")  # fmt: skip
+        before.extend(_engine_pids(out))
+        pid = sorted(_engine_pids(out))[0]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        replaced = wait_for(lambda: [p for p in _engine_pids(out) if p != pid and p not in before], timeout_s=120,
+                            what="a restarted engine")  # fmt: skip
+        restarted.extend(replaced)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    steps = 60  # enough for the supervisor to notice the death (2 s probes) and start a new engine
+    cfg, out, timeline, metrics, summary = run(tmp_path, "tag", f"policy.num_steps={steps}")
+    thread.join(10)
+    assert killed, "no engine was killed"
+    assert restarted, "the killed engine was not restarted"
+    assert [s["step"] for s in metrics.steps] == list(range(steps))
+    assert timeline.counters["engine_restarts"] >= 1
+    with TrajectoryStore(out / "trajectories.sqlite") as store:
+        assert len(store.consumed()) == steps * cfg.rollout.prompts_per_step
+
+
+def _stepped(out: Path, n: int) -> bool:
+    path = out / "metrics.jsonl"
+    return path.is_file() and path.read_text().count('"kind": "step"') >= n
+
+
+def _trainer_pid(out: Path) -> int:
+    """The tag layout's trainer (T00) is the second worker: the parent of the engine started with seed 1."""
+    for pid in _engine_pids(out):
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if cmd[cmd.index(b"--seed") + 1] == b"1":
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise AssertionError("no trainer worker found")
+
+
+def test_a_killed_trainer_resumes_from_its_checkpoint_with_no_group_lost_or_trained_twice(tmp_path, wait_for):
+    import os
+    import signal
+    import threading
+
+    from reference.train import train
+
+    cfg = load_train_config(None, [*SMALL, "policy.name=tag", "policy.num_steps=8", "run.checkpoint_every_steps=2"])
+    out = tmp_path / "run"
+
+    def killer():
+        wait_for(lambda: _stepped(out, 3), timeout_s=240, what="three steps")
+        os.kill(_trainer_pid(out), signal.SIGKILL)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    with pytest.raises(Exception, match="StartTrain"):  # the run stops, naming the decision that failed
+        train(cfg, out, progress=False)
+    thread.join(10)
+    with TrajectoryStore(out / "trajectories.sqlite") as store:
+        before = store.consumed()
+    checkpoint = max(int(p.name.removeprefix("step-")) for p in (out / "checkpoints").glob("step-*"))
+    assert checkpoint >= 2
+    timeline, metrics = train(cfg, out, progress=False, resume=True)
+    assert [s["step"] for s in metrics.steps] == list(range(checkpoint, 8))
+    with TrajectoryStore(out / "trajectories.sqlite") as store:
+        after = store.consumed()
+    assert len(after) == 8 * cfg.rollout.prompts_per_step  # every step trained one batch; a repeat would raise
+    assert sorted(after.values()) == sorted(step for step in range(8) for _ in range(cfg.rollout.prompts_per_step))
+    kept = {k for k, step in before.items() if step < checkpoint}
+    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}  # steps before the checkpoint stand
+    released = set(before) - kept
+    assert released <= set(after)  # groups of the lost steps were trained again, not lost
