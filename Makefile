@@ -73,8 +73,9 @@ train-math: $(STAMP)  ## GRPO on the math task from a random start, on CPU: make
 compare-train: $(STAMP)  ## the four policies on the runtime, one after another, with ratios to colocated
 	$(PY) -m reference train --compare $(SET_ARGS) $(OUT_ARG)
 
-bench-train: $(STAMP)  ## trainer tokens/s against plain transformers, weight hand-off time, share of matmul FLOP/s
+bench-train: $(STAMP)  ## trainer tokens/s against plain transformers, weight hand-off time, share of matmul FLOP/s, control-plane cost per decision
 	$(PY) -m benchmarks.train_speed
+	$(PY) -m benchmarks.driver_overhead
 
 train-swe validate:
 	@echo "make $@: not built yet (see README, 'Status')." >&2; exit 1

@@ -156,6 +156,7 @@ class Driver:
         self._draining = False
         self._thread: int | None = None  # the control thread, once it drained
         self._wake_async: Callable[[], object] | None = None
+        self.dispatched = 0  # decisions handed to the executor so far
 
     # ---- what an executor calls ----
 
@@ -354,6 +355,7 @@ class Driver:
         phase opens after the method returns, so an executor can close its own interval on the
         resource first (the simulator pauses an engine, counting its tokens, before a sync); a
         decision whose completion was posted before that leaves no interval."""
+        self.dispatched += 1
         key = awaits(decision)
         with self._lock:
             names = resources_of(decision)

@@ -15,6 +15,7 @@ from core.errors import UserError
 from core.policies import POLICIES
 
 COMPARE_ORDER = ("colocated", "disaggregated", "async", "tag")
+COMPARE_STEPS = 10  # --compare's default steps per policy: four runs of the throughput workload take minutes
 COMPARE_TASK = "throughput"  # --compare measures the runtime: forced, long-tailed response lengths, as the simulator's
 
 
@@ -40,10 +41,19 @@ def add_train_parser(sub) -> None:
 
 def _overrides(args) -> list[str]:
     task = COMPARE_TASK if args.compare and not _task_chosen(args) else args.task
+    steps = args.steps
+    if args.compare and steps is None and not _set(args, "policy.num_steps"):
+        steps = COMPARE_STEPS
     pairs = {"task.name": task, "policy.name": args.policy, "model.dir": args.model,
-             "engine.backend": args.backend, "policy.num_steps": args.steps, "run.seed": args.seed,
+             "engine.backend": args.backend, "policy.num_steps": steps, "run.seed": args.seed,
              "run.ray_address": args.ray_address}  # fmt: skip
+    if args.compare and not _set(args, "run.eval_every_steps"):
+        pairs["run.eval_every_steps"] = 0  # a throughput comparison measures the pipeline, not learning
     return [*args.overrides, *(f"{k}={v}" for k, v in pairs.items() if v is not None)]
+
+
+def _set(args, key: str) -> bool:
+    return any(o.split("=", 1)[0].strip() == key for o in args.overrides)
 
 
 def _task_chosen(args) -> bool:
@@ -95,6 +105,10 @@ def validate(cfg) -> None:
             raise UserError("backend 'vllm' needs NVIDIA GPUs and the gpu extra (pip install -e '.[gpu]'); "
                             "use backend 'builtin' on CPU") from None  # fmt: skip
     check_feasible(cfg)
+    if cfg.run.ray_address is not None:
+        from reference.ray.address import check_ray_address
+
+        check_ray_address(cfg.run.ray_address)
     pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps, cfg.policy.max_staleness,
                         cfg.policy.window_batches, cfg.policy.fill_idle)  # fmt: skip
     policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)

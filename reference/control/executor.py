@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -83,6 +84,7 @@ class RuntimeExecutor:
         self.manager, self.rollout, self.workers, self.recorder = manager, rollout, workers, recorder
         self.weights_root, self.sink, self.offset = weights_root, sink, offset
         self.evaluate = evaluate  # step -> (worker method args) when the step's weights are to be evaluated
+        self.keep_version: Callable[[int], bool] = lambda v: v == 0  # published versions never pruned
         self.state = _State(tuple(trainers))
         self.post: Callable[[ev.Event], None] = lambda e: None  # the driver's post, set by `attach`
         self._t0 = time.monotonic()
@@ -163,6 +165,7 @@ class RuntimeExecutor:
         handoffs = await asyncio.gather(*(self.workers.call(r, "publish", str(self.weights_root))
                                           for r in d.resources))  # fmt: skip
         await asyncio.to_thread(self.manager.store.mark_consumed, [g.key for g in groups], step)
+        await asyncio.to_thread(prune_versions, self.weights_root, step + 1, self.keep_version)
         handoff = next(h for h in handoffs if h is not None)
         if handoff["version"] != step + 1:
             raise RuntimeError(f"step {step} published version {handoff['version']}, not {step + 1}")
@@ -220,6 +223,18 @@ class RuntimeExecutor:
         for task in list(self.state.tasks):
             task.cancel()
         await asyncio.gather(*self.state.tasks, return_exceptions=True)
+
+
+KEEP_LATEST_VERSIONS = 3  # an engine syncs to the newest or the one before: older ones are never read again
+
+
+def prune_versions(root: Path, newest: int, keep: Callable[[int], bool]) -> None:
+    """Remove published versions older than the last `KEEP_LATEST_VERSIONS`, except those `keep` names (the
+    initial weights, and the versions a checkpoint can resume from): a long run would fill the disk."""
+    for version in range(max(0, newest - KEEP_LATEST_VERSIONS - 8), newest - KEEP_LATEST_VERSIONS + 1):
+        path = version_dir(root, version)
+        if not keep(version) and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _mean(results: list[dict], key: str) -> float:

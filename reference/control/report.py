@@ -75,7 +75,7 @@ def write_outputs(timeline: Timeline, metrics: MetricsLog, config: dict, out: Pa
     (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     if picture:
         draw_timeline(timeline, out / "timeline.png", f"{summary['policy']} (measured): {timeline.meta['workload']}")
-        draw_rewards(metrics, out / "reward.png", summary["policy"])
+        draw_rewards(metrics, out / "reward.png", f"{summary['policy']}, {timeline.meta['workload']}")
     return summary
 
 
@@ -92,7 +92,7 @@ def training_summary(metrics: MetricsLog) -> dict:
     }
 
 
-def draw_rewards(metrics: MetricsLog, path: Path, policy: str) -> None:
+def draw_rewards(metrics: MetricsLog, path: Path, label: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,16 +100,18 @@ def draw_rewards(metrics: MetricsLog, path: Path, policy: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
     steps = metrics.steps
-    ax.plot([s["time_s"] for s in steps], [s["reward_mean"] for s in steps], marker=".", label="training reward (mean)")
+    ax.plot([s["time_s"] for s in steps], [s["reward_mean"] for s in steps], linewidth=0.9,
+            label="training reward (mean of the step's samples)")  # fmt: skip
     evals = metrics.evaluations
     if evals:
         ax.plot([e["time_s"] for e in evals], [e["reward_mean"] for e in evals], marker="s", linestyle="--",
                 label="held-out reward")  # fmt: skip
     ax.axhline(0.8, color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xlabel("wall time (s, measured)")
-    ax.set_ylabel("reward (fraction of answer digits right)")
+    ax.text(0, 0.81, "0.8", color="grey", fontsize=8, va="bottom")
+    ax.set_xlabel("wall time of the run (s, measured)")
+    ax.set_ylabel("reward (task's grader, 0 to 1)")
     ax.set_ylim(0, 1.02)
-    ax.set_title(f"{policy}: reward over time")
+    ax.set_title(f"{label}: reward over time")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -43,6 +43,8 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
 
         executor = RuntimeExecutor(m.manager, rollout, workers, recorder, policy.trainers, out / "weights", sink,
                                    offset, evaluate)  # fmt: skip
+        every_checkpoint = cfg.run.checkpoint_every_steps  # --resume starts engines from a checkpoint's version
+        executor.keep_version = lambda v: v == 0 or bool(every_checkpoint and v % every_checkpoint == 0)
         driver = Driver(policy, executor, recorder, Deadlines())
         executor.attach(driver.post)
         watcher = asyncio.create_task(watch_phases(m.manager, recorder, policy, executor.now))

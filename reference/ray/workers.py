@@ -67,11 +67,12 @@ class RayWorkers:
         """The same, waited for (from a thread that is not an event loop)."""
         return ray.get(self.call(resource, method, *args), timeout=timeout_s)
 
-    def init_trainers(self, trainers: Sequence[str], trainer_config: dict, resume: str | None = None) -> list[int]:
+    def init_trainers(self, trainers: Sequence[str], trainer_config: dict, checkpoints: str | None = None,
+                      resume: str | None = None) -> list[int]:  # fmt: skip
         """Every train-capable resource builds its shard and joins the data-parallel group (gloo, in rank
-        order); returns the step each starts at."""
+        order), from the initial weights or the checkpoint `resume`; returns the step each starts at."""
         address = self.get(trainers[0], "free_address", self._local) if len(trainers) > 1 else ""
-        refs = [self.call(r, "init_trainer", rank, len(trainers), address, trainer_config, resume)
+        refs = [self.call(r, "init_trainer", rank, len(trainers), address, trainer_config, checkpoints, resume)
                 for rank, r in enumerate(trainers)]  # fmt: skip
         return ray.get(refs, timeout=600)
 

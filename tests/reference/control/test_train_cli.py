@@ -25,6 +25,9 @@ from reference.cli import main
         (["--set", "task.options={digits: 99}"], "digits must be an integer in [1, 8]"),
         (["--set", "nope=1"], "unknown config key 'nope'"),
         (["--config", "/nonexistent.yaml"], "config file '/nonexistent.yaml' does not exist"),
+        (["--ray-address", "127.0.0.1:1"], "cannot reach the Ray cluster at '127.0.0.1:1'"),
+        (["--ray-address", "127.0.0.1:port"], "the port 'port' is not a number"),
+        (["--ray-address", "http://x:1"], "expected host:port, ray://host:port or auto"),
     ],
 )
 def test_a_bad_setting_is_one_line_and_exit_2(argv, needle, capsys, tmp_path):
