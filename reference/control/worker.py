@@ -23,6 +23,7 @@ import torch
 
 from reference.engine.process import EngineProcess, EngineSpec
 from reference.model import load_checkpoint
+from reference.tokenizer import Tokenizer
 from reference.trainer.batch import Trajectory
 from reference.trainer.config import TrainerConfig
 from reference.trainer.parallel import DataParallel, init_process_group
@@ -59,6 +60,7 @@ class ResourceWorker:
             self.engine = EngineProcess(EngineSpec(backend=spec.backend, model=spec.model_dir, seed=spec.seed,
                                                    max_batch=spec.max_batch, torch_threads=spec.threads))  # fmt: skip
         self.trainer: Trainer | None = None
+        self.tokenizer: Tokenizer | None = None
 
     # ---- engine ----
 
@@ -86,12 +88,13 @@ class ResourceWorker:
         if world_size > 1:
             init_process_group("gloo", init_method, rank, world_size)
         parallel = DataParallel(rank, world_size)
+        self.tokenizer = Tokenizer.load(self.spec.model_dir)  # published versions are complete checkpoints
         if resume is not None:
             self.trainer = Trainer.from_checkpoint(resume, parallel=parallel, checkpoint_dir=checkpoints)
         else:
             model, tokenizer = load_checkpoint(self.spec.model_dir)
             cfg = TrainerConfig.from_dict(config)
-            self.trainer = Trainer(model.to(torch.float32), cfg, pad_id=tokenizer.eos_token_id, parallel=parallel,
+            self.trainer = Trainer(model.to(torch.float32), cfg, pad_id=tokenizer.pad_token_id, parallel=parallel,
                                    checkpoint_dir=checkpoints)  # fmt: skip
         return self.trainer.step
 
@@ -113,7 +116,7 @@ class ResourceWorker:
     def publish(self, root: str) -> dict | None:
         """Write the current weights as a version directory under `root` (rank 0 writes)."""
         start = time.perf_counter()
-        handoff = self._trainer().publish(root)
+        handoff = self._trainer().publish(root, self.tokenizer)
         if handoff is None:
             return None
         return {"version": handoff.version, "path": str(handoff.path), "seconds": time.perf_counter() - start,

@@ -221,10 +221,17 @@ async def serve_engine(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    orphaned = asyncio.Event()
     if watch_stdin:
-        loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not os.read(sys.stdin.fileno(), 1) else None)
+        loop.add_reader(sys.stdin.fileno(), lambda: orphaned.set() if not os.read(sys.stdin.fileno(), 1) else None)
     try:
-        await stop.wait()
+        await asyncio.wait([asyncio.ensure_future(stop.wait()), asyncio.ensure_future(orphaned.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        if orphaned.is_set():
+            # The parent is gone: nobody will read what is in flight, and a graceful drain would hold open
+            # streams (paused ones for ever) so that clients could not fail over. Exit at once.
+            print("engine: parent process gone, exiting", file=sys.stderr, flush=True)
+            os._exit(1)
     finally:
         await runner.cleanup()
         close = getattr(engine, "close", None) or getattr(engine, "shutdown", None)

@@ -82,7 +82,9 @@ class MathTask:
         if len(a) != c.digits or not a.isdigit() or len(b) != 1 or b not in c.addends:
             raise ValueError(f"need a {c.digits}-digit A and B one of {c.addends!r}, got {a!r} and {b!r}")
         answer = "".join(str((int(x) + int(b)) % 10) for x in a)
-        return Problem(problem_id=f"{a}+{b}", prompt=f"{a}+{b}=", answer=answer)
+        # ignore_eos: every sample is exactly the answer's length; a sampled stop token is a wrong digit, not
+        # a shorter answer (as the probe samples, and so that one early stop does not end a group's signal).
+        return Problem(problem_id=f"{a}+{b}", prompt=f"{a}+{b}=", answer=answer, ignore_eos=True)
 
     def is_held_out(self, problem: Problem) -> bool:
         key = f"{self.config.split_salt}:{problem.prompt}".encode()

@@ -160,7 +160,9 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_with_no_group_lost_or_trai
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
-    with pytest.raises(Exception, match="StartTrain"):  # the run stops, naming the decision that failed
+    # The run stops with an error naming the decision that failed (the step, or whatever the dead worker's
+    # engine was doing when it went).
+    with pytest.raises(Exception, match=r"(StartTrain|Preempt|SwitchTag|SyncWeights)\("):
         train(cfg, out, progress=False)
     thread.join(10)
     with TrajectoryStore(out / "trajectories.sqlite") as store:
