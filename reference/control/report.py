@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -74,9 +75,36 @@ def write_outputs(timeline: Timeline, metrics: MetricsLog, config: dict, out: Pa
     write_chrome_trace(timeline, out / "timeline.json")
     (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     if picture:
-        draw_timeline(timeline, out / "timeline.png", f"{summary['policy']} (measured): {timeline.meta['workload']}")
+        shown, note = steady_window(timeline)
+        draw_timeline(shown, out / "timeline.png", f"{summary['policy']} (measured), {timeline.meta['workload']}{note}")
         draw_rewards(metrics, out / "reward.png", f"{summary['policy']}, {timeline.meta['workload']}")
     return summary
+
+
+WINDOW_STEPS = 10  # a long run's picture shows this many steps from its middle (the whole run would be a blur)
+
+
+def steady_window(timeline: Timeline) -> tuple[Timeline, str]:
+    """The timeline to draw, and a title note: the whole run, or WINDOW_STEPS steps from its middle, clipped
+    and shifted to start at 0 (token counts prorated)."""
+    steps = sorted(timeline.steps, key=lambda st: st.step)
+    if len(steps) <= 2 * WINDOW_STEPS:
+        return timeline, ""
+    first = len(steps) // 2 - WINDOW_STEPS // 2
+    t0, t1 = steps[first - 1].end_s, steps[first + WINDOW_STEPS - 1].end_s
+    intervals = []
+    for iv in timeline.intervals:
+        start, end = max(iv.start_s, t0), min(iv.end_s, t1)
+        if end > start or (end == start and t0 < iv.start_s < t1):
+            share = (end - start) / (iv.end_s - iv.start_s) if iv.end_s > iv.start_s else 1.0
+            intervals.append(replace(iv, start_s=start - t0, end_s=end - t0, tokens=round(iv.tokens * share)))
+    shown = [
+        replace(st, start_s=max(0.0, st.start_s - t0), end_s=st.end_s - t0)
+        for st in steps[first : first + WINDOW_STEPS]
+    ]
+    window = Timeline(intervals, shown, t1 - t0, dict(timeline.meta), dict(timeline.counters))
+    note = f": steps {steps[first].step}-{steps[first + WINDOW_STEPS - 1].step} of {len(steps)}, from {t0:.1f} s"
+    return window, note
 
 
 def training_summary(metrics: MetricsLog) -> dict:
