@@ -136,9 +136,8 @@ def _one(cfg, policy: str, out: Path, quiet: bool) -> dict:
     print(f"training {cfg.task.name} under {policy}: {cfg.policy.num_steps} steps of {cfg.rollout.prompts_per_step} "
           f"x {cfg.rollout.group_size} samples on {cfg.resources.count} resources ...", file=sys.stderr)  # fmt: skip
     resolved = {**dataclasses.asdict(cfg), "command": " ".join(sys.argv), "code_version": _code_version()}
-    (out / "config.yaml").write_text(
-        yaml.safe_dump(resolved, sort_keys=False)
-    )  # before anything runs: --resume reads it
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))  # --resume reads it
     timeline, metrics = train(cfg, out, progress=not quiet)
     return write_outputs(timeline, metrics, resolved, out)
 

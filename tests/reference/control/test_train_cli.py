@@ -79,3 +79,18 @@ def test_compare_keeps_the_task_a_config_file_names(tmp_path):
     config = tmp_path / "mine.yaml"
     config.write_text("task: {name: math}\n")
     assert _task_name(["--compare", "--config", str(config)]) == "math"
+
+
+def test_compare_writes_each_policys_resolved_config_before_it_runs(tmp_path, monkeypatch, capsys):
+    """Each policy's folder exists and holds config.yaml (what --resume reads) before its run starts."""
+    import reference.train
+
+    seen = []
+
+    def fake_train(cfg, out, progress=True, resume=False):
+        seen.append((cfg.policy.name, (out / "config.yaml").is_file()))
+        raise KeyboardInterrupt  # stop after the first policy: nothing else is under test here
+
+    monkeypatch.setattr(reference.train, "train", fake_train)
+    assert main(["train", "--compare", "--out", str(tmp_path / "cmp")]) == 130  # as after Ctrl-C
+    assert seen == [("colocated", True)]
