@@ -23,6 +23,7 @@ from reference.engine.client import HTTPEngine
 from reference.manager.embedded import ManagerThread
 from reference.manager.manager import ManagerConfig
 from reference.tasks import make_task
+from reference.tokenizer import Tokenizer
 from reference.trainer.handoff import version_dir
 
 
@@ -51,7 +52,8 @@ def train(cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = Tr
         # The rollout manager bounds the requests in flight itself, so the manager sheds nothing here.
         config = ManagerConfig(model_name=f"seamlessflow-{cfg.task.name}", admin_token=admin, max_pause_s=0,
                                max_in_flight_requests=0, max_loop_lag_s=0)  # fmt: skip
-        with ManagerThread(engines, task.tokenizer, out / "trajectories.sqlite", config, processes=owned) as m:
+        tokenizer = Tokenizer.load(model_dir)  # the model's own (a fresh model's is the task's)
+        with ManagerThread(engines, tokenizer, out / "trajectories.sqlite", config, processes=owned) as m:
             for name in engines:  # a resource that starts on its train tag takes no request
                 m.call_soon(m.manager.set_serving, name, policy.initial_active(name) is Tag.ROLLOUT)
             trainer = {**cfg.trainer, "seed": cfg.run.seed, "checkpoint_every_steps": cfg.run.checkpoint_every_steps}
