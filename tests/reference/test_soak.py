@@ -110,7 +110,8 @@ class Agents:
 def chaos(m: ManagerThread, procs: list[EngineProcess], store: TrajectoryStore, seed: int, log: list[str]) -> None:
     rng, version, deadline = random.Random(seed), 0, time.monotonic() + CHAOS_S
     disk_full_at = time.monotonic() + CHAOS_S / 2
-    while time.monotonic() < deadline:
+    # The disk fills once, at half time, or last of all if a slow action ran past the deadline meanwhile.
+    while time.monotonic() < deadline or disk_full_at < float("inf"):
         time.sleep(rng.uniform(0.5, 1.5))
         action = rng.choice(["kill", "stop", "update", "update"])
         if time.monotonic() > disk_full_at:
