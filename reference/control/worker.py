@@ -56,7 +56,7 @@ class ResourceWorker:
             os.sched_setaffinity(0, spec.cores)
         torch.set_num_threads(spec.threads)
         self.engine: EngineProcess | None = None
-        if "rollout" in spec.capabilities:
+        if spec.can_roll_out:
             self.engine = EngineProcess(EngineSpec(backend=spec.backend, model=spec.model_dir, seed=spec.seed,
                                                    max_batch=spec.max_batch, torch_threads=spec.threads))  # fmt: skip
         self.trainer: Trainer | None = None

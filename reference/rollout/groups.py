@@ -169,9 +169,7 @@ class RolloutManager:
                 "problems": n}  # fmt: skip
 
     async def _evaluate_one(self, problem: Problem, sid: str):
-        body = {"prompt": problem.prompt, "max_tokens": problem.max_tokens or self.task.max_tokens,
-                "ignore_eos": problem.ignore_eos, "temperature": self.config.temperature,
-                "seed": self._rng.getrandbits(62)}  # fmt: skip
+        body = self._request(problem, 1)
         async with self._slots:
             answer = await self._post(f"/s/{sid}/v1/completions", body)
         return self.task.grade(problem, answer["choices"][0]["text"])
@@ -196,9 +194,7 @@ class RolloutManager:
         """Sample the group's problem len(indices) times in one request (`n`), grade each sample and write the
         rewards with the session; then the group (with the samples `kept` from before) is finished."""
         problem, sid = self._problems[gid], self.key(gid)
-        body = {"prompt": problem.prompt, "max_tokens": problem.max_tokens or self.task.max_tokens,
-                "ignore_eos": problem.ignore_eos, "n": len(indices),
-                "temperature": self.config.temperature, "seed": self._rng.getrandbits(62)}  # fmt: skip
+        body = self._request(problem, len(indices))
         async with self._slots:
             answer = await self._post(f"/s/{sid}/v1/completions", body)
         self.requests += 1
@@ -214,6 +210,12 @@ class RolloutManager:
         group = GroupResult(gid, sid, problem, ordered)
         self.groups[gid] = group
         self.on_group(group)
+
+    def _request(self, problem: Problem, n: int) -> dict:
+        """The completions body for `n` samples of `problem` (seeded from the run's RNG, in call order)."""
+        return {"prompt": problem.prompt, "max_tokens": problem.max_tokens or self.task.max_tokens,
+                "ignore_eos": problem.ignore_eos, "n": n, "temperature": self.config.temperature,
+                "seed": self._rng.getrandbits(62)}  # fmt: skip
 
     def _graded(self, problem: Problem, choice: dict) -> SampleResult:
         t = choice["trajectory"]
