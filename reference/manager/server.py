@@ -319,8 +319,41 @@ async def get_trajectory(request: web.Request) -> web.Response:
     tree = await request.app[MANAGER_KEY].trajectory(sid)
     if tree is None:
         raise RequestError(f"no session {sid!r}", status=404, code="session_not_found")
-    text = await asyncio.to_thread(json.dumps, tree)  # a big tree serialises off the loop
-    return web.Response(text=text, content_type="application/json")
+    body = await asyncio.to_thread(dumps_in_slices, tree)  # a big tree serialises off the loop
+    return web.Response(body=body, content_type="application/json")
+
+
+def dumps_in_slices(obj, slice_len: int = 4096) -> bytes:
+    """`json.dumps(obj, separators=(",", ":")).encode()`, with long lists serialised `slice_len` items at a time. One `json.dumps`
+    call is one C call that holds the GIL until it returns (a second for a 25 MB tree), so serialising
+    it in a worker thread would still stall the event loop; between slices the loop gets its turn."""
+    parts: list[str] = []
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+    def put(value) -> None:
+        if isinstance(value, dict):
+            parts.append("{")
+            for i, (key, item) in enumerate(value.items()):
+                parts.append(("," if i else "") + json.dumps(str(key)) + ":")
+                put(item)
+            parts.append("}")
+        elif isinstance(value, list) and len(value) > slice_len:
+            parts.append("[")
+            for start in range(0, len(value), slice_len):
+                parts.append(("," if start else "") + dumps(value[start : start + slice_len])[1:-1])
+            parts.append("]")
+        elif isinstance(value, list):
+            parts.append("[")
+            for i, item in enumerate(value):
+                if i:
+                    parts.append(",")
+                put(item)
+            parts.append("]")
+        else:
+            parts.append(dumps(value))
+
+    put(obj)
+    return "".join(parts).encode()
 
 
 async def annotate_trajectory(request: web.Request) -> web.Response:
