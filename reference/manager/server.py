@@ -324,9 +324,10 @@ async def get_trajectory(request: web.Request) -> web.Response:
 
 
 def dumps_in_slices(obj, slice_len: int = 4096) -> bytes:
-    """`json.dumps(obj, separators=(",", ":")).encode()`, with long lists serialised `slice_len` items at a time. One `json.dumps`
-    call is one C call that holds the GIL until it returns (a second for a 25 MB tree), so serialising
-    it in a worker thread would still stall the event loop; between slices the loop gets its turn."""
+    """`json.dumps(obj, separators=(",", ":")).encode()`, with long lists serialised `slice_len` items at
+    a time. One `json.dumps` call is one C call that holds the GIL until it returns (a second for a 25 MB
+    tree), so serialising it in a worker thread would still stall the event loop; between slices the
+    loop gets its turn."""
     parts: list[str] = []
     dumps = json.JSONEncoder(separators=(",", ":")).encode
 
