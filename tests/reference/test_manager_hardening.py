@@ -382,7 +382,7 @@ def test_reading_a_huge_trajectory_does_not_stall_other_clients(fake_manager, ht
 @pytest.mark.parametrize(
     "obj",
     [
-        {"a": list(range(10_000)), "b": [{"x": [0.5] * 5000, "y": None}, {}], "c": "é\"\n", "d": []},
+        {"a": list(range(10_000)), "b": [{"x": [0.5] * 5000, "y": None}, {}], "c": 'é"\n', "d": []},
         list(range(4097)),
         [[1, 2], [3]] * 3000,
         {"nested": {"deep": [True, False, None, -1.25e-7]}},
