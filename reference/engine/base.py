@@ -7,9 +7,10 @@ protocol, so what it records is exactly what an engine consumed and produced: no
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Protocol
@@ -176,6 +177,19 @@ def stream_batches(engine: InferenceEngine, request: GenerateRequest) -> AsyncIt
     client: one batch per wire line), else one batch per token."""
     native = getattr(engine, "stream_batches", None)
     return native(request) if native is not None else _one_by_one(engine.stream(request))
+
+
+async def abort_all(engine: InferenceEngine, request_ids: Sequence[str]) -> None:
+    """Abort each of `request_ids` on `engine`: in one call where the engine has `abort_many` (the HTTP
+    client: one round trip for a whole preemption), else one `abort` each. Failures are ignored (an
+    unreachable engine's requests end with its stream)."""
+    if not request_ids:
+        return
+    many = getattr(engine, "abort_many", None)
+    if many is not None:
+        await asyncio.gather(many(list(request_ids)), return_exceptions=True)
+    else:
+        await asyncio.gather(*(engine.abort(r) for r in request_ids), return_exceptions=True)
 
 
 async def _one_by_one(events: AsyncIterator[TokenEvent | Finished]) -> AsyncIterator[TokenBatch | Finished]:

@@ -36,7 +36,7 @@ import queue
 import random
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +65,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often a waiting stream checks that the worker is alive
 IDLE_WAIT_S = 0.05  # how long an idle worker blocks on its inbox before looking again
+PREFILL_BATCH_TOKENS = 4096  # new tokens per batched prefill forward, at most (a longer context goes alone)
 
 
 @dataclass
@@ -376,31 +377,54 @@ class BuiltinEngine:
             self._cache.release()
 
     def _prefill_new(self) -> None:
-        """Prefill every running request that needs it; one whose prefill fails is dropped with its error."""
-        failed: list[tuple[int, Exception]] = []
+        """Prefill every running request that needs it, in as few forwards as possible: requests with the
+        same context (the samples of one prompt) compute it once and copy it; contexts of one length
+        after the same reused prefix share a forward. One whose prefill fails is dropped with its error."""
+        same_context: dict[tuple[int, ...], list[int]] = {}
         for slot, seq in enumerate(self._running):
             if seq.needs_prefill:
+                same_context.setdefault(tuple(seq.tokens[:-1]), []).append(slot)
+        if not same_context:
+            return
+        batches: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}  # (start, length) -> (slot, suffix)
+        for context, (slot, *_) in same_context.items():
+            start = self._reuse_prefix(slot, context)
+            batches.setdefault((start, len(context) - start), []).append((slot, context[start:]))
+        failed: dict[int, Exception] = {}
+        for (start, length), jobs in batches.items():
+            for chunk in _chunks(jobs, max(1, PREFILL_BATCH_TOKENS // max(1, length))):
                 try:
-                    self._prefill(slot, seq.tokens[:-1])
-                    seq.needs_prefill = False
-                except Exception as err:  # noqa: BLE001 - fails this request only
-                    log.exception("prefill of %s failed", seq.request.request_id)
-                    failed.append((slot, err))
-        for slot, err in reversed(failed):
+                    self._runner.prefill_batch(self._cache, [s for s, _ in chunk], [t for _, t in chunk], start)
+                except Exception:  # noqa: BLE001 - retried one by one, so only a request that fails alone fails
+                    for slot, suffix in chunk:
+                        try:
+                            self._runner.prefill(self._cache, slot, suffix, start)
+                        except Exception as err:  # noqa: BLE001 - fails this request only
+                            log.exception("prefill of %s failed", self._running[slot].request.request_id)
+                            failed[slot] = err
+                self._counters.prefill_tokens += length * len(chunk)
+        for context, (first, *copies) in same_context.items():
+            for slot in copies:
+                if first in failed:
+                    failed[slot] = failed[first]
+                else:
+                    self._cache.move(first, slot, len(context))
+        for slot, seq in enumerate(self._running):
+            seq.needs_prefill = seq.needs_prefill and slot in failed
+        for slot in sorted(failed, reverse=True):
             seq = self._running[slot]
             self._remove(slot)
-            self._emit(seq, _request_error(seq, err))
+            self._emit(seq, _request_error(seq, failed[slot]))
 
-    def _prefill(self, slot: int, context: list[int]) -> None:
-        """Write the KV of `context` into `slot`, copying the longest cached prefix instead of computing it."""
+    def _reuse_prefix(self, slot: int, context: Sequence[int]) -> int:
+        """Copy the longest cached prefix of `context` into `slot`; how many positions it covers."""
         hit = self._prefix.lookup(context) if self._prefix.max_bytes else None
-        start = 0
-        if hit is not None:
-            start, k, v = hit
-            self._cache.k[:, slot, :, :start] = k[:, :, :start]
-            self._cache.v[:, slot, :, :start] = v[:, :, :start]
-        self._runner.prefill(self._cache, slot, context[start:], start)
-        self._counters.prefill_tokens += len(context) - start
+        if hit is None:
+            return 0
+        start, k, v = hit
+        self._cache.k[:, slot, :, :start] = k[:, :, :start]
+        self._cache.v[:, slot, :, :start] = v[:, :, :start]
+        return start
 
     def _decode(self) -> None:
         running = self._running
@@ -531,3 +555,7 @@ def _request_error(seq: _Seq, err: Exception) -> EngineError:
     error = EngineError(f"the built-in engine failed on request {seq.request.request_id!r}: {err!r}")
     error.__cause__ = err
     return error
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]

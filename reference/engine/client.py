@@ -139,6 +139,10 @@ class HTTPEngine:
     async def abort(self, request_id: str) -> None:
         await self._post("/abort", {"request_id": request_id})
 
+    async def abort_many(self, request_ids: list[str]) -> None:
+        """Abort several requests in one round trip."""
+        await self._post("/abort", {"request_ids": request_ids})
+
     async def _get(self, path: str) -> dict:
         timeout = aiohttp.ClientTimeout(total=self.control_timeout_s, sock_connect=self.connect_timeout_s)
         try:

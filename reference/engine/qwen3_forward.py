@@ -3,8 +3,9 @@
 It is written out (embeddings, per-head q/k RMSNorm before RoPE, grouped-query attention, SwiGLU
 MLP, tied or untied head) rather than calling the modules' `forward`, so it can use the engine's own
 slot cache. `prefill` writes one request's context (or the part after a reused prefix) into its
-slot; `decode` feeds every running request one token in a single batched step, attending over the
-first max(length) positions with a per-slot length mask. Parameters are read live on every call, so
+slot, `prefill_batch` several slots' contexts of one length in one forward; `decode` feeds every
+running request one token in a single batched step, attending over the first max(length) positions
+with a per-slot length mask. Parameters are read live on every call, so
 a weight update needs no refresh.
 """
 
@@ -71,25 +72,34 @@ class Qwen3Runner:
     def prefill(self, cache: KVCache, slot: int, token_ids: Sequence[int], start: int = 0) -> None:
         """Write the KV of `token_ids` at positions start..start+n-1 into `slot`, attending to the KV of
         positions 0..start-1 already there (a reused prefix); no logits are needed."""
-        n = len(token_ids)
+        self.prefill_batch(cache, [slot], [token_ids], start)
+
+    def prefill_batch(self, cache: KVCache, slots: Sequence[int], token_ids: Sequence[Sequence[int]], start: int = 0):
+        """`prefill` of several slots in one forward: `token_ids[b]` goes into `slots[b]` at positions
+        start..start+n-1 (the same n for every slot), each attending to its own slot's first `start`
+        positions."""
+        n = len(token_ids[0])
         if n == 0:
             return
-        end = start + n
-        ids = torch.tensor([list(token_ids)], device=self.device)
-        positions = torch.arange(start, end, device=self.device)
-        x, cos, sin = self._embed(ids, positions[None])
+        if any(len(t) != n for t in token_ids):
+            raise ValueError(f"a batched prefill needs equal lengths, got {sorted({len(t) for t in token_ids})}")
+        b, end, dev = len(slots), start + n, self.device
+        ids = torch.tensor([list(t) for t in token_ids], device=dev)
+        positions = torch.arange(start, end, device=dev)
+        x, cos, sin = self._embed(ids, positions[None].expand(b, n))
+        rows = slice(slots[0], slots[0] + 1) if b == 1 else torch.tensor(list(slots), device=dev)
         # Causal over the whole context: new token j (position start + j) sees positions 0..start + j.
-        mask = None if start == 0 else torch.arange(end, device=self.device)[None, :] <= positions[:, None]
+        mask = None if start == 0 else torch.arange(end, device=dev)[None, :] <= positions[:, None]
         for i, layer in enumerate(self.inner.layers):
             q, k, v = self._qkv(layer.self_attn, _rms_norm(x, layer.input_layernorm), cos, sin)
-            cache.k[i, slot, :, start:end] = k[0]
-            cache.v[i, slot, :, start:end] = v[0]
+            cache.k[i, rows, :, start:end] = k
+            cache.v[i, rows, :, start:end] = v
             if start == 0:
                 attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             else:
-                keys, values = cache.k[i, slot : slot + 1, :, :end], cache.v[i, slot : slot + 1, :, :end]
+                keys, values = cache.k[i, rows, :, :end], cache.v[i, rows, :, :end]
                 attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-            x = self._finish_layer(layer, x, attended.transpose(1, 2).reshape(1, n, -1))
+            x = self._finish_layer(layer, x, attended.transpose(1, 2).reshape(b, n, -1))
 
     def decode(self, cache: KVCache, token_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """Feed token b at position positions[b] of slot b (b < B), write its KV; logits [B, vocab] float32

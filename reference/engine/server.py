@@ -9,7 +9,7 @@ The trajectory manager never runs a model in its own event loop: it reaches engi
                           {"hb": 1} while quiet; {"error": message, "kind": "bad_request" | "engine"}
     POST /pause | /resume
     POST /update_weights  {"version": int, "source": str | null}
-    POST /abort           {"request_id": str}
+    POST /abort           {"request_id": str} or {"request_ids": [str]}
     GET  /stats | /health
     GET  /timeline        {"now_s", "intervals": [...]}: what the engine did (engines that keep one)
 
@@ -298,15 +298,27 @@ async def handle_update_weights(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "version": version})
 
 
+MAX_ABORTS = 65536  # request ids in one abort call
+
+
 async def handle_abort(request: web.Request) -> web.Response:
     try:
         body = await _json_body(request)
-        if not isinstance(body, dict) or not isinstance(body.get("request_id"), str):
-            raise ValueError("request_id must be a string")
+        if not isinstance(body, dict):
+            raise ValueError("the body must be a JSON object")
+        if "request_ids" in body:
+            ids = body["request_ids"]
+            if not (isinstance(ids, list) and len(ids) <= MAX_ABORTS and all(isinstance(r, str) for r in ids)):
+                raise ValueError(f"request_ids must be a list of at most {MAX_ABORTS} strings")
+        elif isinstance(body.get("request_id"), str):
+            ids = [body["request_id"]]
+        else:
+            raise ValueError("request_id must be a string (or request_ids a list of strings)")
     except ValueError as e:
         return _bad(str(e))
-    await request.app[ENGINE_KEY].abort(body["request_id"])
-    return web.json_response({"ok": True})
+    engine = request.app[ENGINE_KEY]
+    await asyncio.gather(*(engine.abort(rid) for rid in ids))  # posted together: one engine step serves them all
+    return web.json_response({"ok": True, "aborted": len(ids)})
 
 
 async def handle_stats(request: web.Request) -> web.Response:

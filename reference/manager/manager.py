@@ -37,6 +37,7 @@ from reference.engine.base import (
     InferenceEngine,
     SamplingParams,
     TokenBatch,
+    abort_all,
     stream_batches,
 )
 from reference.manager.annotations import check_annotations
@@ -530,7 +531,7 @@ class TrajectoryManager:
             fresh = slot.calls - moved
             moved |= fresh
             self._migrating |= fresh
-            await asyncio.gather(*(slot.engine.abort(c) for c in fresh), return_exceptions=True)
+            await abort_all(slot.engine, sorted(fresh))
             if time.monotonic() > deadline:
                 raise TimeoutError(f"engine {engine}: {len(slot.calls)} requests did not move within {timeout_s} s")
             await asyncio.sleep(0.01)
@@ -547,7 +548,8 @@ class TrajectoryManager:
                 if p is not None and p.restartable and p.versions and min(p.versions) < min_version:
                     restarted.append((slot, call))
         self._restarting |= {call for _, call in restarted}
-        await asyncio.gather(*(slot.engine.abort(call) for slot, call in restarted), return_exceptions=True)
+        for slot in {slot.name: slot for slot, _ in restarted}.values():
+            await abort_all(slot.engine, [call for s, call in restarted if s is slot])
         return len(restarted)
 
     async def _pause_watchdog(self, slots: list[EngineSlot], since: float, after_s: float) -> None:

@@ -417,22 +417,56 @@ def test_a_failed_decode_fails_its_step_and_the_engine_keeps_serving(model):
 
 
 def test_a_failed_prefill_fails_only_its_request(model):
+    """A context whose prefill always fails (alone or in a batch) fails its request; the requests batched
+    with it are prefilled again one by one and answer."""
     bad = prompt(7, 4)
-
-    def is_bad(cache, slot, context, start) -> bool:
-        return list(context) == bad[:-1]
 
     async def run():
         with BuiltinEngine(model) as engine:
-            engine._runner.prefill = _fail_once(engine._runner.prefill, RuntimeError("bad prefill"), is_bad)
-            good = [req("a", prompt(5, 1), 12, temperature=0), req("c", prompt(9, 2), 12, temperature=0)]
+            batched = engine._runner.prefill_batch
+
+            def poisoned(cache, slots, contexts, start=0):
+                if any(list(c) == bad[:-1] for c in contexts):
+                    raise RuntimeError("bad prefill")
+                return batched(cache, slots, contexts, start)
+
+            engine._runner.prefill_batch = poisoned
+            good = [req("a", prompt(7, 1), 12, temperature=0), req("c", prompt(9, 2), 12, temperature=0)]
             return await _run_queued(engine, [good[0], req("b", bad), good[1]])
 
     a, b, c = asyncio.run(run())
     assert isinstance(b, EngineError)
     assert "bad prefill" in str(b)
-    assert list(a.token_ids) == hf_greedy(model, prompt(5, 1), 12)
+    assert list(a.token_ids) == hf_greedy(model, prompt(7, 1), 12)
     assert list(c.token_ids) == hf_greedy(model, prompt(9, 2), 12)
+
+
+def test_samples_of_one_prompt_share_one_prefill_and_equal_lengths_share_a_forward(model):
+    """Four greedy samples of one prompt, two of another of the same length and one of a third length,
+    admitted in one step: every answer is transformers' greedy decoding, the shared context is computed
+    once, and the two contexts of one length go through one forward."""
+    first, second, third = prompt(11, 1), prompt(11, 2), prompt(5, 3)
+    requests = [req(f"f{i}", first, 8, temperature=0) for i in range(4)]
+    requests += [req(f"s{i}", second, 8, temperature=0) for i in range(2)] + [req("t", third, 8, temperature=0)]
+
+    async def run():
+        with BuiltinEngine(model, prefix_cache_mb=0) as engine:
+            forwards = []
+            batched = engine._runner.prefill_batch
+
+            def counted(cache, slots, contexts, start=0):
+                forwards.append(len(slots))
+                return batched(cache, slots, contexts, start)
+
+            engine._runner.prefill_batch = counted
+            outcomes = await _run_queued(engine, requests)
+            return outcomes, forwards, await engine.stats()
+
+    outcomes, forwards, stats = asyncio.run(run())
+    for r, outcome in zip(requests, outcomes, strict=True):
+        assert list(outcome.token_ids) == hf_greedy(model, list(r.prompt_token_ids), 8), r.request_id
+    assert sorted(forwards) == [1, 2]  # {first, second} together, third alone
+    assert stats.extra["prefill_tokens"] == 10 + 10 + 4  # each distinct context once (its last token is decoded)
 
 
 def test_a_failing_command_fails_only_its_request(model):

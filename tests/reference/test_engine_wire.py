@@ -126,3 +126,38 @@ def test_an_error_message_never_echoes_a_whole_value():
     status, payload = asyncio.run(_post_generate(body))
     assert status == 400
     assert len(json.loads(payload)["error"]) < 200
+
+
+def test_one_abort_call_ends_several_streams_and_leaves_the_others():
+    from reference.engine.base import abort_all, generate
+    from reference.engine.fake import FakeEngine
+
+    async def main():
+        engine = FakeEngine(token_delay_s=0.01, reply_tokens=100_000)
+        runner = await start_engine_server(engine)
+        client = HTTPEngine(f"http://127.0.0.1:{bound_port(runner)}")
+        try:
+            streams = {rid: asyncio.create_task(generate(client, GenerateRequest(rid, (1, 2), SamplingParams(
+                max_tokens={"keep": 20}.get(rid, 100_000))))) for rid in ("a", "b", "keep")}  # fmt: skip
+            while len(engine._running) < 3:
+                await asyncio.sleep(0.01)
+            await abort_all(client, ["a", "b", "not-running"])
+            results = {rid: await task for rid, task in streams.items()}
+            status, text = await _post("/abort", b'{"request_ids": ["a", 3]}', runner)
+            return results, status, text
+        finally:
+            await client.close()
+            await runner.cleanup()
+
+    results, status, text = asyncio.run(main())
+    assert results["a"].finish_reason == results["b"].finish_reason == FinishReason.ABORT
+    assert results["keep"].finish_reason == FinishReason.LENGTH and len(results["keep"].token_ids) == 20
+    assert status == 400 and "request_ids" in text
+
+
+async def _post(path: str, body: bytes, runner) -> tuple[int, str]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"http://127.0.0.1:{bound_port(runner)}{path}", data=body) as r:
+            return r.status, await r.text()
