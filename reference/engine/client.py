@@ -2,15 +2,19 @@
 
 A connection failure, a dropped stream, a 5xx or a refused token (401) becomes `EngineError` (the
 manager retries the request elsewhere); a 400 becomes `ValueError` with the engine's message (the
-agent's fault). Closing a stream early closes the HTTP response, which makes the engine abort the
-request. `base_url` may be reassigned (an engine restarted on another port); every call reads it.
+agent's fault). Generations started together share one `/generate_many` stream (one round trip and
+one socket write per burst for many samples); leaving a stream early aborts its request on the
+engine. `base_url` may be reassigned (an engine restarted on another port); every call reads it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -24,7 +28,9 @@ from reference.engine.base import (
     TokenBatch,
     TokenEvent,
 )
-from reference.engine.server import request_to_wire
+from reference.engine.server import MAX_BATCH, request_to_wire
+
+log = logging.getLogger(__name__)
 
 
 class HTTPEngine:
@@ -36,11 +42,17 @@ class HTTPEngine:
         connect_timeout_s: float = 5.0,
         control_timeout_s: float = 600.0,
         stall_timeout_s: float = 60.0,
+        batch_requests: bool = True,
     ) -> None:
         """`token`: the engine's bearer token (sent on every call but `health`). `stall_timeout_s`: a
         stream that sends nothing, not even the server's heartbeat, for this long is an engine failure
-        (a hung or frozen process)."""
+        (a hung or frozen process). `batch_requests`: generations started in the same turn of the event
+        loop (the n samples of a prompt, a burst of agents) share one `/generate_many` stream."""
         self.base_url = base_url
+        self.batch_requests = batch_requests
+        self._pending: list[_Entry] | None = None  # generations waiting for this loop turn's batch
+        self._to_abort: list[str] = []
+        self._tasks: set[asyncio.Task] = set()
         self._headers = bearer_headers(None if token is None else check_token(token))
         self.stall_timeout_s = stall_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -68,6 +80,9 @@ class HTTPEngine:
         return self._session
 
     async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
@@ -80,8 +95,107 @@ class HTTPEngine:
                 for t, lp, v in zip(item.token_ids, item.logprobs, item.versions, strict=True):
                     yield TokenEvent(t, lp, v)
 
-    async def stream_batches(self, request: GenerateRequest) -> AsyncIterator[TokenBatch | Finished]:
+    def stream_batches(self, request: GenerateRequest) -> AsyncIterator[TokenBatch | Finished]:
         """`stream`, one `TokenBatch` per line the engine sent."""
+        return self._batched(request) if self.batch_requests else self._stream_one(request)
+
+    async def _batched(self, request: GenerateRequest) -> AsyncIterator[TokenBatch | Finished]:
+        """A generation that travels in a shared `/generate_many` stream. Leaving early aborts it on the
+        engine (or drops it from a batch not yet sent)."""
+        entry = _Entry(request, asyncio.Queue())
+        if self._pending is None:
+            self._pending = []
+            asyncio.get_running_loop().call_soon(self._send_pending)
+        self._pending.append(entry)
+        try:
+            while True:
+                item = await entry.inbox.get()
+                if isinstance(item, BaseException):
+                    entry.ended = True
+                    raise item
+                if isinstance(item, Finished):
+                    entry.ended = True
+                    yield item
+                    return
+                yield item
+        finally:
+            if not entry.ended:
+                entry.dropped = True
+                if entry.sent:
+                    self._abort_soon(request.request_id)
+
+    def _send_pending(self) -> None:
+        entries = [e for e in self._pending or () if not e.dropped]
+        self._pending = None
+        for i in range(0, len(entries), MAX_BATCH):
+            self._spawn(self._run_batch(entries[i : i + MAX_BATCH]))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _abort_soon(self, request_id: str) -> None:
+        """Aborts of this loop turn go together, in one call."""
+        if not self._to_abort:
+            asyncio.get_running_loop().call_soon(self._send_aborts)
+        self._to_abort.append(request_id)
+
+    def _send_aborts(self) -> None:
+        ids, self._to_abort = self._to_abort, []
+
+        async def send() -> None:
+            try:
+                await self.abort_many(ids)
+            except (EngineError, ValueError, RuntimeError) as e:  # the stream's end frees the engine anyway
+                log.debug("abort of %d requests on %s failed: %s", len(ids), self.base_url, e)
+
+        self._spawn(send())
+
+    async def _run_batch(self, entries: list[_Entry]) -> None:
+        """One `/generate_many` call: each line goes to its request's inbox; a failure of the whole stream
+        fails every request still open."""
+        open_ = dict(enumerate(entries))
+        for entry in entries:
+            entry.sent = True
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.stall_timeout_s)
+        body = {"requests": [request_to_wire(e.request) for e in entries]}
+        error: Exception
+        try:
+            async with self._http().post(
+                f"{self.base_url}/generate_many", json=body, headers=self._headers, timeout=timeout
+            ) as response:
+                if response.status == 401:
+                    raise self._refused("/generate_many")
+                if response.status == 400:
+                    raise ValueError((await response.json()).get("error", "bad request"))
+                if response.status != 200:
+                    raise EngineError(f"{self.base_url}: HTTP {response.status}: {await response.text()}")
+                async for raw in response.content:
+                    index, item = _parse_tagged(raw, self.base_url)
+                    entry = open_.get(index) if index is not None else None
+                    if entry is None:
+                        continue  # a heartbeat, or a line for a request that already ended
+                    entry.inbox.put_nowait(item)
+                    if isinstance(item, Finished | BaseException):
+                        del open_[index]
+                        if not open_:
+                            await response.content.read()  # the end of the body: the connection is reused
+                            return
+            error = EngineError(f"{self.base_url}: a batch stream ended before {len(open_)} of its requests")
+        except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
+            error = EngineError(f"{self.base_url}: {type(e).__name__}: {e}")
+        except (EngineError, ValueError) as e:
+            error = e
+        except asyncio.CancelledError:
+            for entry in open_.values():
+                entry.inbox.put_nowait(EngineError(f"{self.base_url}: the client was closed"))
+            raise
+        for entry in open_.values():
+            entry.inbox.put_nowait(type(error)(str(error)))
+
+    async def _stream_one(self, request: GenerateRequest) -> AsyncIterator[TokenBatch | Finished]:
+        """`stream_batches` in a `/generate` call of its own."""
         # No total timeout: a generation may legitimately wait out a long pause for a weight update;
         # the server's heartbeat keeps the read timeout from firing meanwhile.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.stall_timeout_s)
@@ -174,13 +288,47 @@ class HTTPEngine:
         return EngineStats(d["running"], d["waiting"], d["version"], d["paused"], d["max_context"], d.get("extra", {}))
 
 
-def _parse_line(raw: bytes, where: str) -> TokenBatch | Finished | None:
+@dataclass
+class _Entry:
+    """A generation in a batched stream: its inbox gets TokenBatch, then Finished or an exception."""
+
+    request: GenerateRequest
+    inbox: asyncio.Queue
+    sent: bool = False  # its batch has gone to the engine
+    ended: bool = False  # its consumer saw the end
+    dropped: bool = False  # its consumer left early
+
+
+def _parse_tagged(raw: bytes, where: str) -> tuple[int | None, TokenBatch | Finished | Exception | None]:
+    """(request index, what the line says: a batch, the finish, or the request's own error) of a
+    `/generate_many` line; (None, None) for a heartbeat. A line that cannot be read fails the stream."""
+    d = _line_object(raw, where)
+    index = d.pop("r", None)
+    if index is None:
+        return None, _parse_object(d, raw, where)
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise EngineError(f"{where}: a stream line with a bad request index: {raw[:80]!r}")
+    try:
+        return index, _parse_object(d, raw, where)
+    except (ValueError, EngineError) as e:  # this request's error, not the stream's
+        return index, e
+
+
+def _line_object(raw: bytes, where: str) -> dict:
     try:
         d = json.loads(raw)
     except json.JSONDecodeError as e:
         raise EngineError(f"{where}: unreadable stream line {raw[:80]!r}") from e
     if not isinstance(d, dict):
         raise EngineError(f"{where}: a stream line that is not an object: {raw[:80]!r}")
+    return d
+
+
+def _parse_line(raw: bytes, where: str) -> TokenBatch | Finished | None:
+    return _parse_object(_line_object(raw, where), raw, where)
+
+
+def _parse_object(d: dict, raw: bytes, where: str) -> TokenBatch | Finished | None:
     if "t" in d:
         ids, logprobs, versions = d["t"], d.get("l"), d.get("v")
         if not isinstance(ids, list):

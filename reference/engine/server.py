@@ -7,6 +7,9 @@ The trajectory manager never runs a model in its own event loop: it reaches engi
                           {"t": [ids], "l": [logprobs], "v": [versions]} per batch of tokens (those
                           waiting when the line is written), then {"finish": reason};
                           {"hb": 1} while quiet; {"error": message, "kind": "bad_request" | "engine"}
+    POST /generate_many   {"requests": [generate bodies]} -> one NDJSON stream of the lines above, each
+                          tagged with its request's index: {"r": 0, "t": [...], ...}; a request that
+                          is malformed or rejected gets its own error line, the others go on
     POST /pause | /resume
     POST /update_weights  {"version": int, "source": str | null}
     POST /abort           {"request_id": str} or {"request_ids": [str]}
@@ -179,6 +182,107 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         writer.stop()
         await pump.close()  # on a disconnect this aborts the request and frees its slot
     return response
+
+
+MAX_BATCH = 4096  # requests in one /generate_many call
+
+
+async def handle_generate_many(request: web.Request) -> web.StreamResponse:
+    """Several generations in one streamed response, each line tagged with its request's index ("r"):
+    one HTTP round trip and one socket write per burst for a whole batch of samples. Each request
+    fails alone (a malformed one, or one the engine rejects, gets its own error line); closing the
+    response aborts every request still running."""
+    engine: InferenceEngine = request.app[ENGINE_KEY]
+    try:
+        body = await _json_body(request)
+        items = body.get("requests") if isinstance(body, dict) else None
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+            raise ValueError(f"requests must be a list of 1 to {MAX_BATCH} generate calls, got {_brief(items)}")
+    except ValueError as e:
+        return _bad(str(e))
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    try:
+        await response.prepare(request)
+    except ConnectionResetError:
+        return response
+    out: asyncio.Queue = asyncio.Queue()  # (index, TokenEvent | Finished | (kind, message))
+    tasks = [asyncio.create_task(_run_one(engine, i, item, out)) for i, item in enumerate(items)]
+    writer = _LineWriter(response, request.app[HEARTBEAT_KEY])
+    running, window_s = len(items), request.app[COALESCE_KEY]
+    try:
+        while running:
+            burst = [await out.get()]
+            if window_s > 0:
+                await asyncio.sleep(window_s)
+            while not out.empty():
+                burst.append(out.get_nowait())
+            lines, ended = _burst_lines(burst)
+            running -= ended
+            await writer.write(b"".join(lines))
+        await response.write_eof()
+    except ConnectionResetError:  # the client went away: its requests are aborted below
+        pass
+    finally:
+        writer.stop()
+        for task in tasks:
+            task.cancel()  # a running engine stream is closed, which aborts its request
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return response
+
+
+async def _run_one(engine: InferenceEngine, index: int, item: Any, out: asyncio.Queue) -> None:
+    """Feed one request's events into `out`; it always ends with a Finished or an error."""
+    try:
+        gen = parse_generate(item)
+    except ValueError as e:
+        out.put_nowait((index, ("bad_request", str(e))))
+        return
+    events = engine.stream(gen)
+    try:
+        async for event in events:
+            out.put_nowait((index, event))
+            if isinstance(event, Finished):
+                return
+        out.put_nowait((index, ("engine", "the engine ended the stream without a finish")))
+    except ValueError as e:  # rejected before any token
+        out.put_nowait((index, ("bad_request", str(e))))
+    except Exception as e:  # noqa: BLE001 - an engine failure mid-stream fails this request only
+        log.exception("generation %s failed", gen.request_id)
+        out.put_nowait((index, ("engine", f"{type(e).__name__}: {e}")))
+    finally:
+        await events.aclose()
+
+
+def _burst_lines(burst: list) -> tuple[list[bytes], int]:
+    """The lines for a burst of (index, event) pairs: each request's consecutive tokens in one line;
+    how many requests the burst ended."""
+    lines: list[bytes] = []
+    tokens: dict[int, list[TokenEvent]] = {}
+    ended = 0
+
+    def flush(index: int) -> None:
+        if run := tokens.pop(index, None):
+            lines.append(_tagged(index, {"t": [t.token_id for t in run], "l": [t.logprob for t in run],
+                                         "v": [t.version for t in run]}))  # fmt: skip
+
+    for index, item in burst:
+        if isinstance(item, TokenEvent):
+            tokens.setdefault(index, []).append(item)
+            continue
+        flush(index)
+        ended += 1
+        if isinstance(item, Finished):
+            lines.append(_tagged(index, {"finish": str(item.reason)}))
+        else:
+            kind, message = item
+            lines.append(_tagged(index, {"error": message, "kind": kind}))
+    for index in list(tokens):
+        flush(index)
+    return lines, ended
+
+
+def _tagged(index: int, fields: dict) -> bytes:
+    return (json.dumps({"r": index, **fields}) + "\n").encode()
 
 
 async def _last_line(writer: _LineWriter, response: web.StreamResponse, line: bytes) -> None:
@@ -362,6 +466,7 @@ def build_app(
     app.add_routes(
         [
             web.post("/generate", handle_generate),
+            web.post("/generate_many", handle_generate_many),
             web.post("/pause", handle_pause),
             web.post("/resume", handle_resume),
             web.post("/update_weights", handle_update_weights),

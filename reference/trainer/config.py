@@ -18,8 +18,9 @@ class TrainerConfig:
     """Every knob of `Trainer`; see the field comments for units and allowed values."""
 
     # Loss (see `reference.trainer.loss` for the exact formula).
-    clip_eps: float = 0.2  # PPO clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps]; in (0, 1)
-    ratio_cap: float = 3.0  # dual clip: a token's loss is at most ratio_cap * |advantage|; > 1 + clip_eps
+    clip_eps: float = 0.2  # PPO clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]; in (0, 1)
+    clip_eps_high: float | None = None  # the upper side ("clip-higher", DAPO); None: clip_eps; in (0, 1)
+    ratio_cap: float = 3.0  # dual clip: a token's loss is at most ratio_cap * |advantage|; > 1 + clip_eps_high
     entropy_coef: float = 0.01  # weight of the entropy bonus (nats per token); >= 0
     kl_coef: float = 0.0  # weight of the k3 KL to a frozen reference model; >= 0 (> 0 needs one)
     normalize_std: bool = True  # divide group-centred rewards by the group's std
@@ -38,7 +39,12 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(self.betas))
         _check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "in (0, 1)")
-        _check(self.ratio_cap > 1 + self.clip_eps, "ratio_cap", self.ratio_cap, f"> 1 + clip_eps = {1 + self.clip_eps}")
+        if self.clip_eps_high is None:
+            object.__setattr__(self, "clip_eps_high", self.clip_eps)
+        high = self.clip_eps_high
+        _check(isinstance(high, float | int) and not isinstance(high, bool) and 0 < high < 1, "clip_eps_high", high,
+               "in (0, 1) or null")  # fmt: skip
+        _check(self.ratio_cap > 1 + high, "ratio_cap", self.ratio_cap, f"> 1 + clip_eps_high = {1 + high}")
         _check(self.entropy_coef >= 0, "entropy_coef", self.entropy_coef, ">= 0")
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
         _check(self.std_eps > 0, "std_eps", self.std_eps, "> 0")

@@ -3,24 +3,26 @@
 For every generated token t of a sequence with advantage A (shared by the sequence's tokens):
 
     r_t   = exp(clamp(logp_theta(t) - logp_behaviour(t), -20, 20))     importance ratio
-    pg_t  = -min(r_t * A, clip(r_t, 1 - eps, 1 + eps) * A)              PPO clipped surrogate
+    pg_t  = -min(r_t * A, clip(r_t, 1 - eps, 1 + eps_high) * A)         PPO clipped surrogate
     pg_t  = min(pg_t, -C * A)             if A < 0                      dual clip (cap C = ratio_cap)
     kl_t  = exp(d_t) - d_t - 1,  d_t = clamp(logp_ref(t) - logp_theta(t), -20, 20)     k3 estimator
     H_t   = -sum_v p_theta(v) log p_theta(v)                            entropy of the full distribution
     loss  = sum_t (pg_t + kl_coef * kl_t - entropy_coef * H_t) / T
 
-where T is the number of generated tokens in the WHOLE step (every micro-batch on every data-parallel
-rank: a global token mean, not a mean of per-batch means) and prompt, tool-output and padding tokens
-contribute nothing.
+eps_high defaults to eps; a wider upper side ("clip-higher", DAPO, Yu et al. 2025) lets a token the
+policy finds unlikely gain more probability per step when its advantage is positive, which keeps the
+policy from collapsing onto its early favourites. T is the number of generated tokens in the WHOLE
+step (every micro-batch on every data-parallel rank: a global token mean, not a mean of per-batch
+means) and prompt, tool-output and padding tokens contribute nothing.
 
 Departures from the textbook PPO: the "old policy" is the behaviour policy itself, i.e. the logprobs
 the engine reported when it sampled the token (no trainer-side recomputation pass). A token sampled by
 an older policy version than the one being trained (after a weight update mid-rollout, or in the
 one-step-off pipeline) can have r_t far from 1; its importance weight is then truncated on both sides
-of the surrogate: with A > 0 the gradient vanishes once r_t > 1 + eps (PPO clip), with A < 0 it
+of the surrogate: with A > 0 the gradient vanishes once r_t > 1 + eps_high (PPO clip), with A < 0 it
 vanishes once r_t > C (dual clip, Ye et al. 2020), so no token's gradient weight r_t * |A| exceeds
-max(1 + eps, C) * |A| and no token's loss exceeds C * |A|. The clamp at +-20 only touches tokens whose
-gradient is already zero (or e^-20 small) and keeps exp finite.
+max(1 + eps_high, C) * |A| and no token's loss exceeds C * |A|. The clamp at +-20 only touches tokens
+whose gradient is already zero (or e^-20 small) and keeps exp finite.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def grpo_loss(
     *,
     clip_eps: float,
     ratio_cap: float,
+    clip_eps_high: float | None = None,
     entropy_coef: float = 0.0,
     kl_coef: float = 0.0,
     ref_logp: torch.Tensor | None = None,
@@ -77,7 +80,7 @@ def grpo_loss(
     adv = batch.advantages[:, None]  # [B, 1]
     ratio = torch.exp((logp - batch.behaviour_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     unclipped = -ratio * adv
-    clipped = -ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
+    clipped = -ratio.clamp(1 - clip_eps, 1 + (clip_eps if clip_eps_high is None else clip_eps_high)) * adv
     pg = torch.maximum(unclipped, clipped)
     cap = -ratio_cap * adv
     pg_dual = torch.where(adv < 0, torch.minimum(pg, cap), pg)

@@ -12,12 +12,16 @@ Held-out evaluation draws from its own generator (seeded by seed and step), so e
 change the training run.
 
     python -m reference.trainer.probe --seed 0 [--max-seconds 300] [--target 0.8] [--keep-going]
+                                      [--lag 1] [--init-seed 0] [--set lr=6e-4]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -26,6 +30,7 @@ import torch
 from reference.model import build_model
 from reference.tasks import Problem, Task, make_task
 from reference.trainer.batch import Trajectory
+from reference.trainer.config import TrainerConfig
 from reference.trainer.recipe import MathRecipe
 from reference.trainer.trainer import Trainer
 
@@ -58,14 +63,24 @@ def complete(model, task: Task, problems: Sequence[Problem], generator: torch.Ge
     return prompts, tokens, logprobs, grades
 
 
-def rollout(trainer: Trainer, task: Task, problems: Sequence[Problem], group_size: int) -> list[Trajectory]:
-    """`group_size` graded samples of each problem from the trainer's current weights, as trajectories."""
+def rollout(
+    trainer: Trainer,
+    task: Task,
+    problems: Sequence[Problem],
+    group_size: int,
+    behaviour=None,
+    version: int | None = None,
+) -> list[Trajectory]:
+    """`group_size` graded samples of each problem from the trainer's current weights (or from `behaviour`,
+    a model holding policy `version`), as trajectories."""
     batch = [p for p in problems for _ in range(group_size)]
-    trainer.model.eval()
-    prompts, tokens, logprobs, grades = complete(trainer.model, task, batch, trainer.generator)
-    trainer.model.train()
+    model = trainer.model if behaviour is None else behaviour
+    was_training = model.training
+    model.eval()
+    prompts, tokens, logprobs, grades = complete(model, task, batch, trainer.generator)
+    model.train(was_training)
     mask = (0,) * prompts.shape[1] + (1,) * tokens.shape[1]
-    versions = (trainer.version,) * tokens.shape[1]
+    versions = (trainer.version if version is None else version,) * tokens.shape[1]
     rows = zip(batch, prompts.tolist(), tokens.tolist(), logprobs.tolist(), grades, strict=True)
     return [Trajectory((*p, *t), mask, lp, versions, problem.problem_id, g.reward) for problem, p, t, lp, g in rows]
 
@@ -106,12 +121,18 @@ def run_probe(
     target_reward: float = 0.8,
     eval_every_steps: int = 20,
     stop_at_target: bool = True,
+    lag: int = 0,
+    init_seed: int | None = None,
     log: Callable[[str], None] = print,
 ) -> ProbeResult:
-    """Train from a random init until the target, `max_seconds` or `max_steps` (see module docstring)."""
+    """Train from a random init until the target, `max_seconds` or `max_steps` (see module docstring).
+    `lag` > 0 samples every batch from the weights of `lag` steps before (an off-policy pipeline's worst
+    case: every token `lag` versions stale); `init_seed` seeds the init apart from the run (default: seed)."""
     task = make_task(recipe.task)
     tok = task.tokenizer
-    model = build_model(recipe.model_config(tok.vocab_size), seed=seed)
+    model = build_model(recipe.model_config(tok.vocab_size), seed=seed if init_seed is None else init_seed)
+    snapshots: deque[dict] = deque(maxlen=lag + 1)  # policy versions step-lag .. step
+    behaviour = copy.deepcopy(model) if lag else None
     trainer = Trainer(model, replace(recipe.trainer, seed=seed), pad_id=tok.pad_token_id)
     random_reward, _ = evaluate(model, task, _eval_generator(seed, 0))
     log(f"seed {seed}: random-policy reward {random_reward:.3f} (held-out), chance {task.chance_reward():.3f}, "
@@ -120,7 +141,13 @@ def run_probe(
     start, reached = time.perf_counter(), None
     while trainer.step < max_steps and time.perf_counter() - start < max_seconds:
         problems = task.sample_train(trainer.rng, recipe.prompts_per_step)
-        metrics = trainer.train_step(rollout(trainer, task, problems, recipe.group_size))
+        if lag:
+            snapshots.append({k: v.clone() for k, v in trainer.model.state_dict().items()})
+            behaviour.load_state_dict(snapshots[0])  # the oldest kept: version max(0, step - lag)
+            old = max(0, trainer.version - lag)
+            metrics = trainer.train_step(rollout(trainer, task, problems, recipe.group_size, behaviour, old))
+        else:
+            metrics = trainer.train_step(rollout(trainer, task, problems, recipe.group_size))
         rewards.append(metrics.reward_mean)
         elapsed, recent = time.perf_counter() - start, _mean(rewards[-WINDOW:])
         line = f"step {trainer.step:4d} {elapsed:6.1f}s train {metrics.reward_mean:.3f} entropy {metrics.entropy:.3f}"
@@ -145,6 +172,16 @@ def _eval_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
+def _field(parser: argparse.ArgumentParser, item: str) -> tuple[str, object]:
+    name, sep, text = item.partition("=")
+    if not sep:
+        parser.error(f"--set takes FIELD=VALUE, got {item!r}")
+    try:
+        return name, json.loads(text)
+    except json.JSONDecodeError:
+        return name, text
+
+
 def main(argv: Sequence[str] | None = None) -> ProbeResult:
     parser = argparse.ArgumentParser(description="GRPO learnability probe (one process, random init)")
     parser.add_argument("--seed", type=int, default=0)
@@ -153,10 +190,23 @@ def main(argv: Sequence[str] | None = None) -> ProbeResult:
     parser.add_argument("--target", type=float, default=0.8, help="mean training reward over the last steps")
     parser.add_argument("--eval-every", type=int, default=20, help="steps between held-out evaluations")
     parser.add_argument("--keep-going", action="store_true", help="train on after the target until the limits")
+    parser.add_argument("--lag", type=int, default=0, help="sample from the weights of this many steps before")
+    parser.add_argument("--init-seed", type=int, default=None, help="seed of the random init (default: --seed)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a TrainerConfig field, e.g. --set lr=6e-4 (repeatable)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.lag < 0:
+        parser.error(f"--lag must be >= 0, got {args.lag}")
+    recipe = MathRecipe()
+    if args.set:
+        fields = dict(_field(parser, item) for item in args.set)
+        try:
+            recipe = replace(recipe, trainer=TrainerConfig.from_dict({**recipe.trainer.to_dict(), **fields}))
+        except (TypeError, ValueError) as e:
+            parser.error(str(e))
     result = run_probe(
-        MathRecipe(), args.seed, max_seconds=args.max_seconds, max_steps=args.max_steps, target_reward=args.target,
-        eval_every_steps=args.eval_every, stop_at_target=not args.keep_going,
+        recipe, args.seed, max_seconds=args.max_seconds, max_steps=args.max_steps, target_reward=args.target,
+        eval_every_steps=args.eval_every, stop_at_target=not args.keep_going, lag=args.lag, init_seed=args.init_seed,
     )  # fmt: skip
     to_target = "not reached" if result.seconds_to_target is None else f"{result.seconds_to_target:.1f} s"
     print(f"seed {result.seed}: target {args.target} {to_target}; {result.steps} steps in {result.seconds:.1f} s; "

@@ -156,8 +156,8 @@ class Trainer:
                 ref_logp, _ = token_logprobs(self.ref_model, batch)
         c = self.config
         out = grpo_loss(
-            logp, entropy, batch, total_tokens, clip_eps=c.clip_eps, ratio_cap=c.ratio_cap,
-            entropy_coef=c.entropy_coef, kl_coef=c.kl_coef, ref_logp=ref_logp,
+            logp, entropy, batch, total_tokens, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
+            ratio_cap=c.ratio_cap, entropy_coef=c.entropy_coef, kl_coef=c.kl_coef, ref_logp=ref_logp,
         )  # fmt: skip
         self.parallel.before_backward(self.model, last)
         (out.loss * self.parallel.loss_scale).backward()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -29,9 +30,9 @@ class BurstyEngine:
         yield Finished(FinishReason.LENGTH)
 
 
-async def _collect(engine, heartbeat_s: float = 5.0, stall_s: float = 60.0) -> list:
+async def _collect(engine, heartbeat_s: float = 5.0, stall_s: float = 60.0, batched: bool = True) -> list:
     runner = await start_engine_server(engine, heartbeat_s=heartbeat_s)
-    client = HTTPEngine(f"http://127.0.0.1:{bound_port(runner)}", stall_timeout_s=stall_s)
+    client = HTTPEngine(f"http://127.0.0.1:{bound_port(runner)}", stall_timeout_s=stall_s, batch_requests=batched)
     events = []
     try:
         async for event in client.stream(GenerateRequest("r", (1, 2), SamplingParams(max_tokens=99))):
@@ -44,25 +45,32 @@ async def _collect(engine, heartbeat_s: float = 5.0, stall_s: float = 60.0) -> l
     return events
 
 
-def test_a_burst_of_tokens_arrives_intact_and_in_order():
-    events = asyncio.run(_collect(BurstyEngine(300)))
+BATCHED = pytest.mark.parametrize("batched", [True, False], ids=["generate_many", "generate"])
+
+
+@BATCHED
+def test_a_burst_of_tokens_arrives_intact_and_in_order(batched):
+    events = asyncio.run(_collect(BurstyEngine(300), batched=batched))
     assert events[:-1] == [TokenEvent(i, -0.5 * i, 3) for i in range(300)]
     assert events[-1] == Finished(FinishReason.LENGTH)
 
 
-def test_tokens_before_a_failure_are_delivered_then_the_error():
-    events = asyncio.run(_collect(BurstyEngine(5, fail=True)))
+@BATCHED
+def test_tokens_before_a_failure_are_delivered_then_the_error(batched):
+    events = asyncio.run(_collect(BurstyEngine(5, fail=True), batched=batched))
     assert events[:5] == [TokenEvent(i, -0.5 * i, 3) for i in range(5)]
     assert isinstance(events[5], EngineError) and "GPU fell off the bus" in str(events[5])
 
 
-def test_heartbeats_keep_a_quiet_stream_alive():
-    events = asyncio.run(_collect(BurstyEngine(2, quiet_s=2.0), heartbeat_s=0.1, stall_s=1.0))
+@BATCHED
+def test_heartbeats_keep_a_quiet_stream_alive(batched):
+    events = asyncio.run(_collect(BurstyEngine(2, quiet_s=2.0), heartbeat_s=0.1, stall_s=1.0, batched=batched))
     assert events[-1] == Finished(FinishReason.LENGTH) and len(events) == 3
 
 
-def test_without_heartbeats_a_quiet_stream_stalls():
-    events = asyncio.run(_collect(BurstyEngine(2, quiet_s=1.5), heartbeat_s=0.0, stall_s=0.5))
+@BATCHED
+def test_without_heartbeats_a_quiet_stream_stalls(batched):
+    events = asyncio.run(_collect(BurstyEngine(2, quiet_s=1.5), heartbeat_s=0.0, stall_s=0.5, batched=batched))
     assert len(events) == 1 and isinstance(events[0], EngineError)
 
 
@@ -161,3 +169,118 @@ async def _post(path: str, body: bytes, runner) -> tuple[int, str]:
     async with aiohttp.ClientSession() as s:
         async with s.post(f"http://127.0.0.1:{bound_port(runner)}{path}", data=body) as r:
             return r.status, await r.text()
+
+
+# ---- generations started together share one /generate_many stream ----
+
+
+async def _served(engine, body):
+    """Run `body(client)` against `engine` behind a real server; its result, and how many batch streams
+    the client opened."""
+    runner = await start_engine_server(engine)
+    client = HTTPEngine(f"http://127.0.0.1:{bound_port(runner)}")
+    batches = []
+    run_batch = client._run_batch
+
+    async def counted(entries):
+        batches.append(len(entries))
+        await run_batch(entries)
+
+    client._run_batch = counted
+    try:
+        return await body(client), batches
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+def _req(rid: str, prompt=(1, 2), max_tokens: int = 5) -> GenerateRequest:
+    return GenerateRequest(rid, tuple(prompt), SamplingParams(max_tokens=max_tokens))
+
+
+def test_generations_started_together_share_one_stream_and_each_gets_its_own_tokens():
+    from reference.engine.base import generate
+    from reference.engine.fake import FakeEngine
+
+    requests = [_req(f"s{i}", (1, 2, i), max_tokens=3 + i % 4) for i in range(40)]
+
+    async def body(client):
+        return await asyncio.gather(*(generate(client, r) for r in requests))
+
+    results, batches = asyncio.run(_served(FakeEngine(vocab_size=50), body))
+    assert batches == [40]
+    for r, result in zip(requests, results, strict=True):
+        context = list(r.prompt_token_ids)
+        for token in result.token_ids:
+            assert token == FakeEngine.next_token(context, 0, 50)
+            context.append(token)
+        assert len(result.token_ids) == r.params.max_tokens and result.finish_reason == FinishReason.LENGTH
+
+
+def test_a_bad_request_in_a_batch_fails_alone():
+    from reference.engine.base import generate
+    from reference.engine.fake import FakeEngine
+
+    async def body(client):
+        good = [generate(client, _req(f"g{i}")) for i in range(3)]
+        bad = generate(client, _req("bad", (1, 999)))  # a token outside the vocabulary
+        return await asyncio.gather(*good, bad, return_exceptions=True)
+
+    (*good, bad), batches = asyncio.run(_served(FakeEngine(vocab_size=50), body))
+    assert batches == [4]
+    assert isinstance(bad, ValueError) and "999" in str(bad)
+    assert all(len(g.token_ids) == 5 for g in good)
+
+
+def test_leaving_one_stream_of_a_batch_aborts_only_its_request():
+    from reference.engine.base import generate
+    from reference.engine.fake import FakeEngine
+
+    engine = FakeEngine(token_delay_s=0.01)
+
+    async def body(client):
+        async def leave_after_two():
+            async with contextlib.aclosing(client.stream(_req("leaver", max_tokens=100_000))) as events:
+                return [await anext(events), await anext(events)]
+
+        stay = asyncio.create_task(generate(client, _req("stayer", max_tokens=60)))
+        taken = await leave_after_two()
+        while "leaver" in engine._running:  # the abort reaches the engine, whose stream then ends
+            await asyncio.sleep(0.01)
+        return taken, await stay
+
+    (taken, stayed), batches = asyncio.run(_served(engine, body))
+    assert batches == [2] and len(taken) == 2
+    assert len(stayed.token_ids) == 60 and stayed.finish_reason == FinishReason.LENGTH
+
+
+def test_closing_the_client_fails_the_streams_it_still_holds():
+    from reference.engine.base import generate
+    from reference.engine.fake import FakeEngine
+
+    engine = FakeEngine(token_delay_s=0.01)
+
+    async def body(client):
+        streams = [asyncio.create_task(generate(client, _req(f"s{i}", max_tokens=100_000))) for i in range(3)]
+        while len(engine._running) < 3:
+            await asyncio.sleep(0.01)
+        await client.close()
+        return await asyncio.gather(*streams, return_exceptions=True)
+
+    outcomes, _ = asyncio.run(_served(engine, body))
+    assert all(isinstance(o, EngineError) and "closed" in str(o) for o in outcomes), outcomes
+
+
+def test_a_malformed_batch_body_is_a_400():
+    from reference.engine.fake import FakeEngine
+
+    async def main():
+        runner = await start_engine_server(FakeEngine())
+        try:
+            return [await _post("/generate_many", body, runner)
+                    for body in (b'{"requests": []}', b'{"requests": {}}', b"[]")]  # fmt: skip
+        finally:
+            await runner.cleanup()
+
+    for status, text in asyncio.run(main()):
+        assert status == 400 and "requests must be a list" in text

@@ -77,7 +77,8 @@ def naive_loss(model, ref_model, trajs, config: TrainerConfig, version: int):
             logsm = torch.log_softmax(logits[i - 1], -1)
             logp = logsm[t.token_ids[i]]
             ratio = torch.exp(logp - t.logprobs[k])
-            surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - config.clip_eps, 1 + config.clip_eps) * adv)
+            low, high = 1 - config.clip_eps, 1 + config.clip_eps_high
+            surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, low, high) * adv)
             if adv < 0:
                 surrogate = torch.maximum(surrogate, torch.tensor(config.ratio_cap * adv))
             term = -surrogate
@@ -86,7 +87,7 @@ def naive_loss(model, ref_model, trajs, config: TrainerConfig, version: int):
             if ref_logits is not None:
                 d = torch.log_softmax(ref_logits[i - 1], -1)[t.token_ids[i]].detach() - logp
                 term = term + config.kl_coef * (torch.exp(d) - d - 1)
-            outside = not 1 - config.clip_eps <= ratio.item() <= 1 + config.clip_eps
+            outside = not low <= ratio.item() <= high
             clipped += int(outside and (ratio.item() - 1) * adv > 0)  # the clip removed this token's gradient
             off_policy += int(t.versions[k] < version)
             loss = loss + term / total_tokens
@@ -105,8 +106,10 @@ def _trainer_after_one_step(make_model, config: TrainerConfig, ref_model=None) -
 
 @pytest.mark.parametrize("normalize_std", [True, False])
 @pytest.mark.parametrize("kl_coef", [0.0, 0.1])
-def test_loss_and_gradients_match_the_naive_reference(make_model, normalize_std, kl_coef):
-    config = TrainerConfig(normalize_std=normalize_std, kl_coef=kl_coef, grad_clip=0.0, micro_batch_size=2)
+@pytest.mark.parametrize("clip_eps_high", [None, 0.6])
+def test_loss_and_gradients_match_the_naive_reference(make_model, normalize_std, kl_coef, clip_eps_high):
+    config = TrainerConfig(normalize_std=normalize_std, kl_coef=kl_coef, grad_clip=0.0, micro_batch_size=2,
+                           clip_eps_high=clip_eps_high)  # fmt: skip
     ref_model = make_model(7) if kl_coef else None
     trainer = _trainer_after_one_step(make_model, config, ref_model)
     before = copy.deepcopy(trainer.model)

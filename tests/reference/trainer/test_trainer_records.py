@@ -84,6 +84,7 @@ def test_shard_by_group_keeps_groups_whole_and_covers_the_batch():
     ("field", "value", "message"),
     [
         ("clip_eps", 0.0, "clip_eps must be in \\(0, 1\\), got 0.0"),
+        ("clip_eps_high", 1.5, "clip_eps_high must be in \\(0, 1\\) or null, got 1.5"),
         ("ratio_cap", 1.1, "ratio_cap must be > 1 \\+ clip_eps"),
         ("entropy_coef", -0.1, "entropy_coef must be >= 0"),
         ("lr", math.nan, "lr must be > 0, got nan"),
