@@ -9,6 +9,10 @@ entropy, backward, gradient clipping, AdamW); the baseline is `model(...)` + tok
 the generated tokens + `backward()` on the same padded tensors, nothing else. Tokens are all positions
 of the batch (prompt included): both sides run the forward over all of them.
 
+The built-in engine then samples the same batches (the prompts of a group shared, temperature 1,
+every request submitted at once, in this process): its seconds per batch and the same FLOP share,
+counting the forward third of the training count (2 N + 4 L d_attn s per position).
+
 FLOPs per step follow PaLM's model-FLOPs count, 6 N + 12 L d_attn s per token (N: the matmul
 parameters, lm_head included; L layers; d_attn = heads x head_dim; s: sequence length), against the
 best of a few fp32 `torch.mm` runs of 1024 x 1024 matrices on the same threads.
@@ -19,6 +23,7 @@ best of a few fp32 `torch.mm` runs of 1024 x 1024 matrices on the same threads.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import statistics
 import tempfile
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from reference.engine.base import GenerateRequest, SamplingParams, generate
+from reference.engine.builtin import BuiltinEngine
 from reference.model import build_model, tiny_config
 from reference.tasks.tokenizer import task_tokenizer
 from reference.trainer.batch import Trajectory, collate
@@ -108,6 +115,44 @@ def step_flops(w: Workload) -> float:
     return per_token * seq * w.sequences
 
 
+def sample_flops(w: Workload) -> float:
+    """Forward model-FLOPs of sampling the batch: 2 N + 4 L d_attn s per position of every sequence
+    (the forward third of the training count; a shared prompt counts once per sample)."""
+    c = w.model_config
+    model = build_model(c)
+    matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
+    matmul += c.vocab_size * c.hidden_size
+    seq = w.prompt_tokens + w.generated_tokens
+    per_token = 2 * matmul + 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seq
+    return per_token * seq * w.sequences
+
+
+def time_engine(w: Workload, repeats: int) -> float:
+    """Median seconds for the built-in engine (in this process, no HTTP) to sample the workload's batch:
+    `group_size` samples of each prompt at temperature 1, every request submitted at once."""
+    model = build_model(w.model_config)
+    rng, vocab = random.Random(0), w.model_config.vocab_size
+    prompts = [tuple(rng.randrange(vocab) for _ in range(w.prompt_tokens)) for _ in range(w.sequences // w.group_size)]
+    params = SamplingParams(max_tokens=w.generated_tokens, temperature=1.0)
+
+    async def sample(engine: BuiltinEngine, tag: str) -> None:
+        requests = [GenerateRequest(f"{tag}.{i}.{j}", p, params) for i, p in enumerate(prompts)
+                    for j in range(w.group_size)]  # fmt: skip
+        results = await asyncio.gather(*(generate(engine, r) for r in requests))
+        assert all(len(r.token_ids) == w.generated_tokens for r in results)
+
+    async def go() -> list[float]:
+        times = []
+        with BuiltinEngine(model, max_batch=w.sequences, seed=0, prefix_cache_mb=0) as engine:
+            for k in range(repeats + 1):
+                start = time.perf_counter()
+                await sample(engine, str(k))
+                times.append(time.perf_counter() - start)
+        return times[1:]  # the first is a warm-up
+
+    return statistics.median(asyncio.run(go()))
+
+
 def matmul_flops_per_s(n: int = 1024, reps: int = 10) -> float:
     a, b = torch.randn(n, n, generator=torch.Generator().manual_seed(0)), torch.randn(n, n)
     best = float("inf")
@@ -151,6 +196,18 @@ def main() -> None:
         row = (w.name, f"{tokens}", *speeds, *compute, f"{handoff_s * 1e3:.1f} ms", f"{size / 2**20:.1f} MB")
         print(" ".join(f"{v:>{width}}" for v, width in zip(row, widths, strict=True)))
     print("ratio = trainer tokens/s / plain forward+backward tokens/s (1.00 = no overhead)")
+    print("\nsampling the same batches with the built-in engine (in-process, every request at once):")
+    header = ("workload", "sequences", "engine s", "tokens/s", "GFLOP/s", "of peak")
+    widths = (9, 10, 9, 9, 8, 8)
+    print(" ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
+    for w in workloads():
+        engine_s = time_engine(w, steps)
+        achieved = sample_flops(w) / engine_s
+        tokens = w.sequences * (w.prompt_tokens + w.generated_tokens)
+        row = (w.name, f"{w.sequences}", f"{engine_s:.3f}", f"{tokens / engine_s:.0f}", f"{achieved / 1e9:.2f}",
+               f"{achieved / peak:.0%}")  # fmt: skip
+        print(" ".join(f"{v:>{width}}" for v, width in zip(row, widths, strict=True)))
+    print("tokens/s counts every position (prompt + generated) of every sample, as the trainer's column does")
 
 
 if __name__ == "__main__":

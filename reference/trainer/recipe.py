@@ -2,22 +2,22 @@
 
 These defaults made GRPO learn the `math` task from a random start on a 2-core CPU in well under a
 minute (see `reference.trainer.probe`): a 2-layer, 128-wide Qwen3 over the 22-token task vocabulary,
-16 prompts x 16 samples a step at temperature 1, clip 0.2, gradient clip 1.0, AdamW at 8e-4 with an
-entropy bonus of 0.04. `make train-math` and the probe both start from it.
+16 prompts x 16 samples a step at temperature 1, clip 0.2, gradient clip 1.0, AdamW at 8e-4, an
+entropy bonus of 0.04, and advantages that are group-centred rewards not divided by the group's std.
+`make train-math` and the probe both start from it.
 
-Why lr 8e-4 and entropy 0.04 (not `TrainerConfig`'s 3e-4 and 0.01): the failure that matters here is
-the policy's entropy collapsing before the answers are right (every sample of a prompt then agrees,
-advantages are zero, learning stalls). Measured with the probe in the tag pipeline's worst case
-(`--lag 1`: every token one version stale), steps to a 5-step mean training reward of 0.8:
-3e-4 / 0.01: 319-365 (4 seeds); 6e-4 / 0.01: 179-397 (4; one seed collapsed early and crawled);
-6e-4 / 0.03: 183-277 (8); 8e-4 / 0.04: 118-225 (10 seeds, 4 of them with other inits); 1e-3 / 0.05:
-117-276 (8). A larger bonus lets a larger step size keep exploring; the pairs keep their ratio.
-Clip-higher (`clip_eps_high` 0.28) did not help at 3e-4 or 6e-4. On-policy (lag 0, the colocated
-pipeline) 8e-4 / 0.04 is slower, 181-397 steps (4 seeds): with nothing stale the clip never acts.
-
-Departure from `reference.model.tiny_config`: the init std is Qwen3's 0.02, not the tiny default's
-0.1. The wider init makes the untrained policy's distributions peaked, and measured here it collapsed
-early (per-token entropy 0.6 within 40 steps) and needed about twice as many steps to reach 0.8.
+Why (not `TrainerConfig`'s 3e-4, 0.01 and std normalisation): the failure that matters here is the
+policy's entropy collapsing before its answers are right (every sample of a prompt then agrees, the
+advantages are zero, learning stalls). Steps to a 5-step mean training reward of 0.8, measured with
+the probe in the tag pipeline's worst case (`--lag 1`: every token one version stale), init seed 0:
+3e-4 / 0.01: 319-365 (4 seeds); 6e-4 / 0.01: 179-397 (4; one collapsed early and crawled); 6e-4 /
+0.03: 183-277 (8); 8e-4 / 0.04: 118-225 (10, 4 of them with other inits); 1e-3 / 0.05: 117-276 (8).
+Clip-higher (`clip_eps_high` 0.28) did not help at 3e-4 or 6e-4. On the runtime (`make train-math`,
+300 steps, seeds 0-4) 8e-4 / 0.04 still collapsed on seed 0 (0.8 only at step 487 of 500) and was
+slow on seed 3 (235). Dividing by the group's std feeds that collapse: a group that almost
+agrees (15 samples right, one wrong) gets advantages of several units, a hard push onto the majority;
+without it (Dr. GRPO, Liu et al. 2025) the runtime reached 0.8 at steps 131-215 on all five seeds,
+the probe at 128-153 (lag 1, 4 seeds) and 143-177 on-policy (lag 0, 4 seeds; 181-397 with the std).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class MathRecipe:
     prompts_per_step: int = 16  # GRPO groups per training step
     group_size: int = 16  # samples per prompt (temperature 1)
     trainer: TrainerConfig = field(
-        default_factory=lambda: TrainerConfig(micro_batch_size=256, lr=8e-4, entropy_coef=0.04)
-    )  # see the module docstring for why lr 8e-4 and entropy 0.04
+        default_factory=lambda: TrainerConfig(micro_batch_size=256, lr=8e-4, entropy_coef=0.04, normalize_std=False)
+    )  # see the module docstring for why
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
