@@ -5,8 +5,9 @@
 It does what any OpenAI-compatible gateway in front of a token-in/token-out engine must do, and no
 more: parse the chat request (the manager's own `parse_chat`), render the messages to token ids with
 the manager's ChatML renderer (a fresh one per request, so each segment is tokenised once), make the
-same streamed engine call (`POST {engine}/generate`, NDJSON lines, see reference/engine/server.py),
-decode the completion and answer a `chat.completion`. No session, prefix tree, store, retry on
+same streamed engine call through the same client (`HTTPEngine`: calls started together share one
+`/generate_many` stream, see reference/engine/server.py), decode the completion and answer a
+`chat.completion`. No session, prefix tree, store, retry on
 another engine or incremental decoding; `n` > 1 and `stream` are refused. `benchmarks/proxy_overhead.py`
 runs it beside the manager: the difference in CPU per request is what recording costs.
 
@@ -26,9 +27,10 @@ import signal
 import time
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 
+from reference.engine.base import EngineError, Finished, GenerateRequest, SamplingParams
+from reference.engine.client import HTTPEngine
 from reference.manager.chat import ChatRenderer, find_stop, parse_chat
 from reference.manager.errors import RequestError
 from reference.tokenizer import default_tokenizer
@@ -39,11 +41,9 @@ DEFAULT_MAX_TOKENS = 1024  # as the manager's default
 
 @dataclass
 class Anchor:
-    engine_url: str
-    headers: dict[str, str]
+    engine: HTTPEngine
     model_name: str
     tok: object
-    http: aiohttp.ClientSession
     max_context: int
     stop_ids: tuple[int, ...]
     ids: itertools.count
@@ -81,15 +81,14 @@ async def chat_completions(request: web.Request) -> web.Response:
         return web.json_response(e.body(), status=e.status)
     s = chat.sampling
     request_id = f"anchor-{next(a.ids)}"
-    wire = {"request_id": request_id, "prompt_token_ids": prompt,
-            "params": {"max_tokens": max_tokens, "temperature": s.temperature, "top_p": s.top_p,
-                       "stop_token_ids": list(a.stop_ids), "seed": s.seed}}  # fmt: skip
     try:
-        token_ids, finish = await _generate(a, wire)
+        params = SamplingParams(max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p,
+                                stop_token_ids=a.stop_ids, seed=s.seed)  # fmt: skip
+        token_ids, finish = await _generate(a, GenerateRequest(request_id, tuple(prompt), params))
     except ValueError as e:
         return _error(f"the engine rejected the request: {e}", 400)
-    except (aiohttp.ClientError, ConnectionError, TimeoutError, RuntimeError) as e:
-        return _error(f"engine failure: {type(e).__name__}: {e}", 503, "engine_unavailable")
+    except EngineError as e:
+        return _error(f"engine failure: {e}", 503, "engine_unavailable")
     text = a.tok.decode([t for t in token_ids if t not in a.stop_ids])
     if s.stop and (cut := find_stop(text, s.stop)) >= 0:
         text, finish = text[:cut], "stop"
@@ -111,39 +110,24 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-async def _generate(a: Anchor, wire: dict) -> tuple[list[int], str]:
+async def _generate(a: Anchor, request: GenerateRequest) -> tuple[list[int], str]:
     """The engine's token ids and finish reason; ValueError for a request the engine rejects."""
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=60.0)  # as HTTPEngine's
     ids: list[int] = []
-    async with a.http.post(f"{a.engine_url}/generate", json=wire, headers=a.headers, timeout=timeout) as r:
-        if r.status == 400:
-            raise ValueError((await r.json()).get("error", "bad request"))
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:200]}")
-        async for line in r.content:
-            d = json.loads(line)
-            if "t" in d:
-                t = d["t"]
-                ids.extend(t if isinstance(t, list) else (t,))
-            elif "finish" in d:
-                await r.content.read()  # the end of the body, so the connection is reused (as HTTPEngine does)
-                return ids, d["finish"]
-            elif "error" in d:
-                raise (ValueError if d.get("kind") == "bad_request" else RuntimeError)(d["error"])
-    raise RuntimeError("the engine stream ended without a finish line")
+    async for item in a.engine.stream_batches(request):
+        if isinstance(item, Finished):
+            return ids, str(item.reason)
+        ids.extend(item.token_ids)
+    raise EngineError("the engine stream ended without a finish")
 
 
 async def serve(engine_url: str, host: str, port: int, model_name: str) -> None:
     tok = default_tokenizer()
-    token = os.environ.get(ENGINE_TOKEN_ENV)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))  # one stream per request, no cap
+    engine = HTTPEngine(engine_url, token=os.environ.get(ENGINE_TOKEN_ENV) or None)
     runner = None
     try:
-        async with http.get(f"{engine_url}/stats", headers=headers) as r:
-            max_context = (await r.json())["max_context"]
-        anchor = Anchor(engine_url.rstrip("/"), headers, model_name, tok, http, max_context,
-                        tuple(dict.fromkeys((tok.im_end_id, tok.eos_token_id))), itertools.count())  # fmt: skip
+        max_context = (await engine.stats()).max_context
+        anchor = Anchor(engine, model_name, tok, max_context, tuple(dict.fromkeys((tok.im_end_id, tok.eos_token_id))),
+                        itertools.count())  # fmt: skip
         app = web.Application(client_max_size=8 << 20)
         app[ANCHOR_KEY] = anchor
         app.add_routes([web.post("/s/{session_id}/v1/chat/completions", chat_completions),
@@ -158,7 +142,7 @@ async def serve(engine_url: str, host: str, port: int, model_name: str) -> None:
     finally:
         if runner is not None:
             await runner.cleanup()
-        await http.close()
+        await engine.close()
 
 
 def main() -> None:

@@ -76,6 +76,8 @@ class WorkloadConfig:
     test_run_s: Dist  # swe: the final test run that computes the reward
     prefix_cache_hit: float  # swe: fraction of a returning turn's history found in the engine's cache
     max_context_tokens: int  # swe: an episode ends when its context would exceed this
+    shared_response: bool = False  # math: a group's samples share one response length (the runtime's
+    # `throughput` task forces one length per problem); a restarted sample keeps it
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Workloads: GRPO prompt groups whose samples are sequences of engine requests.
 
-`math`: one request per sample (prompt, then a long-tailed response capped at a maximum).
+`math`: one request per sample (prompt, then a long-tailed response capped at a maximum; with
+`shared_response` one length per group, as the runtime's `throughput` task forces).
 `swe`: an agent episode per sample: each turn is a request that appends a tool output to the
 context and generates a reply; between turns the sample waits for its tool call in the sandbox, and
 after the last turn for the test run that computes the reward. Lengths are drawn up front from a
@@ -119,10 +120,20 @@ class Workload:
         gid = self.next_group
         self.next_group += 1
         prompt = draw_int(self.cfg.prompt_tokens, self.rng)
+        if self._shared:
+            episode = self._episode(prompt)
+            return [Sample(gid, i, episode) for i in range(self.cfg.group_size)]
         return [Sample(gid, i, self._episode(prompt)) for i in range(self.cfg.group_size)]
 
+    @property
+    def _shared(self) -> bool:
+        return self.cfg.kind == "math" and self.cfg.shared_response
+
     def redraw(self, sample: Sample) -> tuple[Turn, ...]:
-        """A new trajectory for `sample`'s prompt."""
+        """A new trajectory for `sample`'s prompt (with `shared_response`, the same length: it belongs to
+        the prompt)."""
+        if self._shared:
+            return sample.turns
         return self._episode(sample.turns[0].input_tokens)
 
     def _episode(self, prompt: int) -> tuple[Turn, ...]:

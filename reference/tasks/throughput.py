@@ -21,9 +21,10 @@ every process.
 In the simulator: `response_<field>` is `workload.response_tokens.<field>` and `prompt_<field>` is
 `workload.prompt_tokens.<field>` (median, sigma, min, max; `simulator_workload()` gives that section),
 with `workload.kind: math`; the runtime's `rollout.prompts_per_step` and `rollout.group_size` are
-`workload.prompts_per_step` and `workload.group_size`. One departure: the simulator draws a length for
-every sample, while here the rollout manager sends a group as one request with one `max_tokens`, so
-the samples of a group share their problem's length (the spread is between groups, not within one).
+`workload.prompts_per_step` and `workload.group_size`. The rollout manager sends a group as one request
+with one `max_tokens`, so the samples of a group share their problem's length (the spread is between
+groups, not within one): `workload.shared_response: true` in the simulator, which `simulator_workload()`
+sets.
 
 Forcing: every problem carries its `max_tokens` and `ignore_eos`, so the trajectory manager treats the
 stop tokens as ordinary tokens and each sample is exactly its length (its text keeps them). Prompts are
@@ -151,7 +152,7 @@ class ThroughputTask:
         """The simulator's `workload` keys this task fixes (merge over a sim config; group sizes come from
         the runtime's rollout section)."""
         return {"kind": "math", "prompt_tokens": self.config.dist("prompt"),
-                "response_tokens": self.config.dist("response")}  # fmt: skip
+                "response_tokens": self.config.dist("response"), "shared_response": True}  # fmt: skip
 
     def chance_reward(self) -> float:
         """A uniformly random policy's reward: 1.0, since every forced completion has the right length."""

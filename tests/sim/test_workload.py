@@ -105,6 +105,18 @@ def test_workloads_are_deterministic_for_a_seed(kind):
     assert turns(4) != turns(5)
 
 
+def test_shared_response_gives_a_group_one_length_and_keeps_it_on_restart():
+    per_sample, shared = workload(4), workload(4, "workload.shared_response=true")
+    spread = [len({s.turns[0].output_tokens for s in g}) for g in groups(per_sample, 20)]
+    assert max(spread) > 1  # by default each sample draws its own length
+    lengths = []
+    for group in groups(shared, 20):
+        assert len({s.turns for s in group}) == 1
+        assert shared.redraw(group[0]) == group[0].turns  # the length belongs to the prompt
+        lengths.append(group[0].turns[0].output_tokens)
+    assert len(set(lengths)) > 1  # the spread is between groups
+
+
 def test_redraw_keeps_the_prompt():
     w = workload(2, "workload.kind=swe")
     sample = w.new_group()[0]

@@ -125,6 +125,7 @@ def test_the_workload_is_expressible_in_the_simulator(task):
     assert sim.workload.kind == "math"
     assert sim.workload.response_tokens == Dist(median=39.0, sigma=0.8, min=1, max=256)
     assert sim.workload.prompt_tokens == Dist(median=6.0, sigma=0.4, min=1, max=32)
+    assert sim.workload.shared_response  # one forced length per problem, as the rollout manager sends a group
 
 
 def test_lengths_are_forced_end_to_end_through_the_rollout_manager(task, tmp_path):

@@ -48,6 +48,27 @@ def test_the_probe_reports_random_policy_and_per_step_rewards():
     assert result.seconds_to_target is None
 
 
+def test_a_lagged_probe_trains_on_tokens_from_the_weights_of_steps_before(monkeypatch):
+    """`lag=2`: step k's batch is sampled by the weights of step max(0, k - 2), and its tokens say so."""
+    import reference.trainer.probe as probe
+
+    seen: list[tuple[int, int, bool]] = []  # (trainer version, tokens' version, sampled by the live model)
+    real = probe.rollout
+
+    def spy(trainer, task, problems, group_size, behaviour=None, version=None):
+        trajs = real(trainer, task, problems, group_size, behaviour, version)
+        seen.append((trainer.version, trajs[0].versions[-1], behaviour is None or behaviour is trainer.model))
+        same = all(torch.equal(a, b) for a, b in zip(behaviour.parameters(), trainer.model.parameters(), strict=True))
+        assert same == (version == trainer.version)  # the snapshot is the live weights only when not stale
+        return trajs
+
+    monkeypatch.setattr(probe, "rollout", spy)
+    result = run_probe(TINY, seed=0, max_steps=5, eval_every_steps=100, lag=2, log=lambda _: None)
+    assert result.steps == 5
+    assert [(v, old) for v, old, _ in seen] == [(0, 0), (1, 0), (2, 0), (3, 1), (4, 2)]
+    assert not any(live for *_, live in seen)
+
+
 @pytest.mark.slow
 def test_grpo_learns_the_math_task_from_a_random_start():
     """Seed 0, default recipe, 150 steps (about 20 s on 2 idle cores): the training reward leaves the random
