@@ -19,6 +19,11 @@ from reference.engine.server import bound_port, build_app, start_engine_server
 TOKEN = "s3cret-token"
 ENDPOINTS = [
     ("POST", "/generate", {"request_id": "r", "prompt_token_ids": [1], "params": {"max_tokens": 2}}),
+    (
+        "POST",
+        "/generate_many",
+        {"requests": [{"request_id": "m", "prompt_token_ids": [1], "params": {"max_tokens": 2}}]},
+    ),
     ("POST", "/pause", {}),
     ("POST", "/update_weights", {"version": 1, "source": None}),
     ("POST", "/resume", {}),

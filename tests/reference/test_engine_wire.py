@@ -284,3 +284,25 @@ def test_a_malformed_batch_body_is_a_400():
 
     for status, text in asyncio.run(main()):
         assert status == 400 and "requests must be a list" in text
+
+
+def test_a_malformed_request_in_a_batch_gets_its_own_error_line_and_the_others_finish():
+    from reference.engine.fake import FakeEngine
+
+    good = {"request_id": "g", "prompt_token_ids": [1, 2], "params": {"max_tokens": 3}}
+    bad = {"request_id": "b", "prompt_token_ids": [1, 2], "params": {"max_tokens": "three"}}
+
+    async def main():
+        runner = await start_engine_server(FakeEngine())
+        try:
+            return await _post("/generate_many", json.dumps({"requests": [good, bad]}).encode(), runner)
+        finally:
+            await runner.cleanup()
+
+    status, text = asyncio.run(main())
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert status == 200
+    (error,) = [d for d in lines if d["r"] == 1]
+    assert error["kind"] == "bad_request" and "max_tokens" in error["error"]
+    assert sum(len(d.get("t", [])) for d in lines if d["r"] == 0) == 3
+    assert {"r": 0, "finish": "length"} in lines
