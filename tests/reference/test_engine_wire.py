@@ -147,8 +147,7 @@ def test_one_abort_call_ends_several_streams_and_leaves_the_others():
         try:
             streams = {rid: asyncio.create_task(generate(client, GenerateRequest(rid, (1, 2), SamplingParams(
                 max_tokens={"keep": 20}.get(rid, 100_000))))) for rid in ("a", "b", "keep")}  # fmt: skip
-            while len(engine._running) < 3:
-                await asyncio.sleep(0.01)
+            await _until(lambda: len(engine._running) == 3)
             await abort_all(client, ["a", "b", "not-running"])
             results = {rid: await task for rid, task in streams.items()}
             status, text = await _post("/abort", b'{"request_ids": ["a", 3]}', runner)
@@ -161,6 +160,13 @@ def test_one_abort_call_ends_several_streams_and_leaves_the_others():
     assert results["a"].finish_reason == results["b"].finish_reason == FinishReason.ABORT
     assert results["keep"].finish_reason == FinishReason.LENGTH and len(results["keep"].token_ids) == 20
     assert status == 400 and "request_ids" in text
+
+
+async def _until(condition, timeout_s: float = 60.0) -> None:
+    """Wait for `condition()` (polled), failing the test after `timeout_s`."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)
 
 
 async def _post(path: str, body: bytes, runner) -> tuple[int, str]:
@@ -245,8 +251,7 @@ def test_leaving_one_stream_of_a_batch_aborts_only_its_request():
 
         stay = asyncio.create_task(generate(client, _req("stayer", max_tokens=60)))
         taken = await leave_after_two()
-        while "leaver" in engine._running:  # the abort reaches the engine, whose stream then ends
-            await asyncio.sleep(0.01)
+        await _until(lambda: "leaver" not in engine._running)  # the abort reaches the engine, its stream ends
         return taken, await stay
 
     (taken, stayed), batches = asyncio.run(_served(engine, body))
@@ -262,8 +267,7 @@ def test_closing_the_client_fails_the_streams_it_still_holds():
 
     async def body(client):
         streams = [asyncio.create_task(generate(client, _req(f"s{i}", max_tokens=100_000))) for i in range(3)]
-        while len(engine._running) < 3:
-            await asyncio.sleep(0.01)
+        await _until(lambda: len(engine._running) == 3)
         await client.close()
         return await asyncio.gather(*streams, return_exceptions=True)
 
