@@ -107,23 +107,25 @@ def time_plain(w: Workload, steps: int) -> float:
 
 def step_flops(w: Workload) -> float:
     c = w.model_config
+    seq = w.prompt_tokens + w.generated_tokens
+    per_token = 6 * matmul_params(c) + 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seq
+    return per_token * seq * w.sequences
+
+
+def matmul_params(c) -> int:
+    """N: the parameters that take part in a matmul, lm_head included (tied to the embedding, but still a
+    matmul; the embedding lookup itself is not)."""
     model = build_model(c)
     matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
-    matmul += c.vocab_size * c.hidden_size  # lm_head (tied to the embedding, but still a matmul)
-    seq = w.prompt_tokens + w.generated_tokens
-    per_token = 6 * matmul + 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seq
-    return per_token * seq * w.sequences
+    return matmul + c.vocab_size * c.hidden_size
 
 
 def sample_flops(w: Workload) -> float:
     """Forward model-FLOPs of sampling the batch: 2 N + 4 L d_attn s per position of every sequence
     (the forward third of the training count; a shared prompt counts once per sample)."""
     c = w.model_config
-    model = build_model(c)
-    matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
-    matmul += c.vocab_size * c.hidden_size
     seq = w.prompt_tokens + w.generated_tokens
-    per_token = 2 * matmul + 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seq
+    per_token = 2 * matmul_params(c) + 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seq
     return per_token * seq * w.sequences
 
 

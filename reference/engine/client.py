@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 
 import aiohttp
@@ -158,19 +158,10 @@ class HTTPEngine:
         open_ = dict(enumerate(entries))
         for entry in entries:
             entry.sent = True
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.stall_timeout_s)
         body = {"requests": [request_to_wire(e.request) for e in entries]}
         error: Exception
         try:
-            async with self._http().post(
-                f"{self.base_url}/generate_many", json=body, headers=self._headers, timeout=timeout
-            ) as response:
-                if response.status == 401:
-                    raise self._refused("/generate_many")
-                if response.status == 400:
-                    raise ValueError((await response.json()).get("error", "bad request"))
-                if response.status != 200:
-                    raise EngineError(f"{self.base_url}: HTTP {response.status}: {await response.text()}")
+            async with self._ndjson("/generate_many", body) as response:
                 async for raw in response.content:
                     index, item = _parse_tagged(raw, self.base_url)
                     entry = open_.get(index) if index is not None else None
@@ -196,19 +187,8 @@ class HTTPEngine:
 
     async def _stream_one(self, request: GenerateRequest) -> AsyncIterator[TokenBatch | Finished]:
         """`stream_batches` in a `/generate` call of its own."""
-        # No total timeout: a generation may legitimately wait out a long pause for a weight update;
-        # the server's heartbeat keeps the read timeout from firing meanwhile.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.stall_timeout_s)
         try:
-            async with self._http().post(
-                f"{self.base_url}/generate", json=request_to_wire(request), headers=self._headers, timeout=timeout
-            ) as response:
-                if response.status == 401:
-                    raise self._refused("/generate")
-                if response.status == 400:
-                    raise ValueError((await response.json()).get("error", "bad request"))
-                if response.status != 200:
-                    raise EngineError(f"{self.base_url}: HTTP {response.status}: {await response.text()}")
+            async with self._ndjson("/generate", request_to_wire(request)) as response:
                 async for raw in response.content:
                     item = _parse_line(raw, self.base_url)
                     if isinstance(item, Finished):
@@ -222,6 +202,24 @@ class HTTPEngine:
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
             raise EngineError(f"{self.base_url}: {type(e).__name__}: {e}") from e
         raise EngineError(f"{self.base_url}: stream for {request.request_id} ended without a finish line")
+
+    @asynccontextmanager
+    async def _ndjson(self, path: str, body: dict) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The open response of a streamed call (200); a refused token, a 400 (ValueError: the request's
+        fault) or another status raises."""
+        # No total timeout: a generation may legitimately wait out a long pause for a weight update;
+        # the server's heartbeat keeps the read timeout from firing meanwhile.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.stall_timeout_s)
+        async with self._http().post(
+            f"{self.base_url}{path}", json=body, headers=self._headers, timeout=timeout
+        ) as response:
+            if response.status == 401:
+                raise self._refused(path)
+            if response.status == 400:
+                raise ValueError((await response.json()).get("error", "bad request"))
+            if response.status != 200:
+                raise EngineError(f"{self.base_url}: HTTP {response.status}: {await response.text()}")
+            yield response
 
     async def _post(self, path: str, body: dict | None = None) -> dict:
         timeout = aiohttp.ClientTimeout(total=self.control_timeout_s, sock_connect=self.connect_timeout_s)

@@ -262,8 +262,7 @@ def _burst_lines(burst: list) -> tuple[list[bytes], int]:
 
     def flush(index: int) -> None:
         if run := tokens.pop(index, None):
-            lines.append(_tagged(index, {"t": [t.token_id for t in run], "l": [t.logprob for t in run],
-                                         "v": [t.version for t in run]}))  # fmt: skip
+            lines.append(_tagged(index, _token_fields(run)))
 
     for index, item in burst:
         if isinstance(item, TokenEvent):
@@ -372,8 +371,11 @@ def _event_line(event) -> bytes:
 
 
 def _tokens_line(tokens: list[TokenEvent]) -> bytes:
-    ids, logprobs, versions = [t.token_id for t in tokens], [t.logprob for t in tokens], [t.version for t in tokens]
-    return (json.dumps({"t": ids, "l": logprobs, "v": versions}) + "\n").encode()
+    return (json.dumps(_token_fields(tokens)) + "\n").encode()
+
+
+def _token_fields(tokens: list[TokenEvent]) -> dict:
+    return {"t": [t.token_id for t in tokens], "l": [t.logprob for t in tokens], "v": [t.version for t in tokens]}
 
 
 async def handle_pause(request: web.Request) -> web.Response:
