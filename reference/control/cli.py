@@ -68,6 +68,7 @@ def _task_chosen(args) -> bool:
 
 def train_main(args) -> int:
     from reference.control.config import load_train_config
+    from reference.manager.load import tune_gc
 
     try:
         if args.resume is not None:
@@ -79,6 +80,7 @@ def train_main(args) -> int:
         label = "compare" if args.compare else cfg.policy.name
         out = Path(args.out) if args.out else Path("results") / f"train-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
         _check_out(out)
+        tune_gc()  # this process runs the trajectory manager
         summaries = [_one(cfg, name, out / name if args.compare else out, args.quiet) for name in names]
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -75,12 +75,15 @@ class Branch:
 
 class _Node:
     """A segment of tokens: ids (native uint32 bytes), mask (0/1 bytes), logprobs, versions. `cover` is a
-    request whose full sequence contains every token of the node: the anchor for a match that ends here."""
+    request whose full sequence contains every token of the node: the anchor for a match that ends here.
+    The parent is named by its node id (-1: the root), not referenced: a tree holds no reference cycle, so
+    it is freed the moment its session leaves memory, without waiting for a full garbage collection."""
 
-    __slots__ = ("node_id", "parent", "start", "ids", "mask", "logprobs", "versions", "children", "branch_id", "cover")
+    __slots__ = ("node_id", "parent_id", "start", "ids", "mask", "logprobs", "versions", "children", "branch_id",
+                 "cover")  # fmt: skip
 
-    def __init__(self, node_id: int, parent: _Node | None, start: int, segment: _Segment, cover: str) -> None:
-        self.node_id, self.parent, self.start, self.cover = node_id, parent, start, cover
+    def __init__(self, node_id: int, parent_id: int, start: int, segment: _Segment, cover: str) -> None:
+        self.node_id, self.parent_id, self.start, self.cover = node_id, parent_id, start, cover
         self.ids, self.mask, self.logprobs, self.versions = segment
         self.children: dict[int, list[_Node]] = {}  # first token id -> children, in creation order
         self.branch_id: int | None = None  # set on leaves only
@@ -200,7 +203,7 @@ class PrefixTree:
 
     def __init__(self, session_id: str = "") -> None:
         self.session_id = session_id
-        self._root = _Node(-1, None, 0, (bytearray(), bytearray(), array("d"), array("i")), "")
+        self._root = _Node(-1, -1, 0, (bytearray(), bytearray(), array("d"), array("i")), "")
         self._nodes: list[_Node] = []  # creation order; node_id is the index
         self._leaves: dict[int, _Node] = {}  # branch_id -> leaf, in creation order
         # request id -> (a node at or below the one holding its last token, sequence length). Splits only
@@ -301,7 +304,7 @@ class PrefixTree:
             "nodes": [  # parents before children
                 {
                     "node_id": n.node_id,
-                    "parent": None if n.parent is self._root else n.parent.node_id,
+                    "parent": None if n.parent_id < 0 else n.parent_id,
                     "start": n.start,
                     "length": len(n),
                 }
@@ -357,7 +360,7 @@ class PrefixTree:
             return node, len(node)
         if off < len(node):
             node = self._split(node, off)
-        leaf = self._new_node(node, node.end, segment, request_id)
+        leaf = self._new_node(node.node_id, node.end, segment, request_id)
         node.children.setdefault(leaf.first_token(), []).append(leaf)
         leaf.branch_id = len(self._leaves)
         self._leaves[leaf.branch_id] = leaf
@@ -367,17 +370,17 @@ class PrefixTree:
         """Cut `node` at `off`: a new head node takes its first `off` tokens and its place under the parent;
         `node` keeps the rest, its children, node id and branch id (so recorded request ends stay below)."""
         head_segment = (node.ids[: 4 * off], node.mask[:off], node.logprobs[:off], node.versions[:off])
-        head = self._new_node(node.parent, node.start, head_segment, node.cover)
-        siblings = node.parent.children[node.first_token()]
+        head = self._new_node(node.parent_id, node.start, head_segment, node.cover)
+        siblings = self._parent(node).children[node.first_token()]
         siblings[siblings.index(node)] = head
         del node.ids[: 4 * off], node.mask[:off], node.logprobs[:off], node.versions[:off]
         node.start += off
-        node.parent = head
+        node.parent_id = head.node_id
         head.children[node.first_token()] = [node]
         return head
 
-    def _new_node(self, parent: _Node, start: int, segment: _Segment, cover: str) -> _Node:
-        node = _Node(len(self._nodes), parent, start, segment, cover)
+    def _new_node(self, parent_id: int, start: int, segment: _Segment, cover: str) -> _Node:
+        node = _Node(len(self._nodes), parent_id, start, segment, cover)
         self._nodes.append(node)
         return node
 
@@ -389,7 +392,7 @@ class PrefixTree:
             raise KeyError(f"unknown request_id {request_id!r} in session {self.session_id!r}")
         node, depth = self._requests[request_id]
         while node.start >= depth:
-            node = node.parent
+            node = self._parent(node)
         self._requests[request_id] = (node, depth)
         return node, depth
 
@@ -398,8 +401,11 @@ class PrefixTree:
         path = []
         while node is not self._root:
             path.append(node)
-            node = node.parent
+            node = self._parent(node)
         return path[::-1]
+
+    def _parent(self, node: _Node) -> _Node:
+        return self._root if node.parent_id < 0 else self._nodes[node.parent_id]
 
     def _preorder(self) -> list[_Node]:
         """Every node but the root, depth first (parents before children)."""

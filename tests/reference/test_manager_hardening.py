@@ -319,6 +319,45 @@ def test_loop_lag_is_measured():
     assert after < 0.05
 
 
+def test_tune_gc_collects_young_garbage_less_often_and_still_frees_cycles():
+    import gc
+    import weakref
+
+    from reference.manager.load import tune_gc
+
+    class Node:
+        pass
+
+    old = gc.get_threshold()
+    try:
+        assert tune_gc(12_345) == old
+        assert gc.get_threshold() == (12_345, 20, 10)
+        assert gc.get_freeze_count() > 0  # what existed before is never scanned again
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle made after: still garbage that a collection frees
+        gone = weakref.ref(a)
+        del a, b
+        gc.collect()
+        assert gone() is None
+        tune_gc(0)  # 0 leaves the thresholds as they are
+        assert gc.get_threshold() == (12_345, 20, 10)
+        with pytest.raises(ValueError, match="got -1"):
+            tune_gc(-1)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*old)
+
+
+def test_serve_refuses_a_negative_gc_threshold(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "reference", "serve", "--gc-young", "-1", "--backend", "fake", "--store",
+         str(tmp_path / "t.sqlite")],
+        capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": "."},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "--gc-young must be >= 0" in result.stderr, result.stderr
+
+
 def test_the_store_writer_survives_an_unexpected_error(fake_manager, http, monkeypatch):
     m, _ = fake_manager(reply_tokens=3)
     real = m.store.append_many

@@ -67,6 +67,27 @@ def test_history_rewrite_splits_a_node_and_branches():
     assert t.sequence("a") == (1, 2, 3, 4, 5) and t.sequence("c") == (1, 2, 3, 4, 5, 6)
 
 
+def test_a_tree_holds_no_reference_cycle():
+    """A session evicted from memory is freed at once by reference counting: a full garbage collection
+    (slow with thousands of sessions in memory) is never needed for it."""
+    import gc
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable stays in gc.garbage to be looked at
+    try:
+        t = PrefixTree("s")
+        t.insert([1, 2, 3], [4, 5], [-0.5, -0.5], [0, 0], "a")
+        t.insert([1, 2, 9], [4], [-0.5], [1], "b")  # a split and a branch
+        t.insert([1, 2, 3, 4, 5, 6], [7], [-0.5], [1], "c")
+        assert t.sequence("c") == (1, 2, 3, 4, 5, 6, 7)
+        del t
+        gc.collect()
+        assert not [o for o in gc.garbage if type(o).__module__ == "reference.manager.prefix_tree"]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
 def test_same_prompt_sampled_twice():
     t = PrefixTree()
     t.insert([1, 2], [3, 4], [-0.5, -0.5], [0, 0], "a")
