@@ -1,84 +1,121 @@
-# SeamlessFlow testbed. Every target creates and uses the project virtual environment on its own.
+# SeamlessFlow testbed. `make` lists the targets. Every target creates the project virtual environment
+# and installs what it needs on first use, in two layers:
+#   sim:  the simulator and its experiments (pyyaml, simpy, matplotlib, tqdm)   -> .venv/.installed-sim
+#   full: the sim layer plus the runtime (torch on CPU, transformers, aiohttp, openai, ray) and the dev
+#         tools (pytest, ruff)                                                   -> .venv/.installed
+.DEFAULT_GOAL := help
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+SIM_STAMP := $(VENV)/.installed-sim
+FULL_STAMP := $(VENV)/.installed
 POLICY ?= tag
 CONFIG ?= sim/configs/default.yaml
 SET ?=
 OUT ?=
 TORCH_VERSION ?= 2.13.0
+# PyTorch's CPU wheels. Empty: pip's own indexes only (PyPI's torch is the CUDA build); README: GPUs.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 PORT ?= 8000
 ENGINES ?= 1
+NOW := $(shell date +%Y%m%d-%H%M%S)
+# A fresh store per run: sessions of separate runs would otherwise mix in one file.
+STORE ?= results/serve-$(NOW).sqlite
 SEED ?=
 comma := ,
 SET_ARGS := $(foreach s,$(subst $(comma), ,$(SET)),--set $(s))
 OUT_ARG := $(if $(OUT),--out $(OUT),)
+# Succeeds when the URL answers within 5 s. On an index that never answers, pip waits out its timeout
+# (15 s, retried 5 times) for each of torch's ten packages, so an unreachable TORCH_INDEX is left out.
+URL_ANSWERS := import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)
 
-.PHONY: setup sim compare serve test test-fast test-gpu lint bench bench-sim bench-runtime bench-train figures train-math compare-train train-swe validate clean
+.PHONY: help setup setup-sim sim compare serve test test-fast test-gpu lint bench bench-sim bench-runtime bench-train \
+	figures figures-runtime train-math compare-train train-swe validate clean
 
-setup: $(STAMP)
+help:  ## this list; the second column is what a target installs on first use
+	@awk '/^[a-z][a-z0-9 -]*:.*## / { \
+		layer = /SIM_STAMP/ ? "sim" : /FULL_STAMP/ ? "full" : ""; \
+		split($$0, parts, ":.*## "); split(parts[1], names, ":"); \
+		printf "  %-19s %-5s %s\n", names[1], layer, parts[2] }' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml
+$(VENV)/pyvenv.cfg:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# Pin torch first: a bare `torch` requirement would pull a multi-GB CUDA build on a CPU machine.
-	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet -e ".[dev,reference]"
-	touch $(STAMP)
 
-sim: $(STAMP)  ## make sim POLICY=tag [CONFIG=sim/configs/swe.yaml] [SET=cluster.num_gpus=128,num_steps=10]
+$(SIM_STAMP): pyproject.toml | $(VENV)/pyvenv.cfg
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+# Torch first, so that the `reference` extra finds it installed and pip never picks the CUDA build.
+$(FULL_STAMP): pyproject.toml | $(VENV)/pyvenv.cfg
+	@index="$(TORCH_INDEX)"; \
+	if [ -n "$$index" ] && ! $(PY) -c '$(URL_ANSWERS)' "$$index/torch/" 2>/dev/null; then \
+		echo "TORCH_INDEX=$$index does not answer: torch comes from pip's configured indexes and find-links alone"; \
+		index=; \
+	fi; \
+	set -x; $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" $${index:+--extra-index-url "$$index"}
+	$(PY) -m pip install --quiet -e ".[dev,reference]"
+	touch $(SIM_STAMP) $@
+
+setup: $(FULL_STAMP)  ## create .venv with everything: the simulator, the runtime (CPU torch) and the dev tools
+
+setup-sim: $(SIM_STAMP)  ## create .venv with the simulator's dependencies only
+
+sim: $(SIM_STAMP)  ## make sim POLICY=tag [CONFIG=sim/configs/swe.yaml] [SET=cluster.num_gpus=128,num_steps=10] [OUT=dir]
 	$(PY) -m sim --policy $(POLICY) --config $(CONFIG) $(SET_ARGS) $(OUT_ARG)
 
-compare: $(STAMP)  ## all four policies on one config, with ratios to colocated
+compare: $(SIM_STAMP)  ## all four policies on one config, with ratios to colocated
 	$(PY) -m sim --compare --config $(CONFIG) $(SET_ARGS) $(OUT_ARG)
 
-test: $(STAMP)  ## lint, then every CPU test (slow and docker-marked included; gpu-marked skipped)
+figures: $(SIM_STAMP)  ## regenerate the simulator figures in experiments/out/ (headline, sensitivity)
+	$(PY) -m experiments.headline
+	$(PY) -m experiments.sensitivity
+
+figures-runtime: $(FULL_STAMP)  ## regenerate the weight-update figure on the real runtime (about 2 minutes)
+	$(PY) -m experiments.weight_updates
+
+test: $(FULL_STAMP)  ## lint, then every CPU test (slow and docker-marked included; gpu-marked skipped)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "not gpu"
 
-test-fast: $(STAMP)
+test-fast: $(FULL_STAMP)  ## the tests not marked slow or gpu, no lint
 	$(PY) -m pytest -m "not gpu and not slow" -q
 
-test-gpu: $(STAMP)  ## on a GPU machine
+test-gpu: $(FULL_STAMP)  ## the gpu-marked tests, on a GPU machine
 	$(PY) -m pytest -m gpu
 
-lint: $(STAMP)
+lint: $(FULL_STAMP)  ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 bench: bench-sim bench-runtime bench-train  ## every benchmark (prints the figures quoted in the README)
 
-bench-sim: $(STAMP)  ## speed of the simulator
+bench-sim: $(SIM_STAMP)  ## speed of the simulator
 	$(PY) -m benchmarks.sim_speed
 
-bench-runtime: $(STAMP)  ## trajectory manager overhead (against an anchor proxy), overload, memory budget, prefix-tree append cost, built-in engine throughput
+bench-runtime: $(FULL_STAMP)  ## trajectory manager overhead (against an anchor proxy), overload, memory budget, prefix-tree append cost, built-in engine throughput
 	$(PY) -m benchmarks.proxy_overhead
 	$(PY) -m benchmarks.overload
 	$(PY) -m benchmarks.manager_memory
 	$(PY) -m benchmarks.prefix_tree
 	$(PY) -m benchmarks.engine_throughput
 
-serve: $(STAMP)  ## make serve [PORT=8000] [ENGINES=1]: engines + trajectory manager (OpenAI server)
-	$(PY) -m reference serve --port $(PORT) --engines $(ENGINES)
-
-figures: $(STAMP)  ## regenerate the simulator figures in experiments/out/
-	$(PY) -m experiments.headline
-	$(PY) -m experiments.sensitivity
-	$(PY) -m experiments.weight_updates
-
-train-math: $(STAMP)  ## GRPO on the math task from a random start, on CPU: make train-math [POLICY=tag] [SEED=0] [SET=policy.num_steps=300]
-	$(PY) -m reference train --task math --policy $(POLICY) $(if $(SEED),--seed $(SEED),) $(SET_ARGS) $(OUT_ARG)
-
-compare-train: $(STAMP)  ## the four policies on the runtime, one after another, with ratios to colocated
-	$(PY) -m reference train --compare $(SET_ARGS) $(OUT_ARG)
-
-bench-train: $(STAMP)  ## trainer tokens/s against plain transformers, weight hand-off time, share of matmul FLOP/s, control-plane cost per decision
+bench-train: $(FULL_STAMP)  ## trainer tokens/s against plain transformers, weight hand-off time, share of matmul FLOP/s, control-plane cost per decision
 	$(PY) -m benchmarks.train_speed
 	$(PY) -m benchmarks.driver_overhead
 
-train-swe validate:
+serve: $(FULL_STAMP)  ## make serve [PORT=8000] [ENGINES=1] [STORE=file.sqlite]: engines + trajectory manager (OpenAI server)
+	@echo "make serve: trajectories go to $(STORE) (STORE=FILE picks another; python -m reference check --store FILE reads one)"
+	$(PY) -m reference serve --port $(PORT) --engines $(ENGINES) --store $(STORE)
+
+train-math: $(FULL_STAMP)  ## GRPO on the math task from a random start, on CPU: make train-math [POLICY=tag] [SEED=0] [SET=policy.num_steps=300]
+	$(PY) -m reference train --task math --policy $(POLICY) $(if $(SEED),--seed $(SEED),) $(SET_ARGS) $(OUT_ARG)
+
+compare-train: $(FULL_STAMP)  ## the four policies on the runtime, one after another, with ratios to colocated
+	$(PY) -m reference train --compare $(SET_ARGS) $(OUT_ARG)
+
+train-swe validate:  ## not built yet (see README, "Status")
 	@echo "make $@: not built yet (see README, 'Status')." >&2; exit 1
 
-clean:
+clean:  ## remove .venv, results/ and caches
 	rm -rf $(VENV) results .pytest_cache .ruff_cache

@@ -1,38 +1,79 @@
-"""Draw a timeline as a pipeline Gantt chart: one row per resource, bars coloured by phase.
+"""Draw timelines as pipeline Gantt charts: one row per resource, bars coloured by phase.
+
+`draw_timeline` draws one run; `draw_compare` stacks several runs (e.g. the four policies of
+`python -m sim --compare`) on one shared time axis, so the faster run visibly ends first.
+
+What a reader has to tell apart at a glance, and how it is drawn:
+- idle is mid-grey and hatched, so it differs from every rollout shade in colour, in greyscale
+  (luminance) and in texture: a thin batch (pale rollout) must not read as idle, or the other way;
+- rollout is shaded by generated tokens per device-second, from pale (none) to full green at the
+  90th percentile of the rollout intervals drawn; a colour bar gives the scale. A device decoding a
+  few stragglers is busy but pale;
+- sync and switch last seconds in runs of hours, so they are drawn at least `MIN_BAR_PX` wide
+  (centred on the interval, over their neighbours); every other phase is drawn to scale;
+- the legend lists only the phases that occur; the caption says what a row is.
 
 Rows are grouped by pool and ordered naturally within it ("gpu2" before "gpu10"). Bars are drawn
 as one rectangle collection per phase rather than one `broken_barh` per (resource, phase): on 512
 rows the latter makes ~2,500 collections and spends most of its time re-computing data limits.
-matplotlib is imported inside the function and driven through an explicit Agg canvas rather than
+matplotlib is imported inside the functions and driven through an explicit Agg canvas rather than
 `pyplot`, so importing this module is cheap and drawing never switches the caller's backend or
 touches pyplot's global figure list.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from core.metrics import resources_by_pool
+from core.metrics import resources_by_pool, summarize
 from core.tags import Phase
-from core.timeline import Timeline
+from core.timeline import Interval, Timeline
 
 PHASE_COLOURS = {
     Phase.ROLLOUT: "#4caf50",
     Phase.TRAIN: "#1f77b4",
     Phase.SYNC: "#ff7f0e",
     Phase.SWITCH: "#9c27b0",
-    Phase.IDLE: "#e6e6e6",
+    Phase.IDLE: "#8c8c8c",  # luminance 0.55, against 0.90 for the palest rollout shade
 }
+PHASE_LABELS = {
+    Phase.ROLLOUT: "rollout (shade: see bar)",
+    Phase.TRAIN: "train",
+    Phase.SYNC: "weight sync",
+    Phase.SWITCH: "role switch",
+    Phase.IDLE: "idle",
+}
+PHASE_HATCH = {Phase.IDLE: "///"}
+HATCH_COLOUR = "#e0e0e0"
 SPARSE_ROLLOUT = "#d7f0d8"  # rollout that generates few tokens per device-second (a thin batch)
+DENSE_QUANTILE = 0.9  # rollout at or above this quantile of interval densities gets the full colour
+SHORT_PHASES = (Phase.SYNC, Phase.SWITCH)  # drawn at least MIN_BAR_PX wide, on top of the rest
+MIN_BAR_PX = 2.0
 MAX_LABELLED_ROWS = 64  # above this, label pools instead of individual resources
 DPI = 120
+WIDTH_IN = 12.0
 # Metadata that would otherwise embed a version string or a timestamp in the file.
 _NO_STAMP = {
     ".png": {"Software": None},
     ".pdf": {"Creator": None, "Producer": None, "CreationDate": None},
     ".svg": {"Creator": None, "Date": None},
 }
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """Marks drawn over rows, e.g. the part of an engine's batch whose work is later thrown away.
+
+    spans: (resource, start_s, end_s, share): a box over [start_s, end_s] covering `share` (0..1)
+    of the row's height from its bottom edge."""
+
+    label: str
+    spans: tuple[tuple[str, float, float, float], ...]
+    colour: str = "#d62728"
+    hatch: str = "xxx"
 
 
 def figure_height_in(rows: int) -> float:
@@ -45,35 +86,40 @@ def plot_rows(timeline: Timeline) -> list[tuple[str, str]]:
     return [(pool, res) for pool, resources in resources_by_pool(timeline).items() for res in resources]
 
 
-def _draw_bars(ax, timeline: Timeline, row_of: dict[str, int]) -> None:
-    """One PolyCollection of rectangles per phase, added without autoscaling (limits are set by the caller).
-
-    Rollout bars are shaded by tokens generated per device-second, relative to the run's dense
-    rollout (90th percentile): a device decoding a few stragglers is busy but pale."""
-    from matplotlib.collections import PolyCollection
-
-    boxes: dict[Phase, list[list[tuple[float, float]]]] = {phase: [] for phase in Phase}
-    density: list[float] = []
-    for iv in sorted(timeline.intervals, key=lambda iv: (row_of[iv.resource], iv.start_s, iv.end_s)):
-        if iv.end_s > iv.start_s:
-            lo, hi = row_of[iv.resource] - 0.4, row_of[iv.resource] + 0.4
-            boxes[iv.phase].append([(iv.start_s, lo), (iv.end_s, lo), (iv.end_s, hi), (iv.start_s, hi)])
-            if iv.phase is Phase.ROLLOUT:
-                density.append(iv.tokens / ((iv.end_s - iv.start_s) * iv.devices))
-    for phase, verts in boxes.items():
-        if not verts:
-            continue
-        colours = _rollout_shades(density) if phase is Phase.ROLLOUT else PHASE_COLOURS[phase]
-        bars = PolyCollection(verts, facecolors=colours, linewidths=0, antialiaseds=False)
-        ax.add_collection(bars, autolim=False)
+def phases_present(timelines: Sequence[Timeline]) -> list[Phase]:
+    """The phases with at least one interval of positive length, in legend order."""
+    seen = {iv.phase for t in timelines for iv in t.intervals if iv.end_s > iv.start_s}
+    return [phase for phase in PHASE_COLOURS if phase in seen]
 
 
-def _rollout_shades(density: list[float]) -> list[tuple[float, float, float]]:
-    """Blend from SPARSE_ROLLOUT (no tokens) to the rollout colour (90th-percentile density)."""
+def rollout_density(iv: Interval) -> float:
+    """Tokens generated per device-second during a rollout interval."""
+    return iv.tokens / ((iv.end_s - iv.start_s) * iv.devices)
+
+
+def dense_reference(density: Sequence[float]) -> float:
+    """The density drawn in full colour: the DENSE_QUANTILE of `density` (1.0 if that is 0)."""
+    ranked = sorted(density)
+    if not ranked:
+        return 1.0
+    return ranked[min(len(ranked) - 1, int(DENSE_QUANTILE * len(ranked)))] or 1.0
+
+
+def _rollout_densities(timelines: Sequence[Timeline]) -> list[float]:
+    return [
+        rollout_density(iv)
+        for t in timelines
+        for iv in t.intervals
+        if iv.phase is Phase.ROLLOUT and iv.end_s > iv.start_s
+    ]
+
+
+def _rollout_shades(density: list[float], reference: float | None = None) -> list[tuple[float, float, float]]:
+    """Blend from SPARSE_ROLLOUT (no tokens) to the rollout colour (`reference`, by default the
+    DENSE_QUANTILE of `density`)."""
     from matplotlib.colors import to_rgb
 
-    ranked = sorted(density)
-    reference = ranked[min(len(ranked) - 1, int(0.9 * len(ranked)))] or 1.0
+    reference = dense_reference(density) if reference is None else reference
     full, pale = to_rgb(PHASE_COLOURS[Phase.ROLLOUT]), to_rgb(SPARSE_ROLLOUT)
     shades = []
     for d in density:
@@ -82,9 +128,67 @@ def _rollout_shades(density: list[float]) -> list[tuple[float, float, float]]:
     return shades
 
 
-def row_ticks(rows: list[tuple[str, str]]) -> list[tuple[float, str]]:
+def luminance(colour) -> float:
+    """Greyscale value (0 black .. 1 white) with the ITU-R 601 weights that PIL's "L" mode uses."""
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(colour)
+    return 0.299 * r + 0.587 * g + 0.114 * b
+
+
+def _box(start: float, end: float, y: int, min_width_s: float, top: float = 0.4, bottom: float = 0.4) -> list:
+    """Rectangle corners; at least `min_width_s` wide, centred on the interval."""
+    pad = max(0.0, (min_width_s - (end - start)) / 2)
+    lo, hi = start - pad, end + pad
+    return [(lo, y - top), (hi, y - top), (hi, y + bottom), (lo, y + bottom)]
+
+
+def _draw_bars(ax, timeline: Timeline, row_of: dict[str, int], reference: float, min_width_s: float) -> None:
+    """One PolyCollection of rectangles per phase, added without autoscaling or layout (limits and
+    layout are set by the caller); the short phases last, so they lie on top."""
+    from matplotlib.collections import PolyCollection
+
+    boxes: dict[Phase, list] = {phase: [] for phase in Phase}
+    density: list[float] = []
+    for iv in sorted(timeline.intervals, key=lambda iv: (row_of[iv.resource], iv.start_s, iv.end_s)):
+        if iv.end_s > iv.start_s:
+            widen = min_width_s if iv.phase in SHORT_PHASES else 0.0
+            boxes[iv.phase].append(_box(iv.start_s, iv.end_s, row_of[iv.resource], widen))
+            if iv.phase is Phase.ROLLOUT:
+                density.append(rollout_density(iv))
+    order = [p for p in Phase if p not in SHORT_PHASES] + list(SHORT_PHASES)
+    for phase in order:
+        if not boxes[phase]:
+            continue
+        colours = _rollout_shades(density, reference) if phase is Phase.ROLLOUT else PHASE_COLOURS[phase]
+        bars = PolyCollection(boxes[phase], facecolors=colours, linewidths=0, antialiaseds=False)
+        if phase in PHASE_HATCH:
+            bars.set_hatch(PHASE_HATCH[phase])
+            bars.set_edgecolor(HATCH_COLOUR)  # the hatch takes the edge colour; edges are 0 wide
+        bars.set_label(f"_bars_{phase.value}")  # found by tests; the leading _ keeps it out of legends
+        bars.set_in_layout(False)
+        ax.add_collection(bars, autolim=False)
+
+
+def _draw_overlays(ax, overlays: Sequence[Overlay], row_of: dict[str, int]) -> None:
+    from matplotlib.collections import PolyCollection
+
+    for overlay in overlays:
+        verts = [
+            _box(start, end, row_of[res], 0.0, top=0.8 * share - 0.4)
+            for res, start, end, share in overlay.spans
+            if res in row_of and end > start and share > 0
+        ]
+        marks = PolyCollection(verts, facecolors=(0, 0, 0, 0), edgecolors=overlay.colour, linewidths=0)
+        marks.set_hatch(overlay.hatch)
+        marks.set_label(f"_overlay_{overlay.label}")
+        marks.set_in_layout(False)
+        ax.add_collection(marks, autolim=False)
+
+
+def row_ticks(rows: list[tuple[str, str]], max_labelled: int = MAX_LABELLED_ROWS) -> list[tuple[float, str]]:
     """(y, label) ticks: one per resource for small clusters, one per pool (centred) for large ones."""
-    if len(rows) <= MAX_LABELLED_ROWS:
+    if len(rows) <= max_labelled:
         return [(float(y), res) for y, (_, res) in enumerate(rows)]
     first: dict[str, int] = {}
     count: dict[str, int] = defaultdict(int)
@@ -94,47 +198,248 @@ def row_ticks(rows: list[tuple[str, str]]) -> list[tuple[float, str]]:
     return [(first[p] + (count[p] - 1) / 2, f"{p} ({count[p]})") for p in first]
 
 
-def _label_rows(ax, rows: list[tuple[str, str]]) -> None:
-    """Tick labels, plus a separator line between pools when resources are not labelled one by one."""
-    ticks = row_ticks(rows)
-    ax.set_yticks([y for y, _ in ticks], [label for _, label in ticks], fontsize=7 if len(ticks) == len(rows) else 8)
-    if len(rows) > MAX_LABELLED_ROWS:
-        for y in range(1, len(rows)):
-            if rows[y][0] != rows[y - 1][0]:
-                ax.axhline(y - 0.5, color="black", linewidth=0.6)
+def pool_label(pool: str) -> str:
+    """A pool is named by what its resources can run: "rollout+train" -> "rollout + train pool"."""
+    return pool.replace("+", " + ") + " pool"
 
 
-def _legend(ax) -> None:
+def _label_rows(ax, rows: list[tuple[str, str]], max_labelled: int, ylabel: str | None) -> None:
+    """Tick labels and a line between pools; per-resource ticks get their pool's name beside them (or
+    `ylabel` for all rows), per-pool ticks read "rollout pool / 8 resources"."""
+    ticks = row_ticks(rows, max_labelled)
+    per_resource = len(ticks) == len(rows)
+    labels = [label for _, label in ticks]
+    if not per_resource:
+        sizes = Counter(pool for pool, _ in rows)
+        labels = [f"{pool_label(p)}\n{sizes[p]} resource{'s' * (sizes[p] > 1)}" for p in dict.fromkeys(sizes)]
+    ax.set_yticks([y for y, _ in ticks], labels, fontsize=7 if per_resource else 8)
+    ax.tick_params(axis="y", length=0)
+    for y in range(1, len(rows)):
+        if rows[y][0] != rows[y - 1][0]:
+            ax.axhline(y - 0.5, color="black", linewidth=0.6)
+    if ylabel is not None or not per_resource:
+        ax.set_ylabel(ylabel or "")
+        return
+    width_pt = 7 * 0.65 * max((len(r) for _, r in rows), default=1) + 8
+    row_pt = ax.figure.get_figheight() * 72 * 0.75 / max(len(rows), 1)  # about 3/4 of the figure is axes
+    spans: dict[str, list[int]] = defaultdict(list)
+    for y, (pool, _) in enumerate(rows):
+        spans[pool].append(y)
+    for pool, ys in spans.items():
+        text = pool_label(pool)
+        upright = len(ys) * row_pt > 8 * 0.6 * len(text)  # fits along its rows: rotate, else write it across
+        ax.annotate(
+            text, xy=(0, (ys[0] + ys[-1]) / 2), xycoords=("axes fraction", "data"), xytext=(-width_pt, 0),
+            textcoords="offset points", rotation=90 if upright else 0, ha="right", va="center", fontsize=8,
+        )  # fmt: skip
+
+
+def time_label(timeline: Timeline) -> str:
+    """The x-axis label: "simulated time (s)" for a simulated run, else the time base of a measured one.
+
+    meta["clock"] ("simulated" or "measured") decides where an executor sets it; otherwise a device
+    named in core/specs means the simulator wrote the record (the real runtime records "cpu")."""
+    from core import specs
+
+    clock = timeline.meta.get("clock")
+    if clock is None:
+        clock = "simulated" if timeline.meta.get("device") in specs.devices() else None
+    return {"simulated": "simulated time (s)", "measured": "wall-clock time since the run started (s)"}.get(
+        clock, "time since the run started (s)"
+    )
+
+
+def _device_word(timeline: Timeline) -> str:
+    device = timeline.meta.get("device")
+    return "GPU" if device and device != "cpu" else "device"
+
+
+def _legend(ax, phases: list[Phase], steps: bool, labels: dict[Phase, str], overlays: Sequence[Overlay]) -> None:
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor=colour, label=phase.value) for phase, colour in PHASE_COLOURS.items()]
-    handles.insert(1, Patch(facecolor=SPARSE_ROLLOUT, label="rollout, thin batch"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False, fontsize=8)
+    def patch(phase: Phase) -> Patch:
+        return Patch(
+            facecolor=PHASE_COLOURS[phase], edgecolor=HATCH_COLOUR if phase in PHASE_HATCH else "none",
+            hatch=PHASE_HATCH.get(phase), linewidth=0, label={**PHASE_LABELS, **labels}[phase],
+        )  # fmt: skip
+
+    handles = [patch(phase) for phase in phases]
+    handles += [
+        Patch(facecolor="none", edgecolor=o.colour, hatch=o.hatch, linewidth=0, label=o.label) for o in overlays
+    ]
+    if steps:
+        handles.append(Line2D([], [], color="black", linestyle="dashed", linewidth=0.8, label="a training step ends"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
 
 
-def draw_timeline(timeline: Timeline, path: str | Path, title: str | None = None) -> None:
-    """Save the Gantt chart of `timeline` to `path` (format from its suffix, e.g. .png)."""
+def _colour_bar(fig, ax, reference: float, unit: str, height: float) -> None:
+    """A vertical colour bar for the rollout shades, in the right margin at the axes' bottom."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import LinearSegmentedColormap, Normalize
+
+    cmap = LinearSegmentedColormap.from_list("rollout", [SPARSE_ROLLOUT, PHASE_COLOURS[Phase.ROLLOUT]])
+    cax = ax.inset_axes((1.02, 0.0, 0.012, height))
+    bar = fig.colorbar(ScalarMappable(Normalize(0.0, reference), cmap), cax=cax, extend="max")
+    bar.set_ticks([0.0, reference / 2, reference], labels=["0", _number(reference / 2), f"{_number(reference)} (p90)"])
+    bar.ax.tick_params(labelsize=7)
+    bar.ax.set_title(
+        f"rollout shade:\ntokens generated\nper {unit}-second\n(pale: few tokens,\ne.g. a thin batch)",
+        fontsize=7,
+        loc="left",
+    )
+
+
+def _number(x: float) -> str:
+    """Three significant digits at most, thousands separated: 1,589 / 39.5 / 0.125."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _row_caption(timelines: Sequence[Timeline]) -> str:
+    devices = sorted({iv.devices for t in timelines for iv in t.intervals})
+    kind = timelines[0].meta.get("device") if timelines else None
+    if len(devices) != 1:
+        size = ""
+    elif kind:
+        size = f" of {devices[0]} × {kind}"
+    else:
+        size = f" ({devices[0]} device{'s' * (devices[0] > 1)})"
+    return (
+        f"Each row is one resource{size}, grouped into pools by the phases it can run. "
+        f"Sync and switch are drawn at least {MIN_BAR_PX:g} px wide; all else to scale."
+    )
+
+
+def _caption(ax, text: str) -> None:
+    ax.annotate(text, xy=(0, 0), xycoords="axes fraction", xytext=(0, -34), textcoords="offset points",
+                va="top", fontsize=7.5, color="#444444")  # fmt: skip
+
+
+def _min_width_s(fig, ax) -> float:
+    """Seconds that MIN_BAR_PX pixels span once the layout is done."""
+    fig.draw_without_rendering()
+    lo, hi = ax.get_xlim()
+    return MIN_BAR_PX * (hi - lo) / max(ax.bbox.width, 1.0)
+
+
+def _new_figure(height_in: float, panels: int = 1, height_ratios: Sequence[float] | None = None):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    fig = Figure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(panels, 1, sharex=True, squeeze=False, height_ratios=height_ratios)[:, 0]
+    return fig, list(axes)
+
+
+def _setup_panel(ax, timeline: Timeline, xmax: float, max_labelled: int, ylabel: str | None) -> dict[str, int]:
+    """Limits, step lines and row labels of one timeline's axes; its row of each resource."""
     rows = plot_rows(timeline)
     n = max(len(rows), 1)
-    row_of = {res: y for y, (_, res) in enumerate(rows)}
-    fig = Figure(figsize=(12.0, figure_height_in(len(rows))), dpi=DPI)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.set_xlim(0.0, timeline.wall_s if timeline.wall_s > 0 else 1.0)
+    ax.set_xlim(0.0, xmax)
     ax.set_ylim(n - 0.5, -0.5)  # first row on top
-    _draw_bars(ax, timeline, row_of)
     if timeline.steps:
         ends = [step.end_s for step in timeline.steps]
         ax.vlines(ends, -0.5, n - 0.5, colors="black", linestyles="dashed", linewidth=0.5, alpha=0.5)
-    _label_rows(ax, rows)
-    ax.set_xlabel("time (s)")
-    _legend(ax)
+    _label_rows(ax, rows, max_labelled, ylabel)
+    return {res: y for y, (_, res) in enumerate(rows)}
+
+
+def timeline_figure(
+    timeline: Timeline,
+    title: str | None = None,
+    *,
+    ylabel: str | None = None,
+    phase_labels: dict[Phase, str] | None = None,
+    overlays: Sequence[Overlay] = (),
+    caption: str | None = None,
+):
+    """The Gantt chart of `timeline` as a matplotlib Figure (on an Agg canvas).
+
+    ylabel: one label for every row, instead of pool names; phase_labels: legend text by phase;
+    overlays: marks drawn over the bars; caption: the line under the axes (by default, what a row is)."""
+    rows = len(plot_rows(timeline))
+    height = figure_height_in(rows)
+    fig, (ax,) = _new_figure(height)
+    row_of = _setup_panel(ax, timeline, timeline.wall_s if timeline.wall_s > 0 else 1.0, MAX_LABELLED_ROWS, ylabel)
+    ax.set_xlabel(time_label(timeline))
+    phases = phases_present([timeline])
+    _legend(ax, phases, bool(timeline.steps), phase_labels or {}, overlays)
+    reference = dense_reference(_rollout_densities([timeline]))
+    if Phase.ROLLOUT in phases:
+        _colour_bar(fig, ax, reference, _device_word(timeline), min(0.4, 1.4 / max(height - 1.3, 1.0)))
+    _caption(ax, _row_caption([timeline]) if caption is None else caption)
     if title:
         ax.set_title(title)
-    fig.tight_layout()
+    min_width = _min_width_s(fig, ax)
+    _draw_bars(ax, timeline, row_of, reference, min_width)
+    _draw_overlays(ax, overlays, row_of)
+    return fig
+
+
+def draw_timeline(timeline: Timeline, path: str | Path, title: str | None = None, **options):
+    """Save the Gantt chart of `timeline` to `path` (format from its suffix, e.g. .png); returns the
+    Figure. `options` go to `timeline_figure`."""
+    fig = timeline_figure(timeline, title, **options)
+    save_figure(fig, path)
+    return fig
+
+
+def panel_title(summary: dict, baseline: dict) -> str:
+    """A run's headline numbers: throughput (and its ratio to `baseline`), bubble, steps and time."""
+    ratio = summary["token_throughput"] / baseline["token_throughput"] if baseline["token_throughput"] else 0.0
+    versus = " (the baseline)" if summary is baseline else f" = {ratio:.2f}x {baseline['policy']}"
+    return (
+        f"{summary['policy']}:  {summary['token_throughput']:,.0f} tokens/s{versus},  "
+        f"bubble {summary['bubble_fraction']:.1%},  {summary['num_steps']} steps in {summary['wall_s']:,.0f} s"
+    )
+
+
+def compare_title(timeline: Timeline) -> str:
+    meta = timeline.meta
+    keys = ("model", "workload", "num_gpus", "device", "seed")
+    if not all(k in meta for k in keys):
+        return "the same workload under each policy"
+    return f"{meta['model']}, {meta['workload']}, {meta['num_gpus']} x {meta['device']}, seed {meta['seed']}"
+
+
+def compare_figure(timelines: Sequence[Timeline], title: str | None = None):
+    """Runs stacked top to bottom on one shared time axis, one panel each, titled with throughput
+    (relative to the first run) and bubble; one legend and one rollout scale (shared) for all."""
+    if not timelines:
+        raise ValueError("compare_figure needs at least one timeline")
+    heights = [min(3.0, max(1.0, 0.12 * len(plot_rows(t)))) for t in timelines]
+    fig, axes = _new_figure(sum(heights) + 0.45 * len(timelines) + 1.2, len(timelines), heights)
+    xmax = max(t.wall_s for t in timelines) * 1.01 or 1.0
+    summaries = [summarize(t) for t in timelines]
+    rows_of = []
+    for ax, timeline, summary in zip(axes, timelines, summaries, strict=True):
+        rows_of.append(_setup_panel(ax, timeline, xmax, 0, None))
+        ax.axvline(timeline.wall_s, color="black", linewidth=1.5)
+        ax.set_title(panel_title(summary, summaries[0]), loc="left", fontsize=9)
+    axes[-1].set_xlabel(time_label(timelines[0]) + "  (solid line: the run's last step ends)")
+    phases = phases_present(timelines)
+    _legend(axes[0], phases, any(t.steps for t in timelines), {}, ())
+    reference = dense_reference(_rollout_densities(timelines))
+    if Phase.ROLLOUT in phases:
+        _colour_bar(fig, axes[min(1, len(axes) - 1)], reference, _device_word(timelines[0]), 0.9 if axes[1:] else 0.4)
+    _caption(axes[-1], _row_caption(timelines))
+    fig.suptitle(title or compare_title(timelines[0]), fontsize=10)
+    min_width = _min_width_s(fig, axes[0])
+    for ax, timeline, row_of in zip(axes, timelines, rows_of, strict=True):
+        _draw_bars(ax, timeline, row_of, reference, min_width)
+    return fig
+
+
+def draw_compare(timelines: Sequence[Timeline], path: str | Path, title: str | None = None):
+    """Save `compare_figure(timelines, title)` to `path`; returns the Figure."""
+    fig = compare_figure(timelines, title)
+    save_figure(fig, path)
+    return fig
+
+
+def save_figure(fig, path: str | Path) -> None:
+    """Write `fig` without version or time stamps, creating the folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, metadata=_NO_STAMP.get(path.suffix.lower()))

@@ -2,7 +2,8 @@
 
 One process per pool (named by its capability tags), one thread per resource, one complete ("X")
 event per busy interval; idle stretches are left out, since the gaps already show them. A last
-process, "trainer steps", carries one event per training step. Ids are assigned from sorted names
+process, "trainer steps", carries one event per training step. Times are whole microseconds, so
+slices that touch on a track neither overlap nor leave a gap. Ids are assigned from sorted names
 and events are sorted, so identical timelines give byte-identical files.
 """
 
@@ -18,9 +19,17 @@ from core.timeline import StepRecord, Timeline
 STEPS_PROCESS = "trainer steps"
 
 
-def _us(seconds: float) -> float:
-    """Trace timestamps are microseconds."""
-    return round(seconds * 1e6, 3)
+def _us(seconds: float) -> int:
+    """Trace timestamps are microseconds, here whole ones."""
+    return round(seconds * 1e6)
+
+
+def _span(start_s: float, end_s: float) -> dict:
+    """ts and dur on an integer grid, from the rounded start and end: where one slice ends at the very
+    time the next on its track starts, ts + dur of the first equals ts of the second. (A duration
+    rounded on its own, as before, could reach a nanosecond into the next slice.)"""
+    ts = _us(start_s)
+    return {"ts": ts, "dur": _us(end_s) - ts}
 
 
 def _meta_event(kind: str, pid: int, tid: int, name: str) -> dict:
@@ -58,8 +67,7 @@ def _interval_events(timeline: Timeline, pids: dict[str, int], tids: dict[str, i
                 "ph": "X",
                 "pid": pids[pool_of(iv)],
                 "tid": tids[iv.resource],
-                "ts": _us(iv.start_s),
-                "dur": _us(iv.end_s - iv.start_s),
+                **_span(iv.start_s, iv.end_s),
                 "args": {"step": iv.step, "tokens": iv.tokens, "active": iv.active, "devices": iv.devices},
             }
         )
@@ -74,8 +82,7 @@ def _step_event(step: StepRecord, pid: int) -> dict:
         "ph": "X",
         "pid": pid,
         "tid": 1,
-        "ts": _us(step.start_s),
-        "dur": _us(step.end_s - step.start_s),
+        **_span(step.start_s, step.end_s),
         "args": {"step": step.step, "tokens": step.tokens, "lag_tokens": lag_tokens},
     }
 

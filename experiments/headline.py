@@ -9,8 +9,10 @@ the shipped default (Qwen3-32B, math, 64 H800, 20 steps, seed 0) and reports wha
 
 Writes, in `--out` (default experiments/out/headline): headline.json (every summary, and each
 policy's ratios to colocated: token throughput, mean step time, and training-time reduction
-1 - wall_policy / wall_colocated for the same number of steps), config.yaml (the resolved config)
-and headline.png (throughput per policy, annotated with the ratio to colocated).
+1 - wall_policy / wall_colocated for the same number of steps), config.yaml (the resolved config),
+headline.png (throughput per policy, annotated with the ratio to colocated) and
+headline_timelines.png (the four runs' timelines stacked on one simulated-time axis, as
+`python -m sim --compare` draws them: where each policy's GPUs wait, and which run ends first).
 """
 
 from __future__ import annotations
@@ -18,17 +20,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from core.metrics import summarize
+from core.plot import draw_compare
 from core.policies import POLICIES
 from experiments._common import (
     NO_STAMP,
     PAPER_RATIO,
-    run_policy,
     save_config,
     save_json,
     source_fingerprint,
     wasted_share,
 )
 from sim.config import DEFAULT_CONFIG, load_config
+from sim.runner import simulate
 
 BASELINE = "colocated"
 COLOURS = {"colocated": "#7f7f7f", "disaggregated": "#bcbd22", "async": "#ff7f0e", "tag": "#1f77b4"}
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summaries = {name: run_policy(cfg, name) for name in POLICIES}
+    timelines = {name: simulate(cfg, name) for name in POLICIES}
+    summaries = {name: summarize(timeline) for name, timeline in timelines.items()}
     ratios = ratios_to_baseline(summaries)
     save_config(cfg, out / "config.yaml")
     save_json(
@@ -150,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{cfg.num_steps} steps, seed {cfg.seed}"
     )
     draw(summaries, ratios, title, out / "headline.png")
+    draw_compare(list(timelines.values()), out / "headline_timelines.png", title)
     print(title)
     print(table(summaries, ratios))
     print(f"outputs: {out}/")

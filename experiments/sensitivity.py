@@ -26,8 +26,9 @@ pipelined policies pay their fill-up in the first step, which weighs more in a s
 
 Writes, in `--out` (default experiments/out/sensitivity): sensitivity.json (rows and full
 summaries), sensitivity.csv (the rows), config.yaml (the resolved base config) and sensitivity.png
-(top row: throughput ratio to colocated; bottom row: tag's wasted-token share and its trained
-response length relative to colocated's, which shows the bias against long responses).
+(one cell per sweep, three to a row; in each, on top: throughput ratio to colocated; below: tag's
+wasted-token share and how much shorter its trained responses are than colocated's, which shows the
+bias against long responses).
 """
 
 from __future__ import annotations
@@ -182,63 +183,75 @@ def make_rows(points: list, run_ids: list[str], summaries: dict[str, dict], cfgs
     return rows
 
 
-def _draw_ratios(ax, rows: list[dict], col: int) -> None:
+def _draw_ratios(ax, rows: list[dict]) -> None:
     for policy in COMPARED:
         pts = [r for r in rows if r["policy"] == policy]
         colour, ls, marker = STYLE[policy]
         xs, ys = [r["value"] for r in pts], [r["ratio_to_colocated"] for r in pts]
-        ax.plot(xs, ys, color=colour, linestyle=ls, marker=marker, label=f"{policy} / colocated")
-    ax.axhline(1.0, color="#7f7f7f", linewidth=1, label="colocated")
-    ax.axhline(PAPER_RATIO, color="#d62728", linestyle="--", linewidth=1, label="paper's claim")
+        ax.plot(xs, ys, color=colour, linestyle=ls, marker=marker, markersize=4, label=f"{policy} / colocated")
+    ax.axhline(1.0, color="#7f7f7f", linewidth=1, label="colocated (1.0)")
+    ax.axhline(PAPER_RATIO, color="#d62728", linestyle="--", linewidth=1, label="paper's claim (2x)")
     ax.set_ylim(0, max(2.4, *(r["ratio_to_colocated"] + 0.2 for r in rows)))
-    ax.set_ylabel("token throughput / colocated" if col == 0 else "")
 
 
-def _draw_waste(ax, rows: list[dict], col: int) -> None:
+def _draw_waste(ax, rows: list[dict]) -> None:
     tag = [r for r in rows if r["policy"] == "tag"]
     xs = [r["value"] for r in tag]
     waste = [100 * r["wasted_share"] for r in tag]
     shorter = [100 * (1 - r["length_vs_colocated"]) for r in tag]
-    ax.plot(xs, waste, color="#9467bd", marker="o", label="tag: generated tokens wasted")
+    ax.plot(xs, waste, color="#9467bd", marker="o", markersize=4, label="tag: share of generated tokens wasted")
     ax.plot(
         xs,
         shorter,
         color="#8c564b",
         marker="^",
+        markersize=4,
         linestyle=":",
-        label="tag: trained responses shorter\nthan colocated's by",
+        label="tag: how much shorter its trained\nresponses are than colocated's",
     )
-    ax.set_ylim(min(0, *shorter) - 2, max(25, *waste) + 5)
-    ax.set_ylabel("%" if col == 0 else "")
+    ax.set_ylim(min(0, *shorter) - 1, max(10, *waste, *shorter) * 1.15)
+
+
+def _draw_sweep(sub, rows: list[dict], name: str, letter: str, default: float, first_col: bool) -> list:
+    """One sweep in its own subfigure: throughput ratios on top, tag's waste below; their axes."""
+    top, bottom = sub.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    _draw_ratios(top, rows)
+    _draw_waste(bottom, rows)
+    top.set_title(f"{letter}. {SWEEPS[name].key}", fontsize=9)
+    bottom.set_xlabel(SWEEPS[name].label, fontsize=8)
+    top.set_ylabel("throughput / colocated" if first_col else "", fontsize=8)
+    bottom.set_ylabel("% (tag)" if first_col else "", fontsize=8)
+    for ax in (top, bottom):
+        ax.axvline(default, color="#bbbbbb", linestyle=":", linewidth=1)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+        if name in ("response_max", "batch"):
+            ax.set_xscale("log", base=2)
+            labels = [f"{int(v) // 1024}k" if name == "response_max" else str(int(v)) for v in SWEEPS[name].values]
+            ax.set_xticks(SWEEPS[name].values, labels)
+            ax.minorticks_off()
+    return [top, bottom]
 
 
 def draw(rows: list[dict], sweeps: list[str], defaults: dict[str, float], title: str, path: Path) -> None:
+    """A grid of sweeps, three to a row (readable at 900 px wide), with the legends in the next cell."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    size = (4.2 * len(sweeps), 7.2)
-    fig, axes = plt.subplots(2, len(sweeps), figsize=size, squeeze=False, gridspec_kw={"height_ratios": (3, 2)})
-    for col, name in enumerate(sweeps):
-        top, bottom = axes[0][col], axes[1][col]
+    cols = min(3, len(sweeps) + 1)
+    grid_rows = -(-(len(sweeps) + 1) // cols)
+    fig = plt.figure(figsize=(9.0, 3.9 * grid_rows + 0.3), layout="constrained")
+    cells = fig.subfigures(grid_rows, cols, squeeze=False).flatten()
+    for i, name in enumerate(sweeps):
         mine = [r for r in rows if r["sweep"] == name]
-        _draw_ratios(top, mine, col)
-        _draw_waste(bottom, mine, col)
-        top.set_title(f"{chr(ord('a') + col)}. {SWEEPS[name].key}", fontsize=9)
-        bottom.set_xlabel(SWEEPS[name].label)
-        for ax in (top, bottom):
-            ax.axvline(defaults[name], color="#bbbbbb", linestyle=":", linewidth=1)
-            ax.grid(alpha=0.3)
-            if name in ("response_max", "batch"):
-                ax.set_xscale("log", base=2)
-                labels = [f"{int(v) // 1024}k" if name == "response_max" else str(int(v)) for v in SWEEPS[name].values]
-                ax.set_xticks(SWEEPS[name].values, labels)
-    axes[0][0].legend(fontsize=8, loc="lower left")
-    axes[1][0].legend(fontsize=8, loc="upper right")
-    fig.suptitle(title + "   (dotted vertical line: default value)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata=NO_STAMP)
+        axes = _draw_sweep(cells[i], mine, name, chr(ord("a") + i), defaults[name], i % cols == 0)
+    handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
+    handles.append(plt.Line2D([], [], color="#bbbbbb", linestyle=":", label="the default value"))
+    cells[len(sweeps)].legend(handles=handles, loc="center", fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=150, metadata=NO_STAMP)
     plt.close(fig)
 
 

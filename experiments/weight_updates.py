@@ -16,12 +16,15 @@ with long-tailed response lengths and a pause for a "tool call" between turns. N
 measurements of one run on this machine, not deterministic; the comparison is within one run.
 
     python -m experiments.weight_updates [--agents 16] [--seconds 30] [--interval-s 3] [--out DIR]
+    python -m experiments.weight_updates --replot     # redraw the pictures from the saved data
 
 Writes, in `--out` (default experiments/out/weight_updates): weight_updates.json (per strategy:
 useful and generated tokens per second, wasted share, prefill tokens, batch occupancy, turn latency
 p50/p99, share of tokens older than the policy when their response finished), weight_updates.png,
-and the engine's own activity log under each strategy as the shared timeline record:
-weight_updates_timeline.png (the pipeline picture) and weight_updates_trace.json (Chrome trace).
+and the engine's own activity log under each strategy as the shared timeline record
+(weight_updates_intervals.json; its meta also keeps, per strategy, when each request that `restart`
+abandoned was generating), drawn as weight_updates_timeline.png (every update a line, the work
+`restart` threw away cross-hatched) and exported as weight_updates_trace.json (Chrome trace).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from pathlib import Path
 
 import aiohttp
 
-from core.plot import draw_timeline
+from core.plot import Overlay, draw_timeline
 from core.tags import Phase
 from core.timeline import Interval, Timeline
 from core.trace import write_chrome_trace
@@ -51,6 +54,7 @@ from reference.tokenizer import default_tokenizer
 STRATEGIES = ("partial", "drain", "restart")
 COLOURS = {"partial": "#1f77b4", "drain": "#7f7f7f", "restart": "#d62728"}
 MODEL = "seamlessflow-tiny"
+INTERVALS = "weight_updates_intervals.json"  # the engine's activity under every strategy (core.timeline record)
 
 
 @dataclass
@@ -63,6 +67,7 @@ class State:
     stop: bool = False
     gate: asyncio.Event = field(default_factory=asyncio.Event)  # cleared by `drain`
     in_flight: int = 0
+    bumped_s: float = 0.0  # time.monotonic() of the last epoch bump
 
 
 @dataclass
@@ -72,6 +77,9 @@ class Tally:
     turns: int = 0
     abandoned: int = 0
     latencies_s: list[float] = field(default_factory=list)
+    # (first token, abandoned) in time.monotonic() seconds, per request `restart` threw away: the
+    # stretch in which the engine generated tokens for nothing
+    wasted_spans: list[tuple[float, float]] = field(default_factory=list)
 
 
 def response_length(rng: random.Random, median: int, cap: int) -> int:
@@ -80,13 +88,15 @@ def response_length(rng: random.Random, median: int, cap: int) -> int:
 
 async def one_turn(http, url: str, body: dict, state: State, tally: Tally) -> tuple[dict, str] | None:
     """Stream one completion; (its final chunk, its text), or None if `restart` abandoned it."""
-    epoch, text = state.epoch, []
+    epoch, text, first_s = state.epoch, [], None
     state.in_flight += 1
     try:
         async with http.post(url, json=body) as response:
             async for raw in response.content:
                 if state.epoch != epoch:  # closing the response aborts the engine request
                     tally.abandoned += 1
+                    if first_s is not None:
+                        tally.wasted_spans.append((first_s, state.bumped_s))
                     return None
                 line = raw.decode().strip()
                 if not line.startswith("data: {"):
@@ -94,6 +104,8 @@ async def one_turn(http, url: str, body: dict, state: State, tally: Tally) -> tu
                 chunk = json.loads(line[6:])
                 choice = chunk["choices"][0] if chunk.get("choices") else {}
                 text.append(choice.get("delta", {}).get("content") or "")
+                if first_s is None and text[-1]:  # the engine generates for this request from here on
+                    first_s = time.monotonic()
                 if choice.get("finish_reason"):
                     return chunk, "".join(text)
     finally:
@@ -144,7 +156,7 @@ async def controller(m: ManagerThread, state: State, interval_s: float) -> None:
             while state.in_flight:
                 await asyncio.sleep(0.01)
         elif state.strategy == "restart":
-            state.epoch += 1
+            state.epoch, state.bumped_s = state.epoch + 1, time.monotonic()
         await call(m.manager.pause())
         state.version += 1
         await call(m.manager.update_weights(state.version))
@@ -163,6 +175,7 @@ async def run_strategy(strategy: str, m: ManagerThread, engine, args) -> dict:
     state.gate.set()
     before = (await engine.stats()).extra
     t0 = (await engine.timeline())["now_s"]
+    local_t0 = time.monotonic()  # the same instant on this process's clock, to a round trip
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
         start = time.perf_counter()
         agents = [asyncio.create_task(agent(http, m.url, i, state, tally, args)) for i in range(args.agents)]
@@ -194,6 +207,7 @@ async def run_strategy(strategy: str, m: ManagerThread, engine, args) -> dict:
         "turn_latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0,
         "stale_token_share": tally.stale_tokens / tally.useful_tokens if tally.useful_tokens else 0.0,
         "activity": activity,
+        "wasted_spans": [(a - local_t0, b - local_t0) for a, b in sorted(tally.wasted_spans) if b > a],
     }
 
 
@@ -207,8 +221,9 @@ def engine_intervals(snapshot: dict, t0: float, name: str) -> list[Interval]:
     return out
 
 
-def activity_timeline(results: list[dict]) -> Timeline:
-    """One row per strategy; shorter runs padded with idle to the longest."""
+def activity_timeline(results: list[dict], max_batch: int) -> Timeline:
+    """One row per strategy; shorter runs padded with idle to the longest. meta keeps each strategy's
+    wasted spans (seconds since its run started) and the engine's batch size, to draw the waste."""
     wall = max(r["activity"][-1].end_s for r in results if r["activity"])
     intervals = []
     for r in results:
@@ -216,7 +231,45 @@ def activity_timeline(results: list[dict]) -> Timeline:
         last = r["activity"][-1]
         if last.end_s < wall:
             intervals.append(Interval(last.resource, last.tags, last.active, Phase.IDLE, last.end_s, wall, 0, 0, 1))
-    return Timeline(intervals, [], wall)
+    wasted = {r["strategy"]: [list(span) for span in r["wasted_spans"]] for r in results}
+    return Timeline(intervals, [], wall, {"clock": "measured", "max_batch": max_batch, "wasted_spans": wasted})
+
+
+def overlapping(spans: list[list[float]]) -> list[tuple[float, float, int]]:
+    """(start, end, count): the stretches over which `count` > 0 of `spans` overlap."""
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    out, count, last = [], 0, 0.0
+    for t, change in events:
+        if count > 0 and t > last:
+            out.append((last, t, count))
+        count, last = count + change, t
+    return out
+
+
+def wasted_overlay(timeline: Timeline) -> Overlay:
+    """How much of the engine's batch was generating tokens that `restart` later threw away."""
+    batch = timeline.meta["max_batch"]
+    spans = [
+        (strategy, start, end, min(1.0, count / batch))
+        for strategy, wasted in timeline.meta["wasted_spans"].items()
+        for start, end, count in overlapping(wasted)
+    ]
+    return Overlay("generated, then thrown away\n(height: share of the batch)", tuple(spans))
+
+
+def draw_activity(timeline: Timeline, results: list[dict], run_args: dict, path: Path) -> None:
+    updates = ", ".join(f"{r['strategy']} {r['updates']}" for r in results)
+    overlay = wasted_overlay(timeline)
+    draw_timeline(
+        timeline,
+        path,
+        f"The engine's activity under each strategy (weight updates: {updates})",
+        ylabel="strategy",
+        phase_labels={Phase.SYNC: "paused for a weight update", Phase.ROLLOUT: "generating (shade: see bar)"},
+        overlays=[overlay] if overlay.spans else [],
+        caption=f"Each row is the built-in engine (batch of {run_args['max_batch']}) during one strategy's run of "
+        f"{run_args['seconds']:g} s; runs are aligned at their start. Pauses are drawn at least 2 px wide.",
+    )
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -258,6 +311,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--out", default="experiments/out/weight_updates")
+    p.add_argument(
+        "--replot", action="store_true", help=f"redraw the pictures from weight_updates.json and {INTERVALS} in --out"
+    )
     args = p.parse_args(argv)
     bad = [s for s in args.strategies.split(",") if s not in STRATEGIES]
     if bad:
@@ -274,20 +330,31 @@ async def run_all(args, m: ManagerThread, engine) -> list[dict]:
     return results
 
 
+def measure(args, out: Path) -> tuple[dict, Timeline]:
+    """Run every strategy; save weight_updates.json and the engine's activity (INTERVALS)."""
+    with tempfile.TemporaryDirectory() as tmp, EngineProcess(EngineSpec(max_batch=args.max_batch)) as proc:
+        with ManagerThread({"e0": proc.client()}, default_tokenizer(), Path(tmp) / "t.sqlite") as m:
+            results = asyncio.run(run_all(args, m, proc.client()))
+    timeline = activity_timeline(results, args.max_batch)
+    timeline.save(out / INTERVALS)
+    for r in results:
+        del r["activity"], r["wasted_spans"]
+    data = {"args": {k: v for k, v in vars(args).items() if k != "replot"}, "results": results}
+    save_json(data, out / "weight_updates.json")
+    return data, timeline
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp, EngineProcess(EngineSpec(max_batch=args.max_batch)) as proc:
-        with ManagerThread({"e0": proc.client()}, default_tokenizer(), Path(tmp) / "t.sqlite") as m:
-            results = asyncio.run(run_all(args, m, proc.client()))
-    timeline = activity_timeline(results)
+    if args.replot:
+        data, timeline = json.loads((out / "weight_updates.json").read_text()), Timeline.load(out / INTERVALS)
+    else:
+        data, timeline = measure(args, out)
+    results = data["results"]
     write_chrome_trace(timeline, out / "weight_updates_trace.json")
-    title = "the engine under each strategy (pale rollout: few tokens per second; orange: paused for an update)"
-    draw_timeline(timeline, out / "weight_updates_timeline.png", title)
-    for r in results:
-        del r["activity"]
-    save_json({"args": vars(args), "results": results}, out / "weight_updates.json")
+    draw_activity(timeline, results, data["args"], out / "weight_updates_timeline.png")
     plot(results, out / "weight_updates.png")
     keys = ("useful_tokens_per_s", "batch_occupancy", "idle_share", "wasted_share", "turn_latency_p50_s",
             "turn_latency_p99_s", "stale_token_share", "updates")  # fmt: skip

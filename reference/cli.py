@@ -3,14 +3,19 @@
 serve            engines (each in its own process) + the trajectory manager on one machine
 engine           one engine process (what `serve` starts; also usable on its own)
 check            re-score stored trajectories: token-id mismatches (must be 0), logprob drift
+export           stored trajectories as JSON Lines
 train            GRPO training on real engines and trainer shards under a scheduling policy
 build-tokenizer  rebuild the shipped byte-level BPE tokenizer from the shipped corpus
+
+A user's mistake (a bad flag value, a port in use, a missing store) is one `error:` line and exit code 2,
+found before an engine starts or a file is written; Ctrl-C exits with 130, without a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import logging
 import os
@@ -18,14 +23,33 @@ import signal
 import sys
 from pathlib import Path
 
-from reference.engine.auth import is_loopback, token_from_env
-from reference.engine.process import BACKENDS, EngineProcess, EngineSpec, serve_engine
+from core.errors import UserError
+from reference.engine.base import MAX_SEED
 from reference.manager.load import GC_YOUNG_OBJECTS, tune_gc
 
+# Everything that imports aiohttp, torch or the manager is imported where it is used: the first half
+# second of a command is then inside `main`, where Ctrl-C is an exit code, not a traceback.
+
 ADMIN_TOKEN_ENV = "SEAMLESSFLOW_ADMIN_TOKEN"
+EXIT_USAGE, EXIT_INTERRUPTED = 2, 130  # a user's mistake (one `error:` line, as argparse's own); Ctrl-C
+
+# The values each numeric flag allows: (lowest, highest or None). Checked before anything starts, so a bad
+# value is one line naming the flag, not an error from deep inside a constructor or an engine process.
+ENGINE_FLAG_RANGES = {
+    "--seed": (0, MAX_SEED), "--max-batch": (1, None), "--token-delay-s": (0, None), "--fake-reply-tokens": (1, None),
+    "--tensor-parallel": (1, None), "--coalesce-s": (0, None), "--torch-threads": (0, None),
+}  # fmt: skip
+SERVE_FLAG_RANGES = {
+    "--engines": (1, None), "--default-max-tokens": (1, None), "--max-in-flight": (0, None),
+    "--max-loop-lag-s": (0, None), "--max-tokens-in-memory": (1, None), "--max-session-tokens": (1, None),
+    "--max-pause-s": (0, None), "--gc-young": (0, None),
+}  # fmt: skip
+CHECK_FLAG_RANGES = {"--seed": (0, MAX_SEED), "--version": (0, None)}
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
+    from reference.engine.process import BACKENDS
+
     p.add_argument("--backend", default="builtin", help=f"engine backend: {', '.join(BACKENDS)} (default builtin)")
     p.add_argument("--model", default="default", help="'default' (tiny Qwen3) or a local checkpoint directory")
     p.add_argument("--seed", type=int, default=0)
@@ -40,7 +64,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="wait this long after a token for more to send in one line (default 0)")  # fmt: skip
 
 
-def _spec(args) -> EngineSpec:
+def _spec(args):
+    from reference.engine.process import EngineSpec
+
     return EngineSpec(
         backend=args.backend, model=args.model, seed=args.seed, max_batch=args.max_batch,
         token_delay_s=args.token_delay_s, fake_reply_tokens=args.fake_reply_tokens,
@@ -125,6 +151,8 @@ def _load_tokenizer(name: str):
 def admin_token(args) -> str | None:
     """The manager's token: from --admin-token-file, else $SEAMLESSFLOW_ADMIN_TOKEN; never from argv,
     which every local user can read. A non-loopback --host without one is refused."""
+    from reference.engine.auth import is_loopback
+
     if args.admin_token is not None:
         raise ValueError(
             f"--admin-token is not accepted: a token on the command line is visible to every local user (ps); "
@@ -158,56 +186,134 @@ def _config(args, model_name: str):
     )  # fmt: skip
 
 
-async def serve(args) -> None:
-    from reference.engine.client import HTTPEngine
-    from reference.manager.manager import TrajectoryManager
-    from reference.manager.server import start_manager_server
+def _check_flags(args, ranges: dict[str, tuple[float, float | None]]) -> None:
+    """UserError naming the first flag whose value is outside its range (NaN is outside every range)."""
+    for flag, (low, high) in ranges.items():
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None and not (value >= low and (high is None or value <= high)):
+            allowed = f">= {low}" if high is None else f"in {low}..{high}"
+            raise UserError(f"{flag} must be {allowed}, got {value}")
+
+
+def _check_engine_flags(args) -> None:
+    """What `serve` and `engine` check before an engine process starts (there, a bad value is a traceback)."""
+    _check_flags(args, ENGINE_FLAG_RANGES)
+    if not args.heartbeat_s > 0:
+        raise UserError(f"--heartbeat-s must be > 0 (seconds between heartbeats of a quiet stream), "
+                        f"got {args.heartbeat_s}")  # fmt: skip
+    if args.backend == "vllm":
+        if args.model == "default":
+            raise UserError("--backend vllm needs --model CHECKPOINT_DIR (a local checkpoint directory)")
+        if importlib.util.find_spec("vllm") is None:
+            raise UserError("--backend vllm needs NVIDIA GPUs and the gpu extra (pip install -e '.[gpu]'); "
+                            "on this machine use --backend builtin")  # fmt: skip
+
+
+def _check_serve_flags(args) -> None:
+    _check_flags(args, SERVE_FLAG_RANGES)
+    if not args.store:  # SQLite would open a private temporary database, lost at exit
+        raise UserError("--store must name a file (the SQLite trajectory store)")
+    for url in args.engine_url:
+        if not url.startswith(("http://", "https://")):
+            raise UserError(f"--engine-url must be http://HOST:PORT (an engine server), got {url!r}")
+    if not args.engine_url:
+        _check_engine_flags(args)
+
+
+def serve(args) -> int:
+    """Check every flag and bind the port before anything starts (a refusal starts and writes nothing), then
+    start the engines, open the store and serve until SIGINT (exit 130) or SIGTERM (0)."""
+    from reference.engine.process import EngineProcess
+    from reference.engine.server import listen_sockets
+    from reference.manager.server import LISTEN_BACKLOG
     from reference.manager.store import TrajectoryStore
 
-    if args.gc_young < 0:
-        raise ValueError(f"--gc-young must be >= 0 (0: Python's defaults), got {args.gc_young}")
+    _check_serve_flags(args)
     spec = _spec(args)
     model_name = args.model_name or ("seamlessflow-tiny" if args.model == "default" else Path(args.model).name)
     config = _config(args, model_name)
     tokenizer = _load_tokenizer(args.model)
+    sockets = listen_sockets(args.host, args.port, LISTEN_BACKLOG)
     tune_gc(args.gc_young)
     procs: dict[str, EngineProcess] = {}
-    store = runner = None
+    store = None
     try:
-        if args.engine_url:  # engines started elsewhere: their token comes from the environment
-            token = token_from_env()
-            engines = {f"engine-{i}": HTTPEngine(url, token=token) for i, url in enumerate(args.engine_url)}
-        else:
+        if not args.engine_url:  # started outside the event loop, so that Ctrl-C interrupts a slow start at once
             print(f"starting {args.engines} {spec.backend} engine(s) for {args.model} ...", file=sys.stderr)
             for i in range(args.engines):
                 procs[f"engine-{i}"] = EngineProcess(spec)
-            engines = {name: p.client() for name, p in procs.items()}
         store = TrajectoryStore(args.store)
-        manager = TrajectoryManager(engines, tokenizer, store, config, processes=procs)
-        runner = await start_manager_server(manager, args.host, args.port)
-        print(f"trajectory manager on http://{args.host}:{args.port}/s/<session_id>/v1 (model {model_name!r}); "
-              f"trajectories in {args.store}; Ctrl-C stops", file=sys.stderr)  # fmt: skip
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await stop.wait()
+        return asyncio.run(_serve_manager(args, model_name, sockets, procs, tokenizer, store, config))
     finally:
-        if runner is not None:
-            await runner.cleanup()
-        for client in locals().get("engines", {}).values():
-            await client.close()
         for p in procs.values():
             p.close()
         if store is not None:
             store.close()
+        for sock in sockets:  # the server closed them already if it started
+            sock.close()
+
+
+async def _serve_manager(args, model_name: str, sockets, procs, tokenizer, store, config) -> int:
+    from reference.engine.auth import token_from_env
+    from reference.engine.client import HTTPEngine
+    from reference.engine.process import stop_signals
+    from reference.engine.server import bound_port
+    from reference.manager.manager import TrajectoryManager
+    from reference.manager.server import start_manager_server
+
+    stopped = stop_signals(asyncio.get_running_loop())
+    if args.engine_url:  # engines started elsewhere: their token comes from the environment
+        token = token_from_env()
+        engines = {f"engine-{i}": HTTPEngine(url, token=token) for i, url in enumerate(args.engine_url)}
+    else:
+        engines = {name: p.client() for name, p in procs.items()}
+    runner = None
+    try:
+        manager = TrajectoryManager(engines, tokenizer, store, config, processes=procs)
+        runner = await start_manager_server(manager, sockets=sockets)
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"trajectory manager on http://{host}:{bound_port(runner)}/s/<session_id>/v1 (model {model_name!r}); "
+              f"trajectories in {args.store}; Ctrl-C stops", file=sys.stderr)  # fmt: skip
+        return EXIT_INTERRUPTED if await stopped == signal.SIGINT else 0
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        for client in engines.values():
+            await client.close()
+
+
+def engine(args) -> int:
+    """One engine process: the port is bound before the model loads; SIGINT exits with 130, SIGTERM with 0."""
+    from reference.engine.process import serve_engine
+
+    _check_engine_flags(args)
+    # asyncio.run's own Ctrl-C handling only cancels its task, which cannot stop a model that loads
+    # synchronously inside it (minutes for vLLM); this handler interrupts at once (the server's own
+    # handlers replace it once it serves).
+    previous = signal.signal(signal.SIGINT, _interrupt)
+    try:
+        stopped = asyncio.run(serve_engine(_spec(args), args.host, args.port, args.watch_stdin))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return EXIT_INTERRUPTED if stopped == signal.SIGINT else 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _require_store(path: str) -> None:
+    """`check` and `export` read a store `serve` or `train` wrote; they never create one."""
+    if not Path(path).is_file():
+        raise UserError(f"no trajectory store at {path} (`serve` and `train` write one); name it with --store FILE")
 
 
 def check(args) -> int:
     from reference.consistency import check_store
     from reference.manager.store import TrajectoryStore
 
-    if not Path(args.store).exists():
-        raise FileNotFoundError(f"no trajectory store at {args.store}")
+    _check_flags(args, CHECK_FLAG_RANGES)
+    _require_store(args.store)
     model, tokenizer = _load_model(args.model, args.seed)
     with TrajectoryStore(args.store) as store:
         report = check_store(store, model, tokenizer, args.session, args.version)
@@ -219,8 +325,7 @@ def export(args) -> int:
     from reference.export import export_jsonl
     from reference.manager.store import TrajectoryStore
 
-    if not Path(args.store).exists():
-        raise FileNotFoundError(f"no trajectory store at {args.store}")
+    _require_store(args.store)
     with TrajectoryStore(args.store) as store:
         count = export_jsonl(store, args.out, args.session, args.rewarded_only)
     print(f"{count} branches written to {args.out}", file=sys.stderr)
@@ -228,30 +333,34 @@ def export(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """Run a command; a user's mistake is one `error:` line and exit code 2, Ctrl-C exit code 130."""
+    try:
+        return _run(parser().parse_args(argv))
+    except (ValueError, OSError, RuntimeError) as e:  # UserError is a ValueError; OSError: a file, a port
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _run(args) -> int:
     logging.basicConfig(
         level=getattr(args, "log_level", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
-        if args.command == "serve":
-            asyncio.run(serve(args))
-        elif args.command == "engine":
-            asyncio.run(serve_engine(_spec(args), args.host, args.port, args.watch_stdin))
-        elif args.command == "check":
-            return check(args)
-        elif args.command == "export":
-            return export(args)
-        elif args.command == "train":
-            from reference.control.cli import train_main
+    if args.command == "serve":
+        return serve(args)
+    if args.command == "engine":
+        return engine(args)
+    if args.command == "check":
+        return check(args)
+    if args.command == "export":
+        return export(args)
+    if args.command == "train":
+        from reference.control.cli import train_main
 
-            return train_main(args)
-        elif args.command == "build-tokenizer":
-            from reference.tokenizer import rebuild_default_tokenizer
+        tune_gc()  # this process runs the trajectory manager
+        return train_main(args)
+    from reference.tokenizer import rebuild_default_tokenizer  # build-tokenizer
 
-            print(rebuild_default_tokenizer())
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    print(rebuild_default_tokenizer())
     return 0

@@ -65,6 +65,6 @@ def train(cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = Tr
             with Progress(cfg.policy.num_steps, enabled=progress, done=done) as bar:
                 run = run_policy(cfg, task, policy, workers, m, recorder, metrics, bar, admin, out, done, adopted)
                 wall = m.call(run, timeout_s=cfg.run.time_limit_s + 120)
-    meta = {"policy": policy.name, "model": cfg.model.dir or "tiny", "device": "cpu",
-            "num_gpus": cfg.resources.count, "workload": cfg.task.name, "seed": cfg.run.seed}  # fmt: skip
+    meta = {"policy": policy.name, "model": cfg.model.dir or "tiny", "device": "cpu", "num_gpus": cfg.resources.count,
+            "workload": cfg.task.name, "seed": cfg.run.seed, "clock": "measured"}  # fmt: skip
     return recorder.finish(wall, meta, metrics.counters), metrics

@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from core.errors import UserError
-from core.policies import POLICIES, policy_class
-from sim.config import DEFAULT_CONFIG, load_config
+from core.outputs import default_out, interrupted, prepare_out, provenance, source_fingerprint
+from core.policies import POLICIES
+from sim.config import DEFAULT_CONFIG, SimConfig, load_config
 from sim.report import ratio_table, ratios, table, write_run
-from sim.runner import simulate
+from sim.runner import Simulation
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -24,7 +24,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policy", default="tag", help=f"one of: {', '.join(POLICIES)} (default: tag)")
     p.add_argument("--compare", action="store_true", help="run all four policies on the same config and seed")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML merged over the default config")
-    p.add_argument("--out", default=None, help="output folder (default: results/sim-<policy>-<time>)")
+    p.add_argument(
+        "--out", default=None, help="output folder, new or empty (default: results/sim-<policy>-<time>-seed<seed>)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="clear a non-empty --out folder first")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -45,20 +48,25 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the output folder exists (Ctrl-C during a run: see _run)
+        print(interrupted(None), file=sys.stderr)
+        return 130
 
 
 def _run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     names = list(POLICIES) if args.compare else [args.policy]
-    for name in names:
-        policy_class(name)
+    sims = {name: Simulation(cfg, name, progress=not args.quiet) for name in names}  # every check, nothing run
     label = "compare" if args.compare else args.policy
-    out = Path(args.out) if args.out else Path("results") / f"sim-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
-    summaries = []
-    for name in names:
-        timeline = simulate(cfg, name, progress=not args.quiet)
-        run_dir = out / name if args.compare else out
-        summaries.append(write_run(timeline, cfg, run_dir, picture=not args.no_picture))
+    out = prepare_out(args.out, default_out("sim", label, cfg.seed), args.overwrite)
+    source = source_fingerprint()  # the code as the run starts
+    try:
+        summaries = [
+            _run_one(sim, cfg, out / name if args.compare else out, args, source) for name, sim in sims.items()
+        ]
+    except KeyboardInterrupt:
+        print(interrupted(out), file=sys.stderr)
+        return 130
     print(
         f"{cfg.model} | {cfg.workload.kind} | {cfg.cluster.num_gpus} x {cfg.cluster.device} | "
         f"{cfg.num_steps} steps | seed {cfg.seed}"
@@ -67,6 +75,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.compare:
         r = ratios(summaries)
         (out / "compare.json").write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
+        if not args.no_picture:  # every policy's timeline on one shared time axis, read back from its folder
+            from core.plot import draw_compare
+            from core.timeline import Timeline
+
+            draw_compare([Timeline.load(out / name / "intervals.json") for name in names], out / "compare.png")
         print(ratio_table(r))
     print(f"outputs: {out}/")
     return 0
+
+
+def _run_one(sim: Simulation, cfg: SimConfig, out: Path, args: argparse.Namespace, source: dict) -> dict:
+    timeline = sim.run()
+    record = provenance(sim.policy.name, source)
+    return write_run(timeline, cfg, out, picture=not args.no_picture, provenance=record)

@@ -8,21 +8,27 @@ from pathlib import Path
 import yaml
 
 from core.metrics import summarize
+from core.outputs import provenance_header
 from core.plot import draw_timeline
 from core.timeline import Timeline
 from core.trace import write_chrome_trace
 from sim.config import SimConfig, config_dict
 
 
-def write_run(timeline: Timeline, cfg: SimConfig, out: Path, picture: bool = True) -> dict:
+def write_run(
+    timeline: Timeline, cfg: SimConfig, out: Path, picture: bool = True, provenance: dict | None = None
+) -> dict:
     """summary.json, intervals.json (the timeline record, `Timeline.load` reads it back),
-    timeline.json (Chrome trace), timeline.png and config.yaml in `out`."""
+    timeline.json (Chrome trace), timeline.png and config.yaml in `out`. `provenance`
+    (`core.outputs.provenance`) heads config.yaml as comments: the file stays a config `--config`
+    accepts, and every other output depends on the config and the seed alone."""
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(timeline)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     timeline.save(out / "intervals.json")
     write_chrome_trace(timeline, out / "timeline.json")
-    (out / "config.yaml").write_text(yaml.safe_dump(config_dict(cfg), sort_keys=False))
+    header = provenance_header(provenance) if provenance is not None else ""
+    (out / "config.yaml").write_text(header + yaml.safe_dump(config_dict(cfg), sort_keys=False))
     if picture:
         title = f"{summary['policy']}: {cfg.model}, {cfg.workload.kind}, {cfg.cluster.num_gpus} x {cfg.cluster.device}"
         draw_timeline(timeline, out / "timeline.png", title)

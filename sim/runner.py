@@ -23,7 +23,8 @@ from core import events as ev
 from core import specs
 from core.driver import Deadlines, Driver
 from core.errors import UserError
-from core.policies import PolicyConfig, make_policy
+from core.outputs import show_progress
+from core.policies import PolicyConfig, make_policy, policy_class
 from core.tags import Phase, Tag
 from core.timeline import StepRecord, Timeline, TimelineRecorder
 from sim.config import SimConfig
@@ -34,7 +35,12 @@ from sim.workload import Sample, Workload
 
 class Simulation:
     def __init__(self, cfg: SimConfig, policy: str, progress: bool = False) -> None:
+        """Lay out the cluster and check that the model fits (UserError); nothing runs or prints until `run`."""
+        policy_class(policy)  # an unknown name first: its error lists the choices
+        if cfg.num_resources < 2 and policy != "colocated":
+            raise UserError(f"policy {policy!r} needs at least 2 resources; the cluster has {cfg.num_resources}")
         self.cfg = cfg
+        self.progress = show_progress(progress)
         self.cost = CostModel(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device))
         pcfg = PolicyConfig(
             cfg.workload.prompts_per_step,
@@ -71,13 +77,16 @@ class Simulation:
         # SimPy runs out of events (see `run`), so no decision needs a deadline.
         self.driver = Driver(self.policy, self, self.recorder, Deadlines.none())
         self._done = self.env.event()
-        self._bar = tqdm(
-            total=cfg.num_steps, desc=f"sim {policy}", unit="step", delay=2.0, disable=not progress, leave=False
-        )
+        self._bar: tqdm | None = None
 
     # ---- the loop ----
 
     def run(self) -> Timeline:
+        # The bar starts here, not in __init__: a CLI builds every simulation (checking its config) first.
+        self._bar = tqdm(
+            total=self.cfg.num_steps, desc=f"sim {self.policy.name}", unit="step", delay=2.0,
+            disable=not self.progress, leave=False,
+        )  # fmt: skip
         self._emit(ev.Started())
         try:
             self.env.run(until=self._done)
@@ -99,6 +108,7 @@ class Simulation:
             "num_gpus": self.cfg.cluster.num_gpus,
             "workload": self.cfg.workload.kind,
             "seed": self.cfg.seed,
+            "clock": "simulated",
         }
         return self.recorder.finish(self.env.now, meta, dict(sorted(self.counters.items())))
 
@@ -336,7 +346,6 @@ class Simulation:
 
 
 def simulate(cfg: SimConfig, policy: str, progress: bool = False) -> Timeline:
-    """Run one policy on one config; returns the timeline (score it with core.metrics.summarize)."""
-    if cfg.num_resources < 2 and policy != "colocated":
-        raise UserError(f"policy {policy!r} needs at least 2 resources; the cluster has {cfg.num_resources}")
+    """Run one policy on one config; returns the timeline (score it with core.metrics.summarize).
+    `progress`: a progress bar on stderr, if stderr is a terminal."""
     return Simulation(cfg, policy, progress).run()

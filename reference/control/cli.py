@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 from core.config import from_dict
 from core.errors import UserError
+from core.outputs import default_out, interrupted, prepare_out, provenance, source_fingerprint
 from core.policies import POLICIES
 
 COMPARE_ORDER = ("colocated", "disaggregated", "async", "tag")
@@ -33,7 +32,9 @@ def add_train_parser(sub) -> None:
     t.add_argument("--steps", type=int, default=None, help="training steps (policy.num_steps)")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
-    t.add_argument("--out", default=None, help="output folder (default: results/train-<policy>-<time>)")
+    t.add_argument("--out", default=None,
+                   help="output folder, new or empty (default: results/train-<policy>-<time>-seed<seed>)")  # fmt: skip
+    t.add_argument("--overwrite", action="store_true", help="clear a non-empty --out folder first")
     t.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the run in DIR from its last checkpoint, with its config.yaml")  # fmt: skip
     t.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -68,23 +69,29 @@ def _task_chosen(args) -> bool:
 
 def train_main(args) -> int:
     from reference.control.config import load_train_config
-    from reference.manager.load import tune_gc
 
+    out = run_dir = None  # the output folder, and the folder of the policy running now (compare: a subfolder)
     try:
         if args.resume is not None:
-            return _resume(Path(args.resume), args.quiet)
+            out = run_dir = Path(args.resume)
+            return _resume(out, args.quiet)
         cfg = load_train_config(args.config, _overrides(args))
         names = COMPARE_ORDER if args.compare else (cfg.policy.name,)
         for name in names:
             validate(_with_policy(cfg, name))
         label = "compare" if args.compare else cfg.policy.name
-        out = Path(args.out) if args.out else Path("results") / f"train-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
-        _check_out(out)
-        tune_gc()  # this process runs the trajectory manager
-        summaries = [_one(cfg, name, out / name if args.compare else out, args.quiet) for name in names]
+        out = prepare_out(args.out, default_out("train", label, cfg.run.seed), args.overwrite)
+        source = source_fingerprint()  # the code as the run starts
+        summaries = []
+        for name in names:
+            run_dir = out / name if args.compare else out
+            summaries.append(_one(cfg, name, run_dir, args.quiet, source))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # one line, not Ray's and asyncio's tracebacks
+        print(_interrupted(out, run_dir), file=sys.stderr)
+        return 130
     print(table(summaries))
     print(f"outputs: {out}/")
     return 0
@@ -119,25 +126,22 @@ def validate(cfg) -> None:
                         f"data-parallel train resources (each needs whole prompt groups)")  # fmt: skip
 
 
-def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {str(out)!r} is a file, not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--out {str(out)!r} cannot be created: {e.strerror}") from None
+def _interrupted(out: Path | None, run_dir: Path | None) -> str:
+    """The line after Ctrl-C: where the outputs are, and how to go on from a checkpoint if there is one."""
+    line = interrupted(out)
+    if run_dir is not None and any((run_dir / "checkpoints").glob("step-*")):
+        line += f"; `python -m reference train --resume {run_dir}` continues from its last checkpoint"
+    return line
 
 
-def _one(cfg, policy: str, out: Path, quiet: bool) -> dict:
+def _one(cfg, policy: str, out: Path, quiet: bool, source: dict) -> dict:
     from reference.control.report import write_outputs
     from reference.train import train
 
     cfg = _with_policy(cfg, policy)
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"--out {str(out)!r} is not empty; choose a new folder")
     print(f"training {cfg.task.name} under {policy}: {cfg.policy.num_steps} steps of {cfg.rollout.prompts_per_step} "
           f"x {cfg.rollout.group_size} samples on {cfg.resources.count} resources ...", file=sys.stderr)  # fmt: skip
-    resolved = {**dataclasses.asdict(cfg), "command": " ".join(sys.argv), "code_version": _code_version()}
+    resolved = {**dataclasses.asdict(cfg), "provenance": provenance(policy, source)}  # not config: --resume skips it
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))  # --resume reads it
     timeline, metrics = train(cfg, out, progress=not quiet)
@@ -157,7 +161,7 @@ def _resume(out: Path, quiet: bool) -> int:
     cfg = from_dict(TrainConfig, {k: v for k, v in resolved.items() if k in fields})
     print(f"resuming {out} ...", file=sys.stderr)
     timeline, metrics = train(cfg, out, progress=not quiet, resume=True)
-    summary = write_outputs(timeline, metrics, {**resolved, "resumed": True}, out)
+    summary = write_outputs(timeline, metrics, {**resolved, "resumed": provenance(cfg.policy.name)}, out)
     print(table([summary]))
     print(f"outputs: {out}/")
     return 0
@@ -165,15 +169,6 @@ def _resume(out: Path, quiet: bool) -> int:
 
 def _with_policy(cfg, name: str):
     return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, name=name))
-
-
-def _code_version() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)  # fmt: skip
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def table(summaries: list[dict]) -> str:

@@ -14,6 +14,7 @@ import yaml
 from tqdm import tqdm
 
 from core.metrics import summarize
+from core.outputs import show_progress
 from core.plot import draw_timeline
 from core.timeline import Timeline
 from core.trace import write_chrome_trace
@@ -50,10 +51,11 @@ def _finite(value):
 
 
 class Progress:
-    """A progress bar per training step, with reward and trained tokens per second."""
+    """A progress bar per training step, with reward and trained tokens per second (only on a terminal)."""
 
     def __init__(self, steps: int, enabled: bool = True, done: int = 0) -> None:
-        self.bar = tqdm(total=steps, initial=done, desc="train", unit="step", disable=not enabled, leave=False)
+        self.bar = tqdm(total=steps, initial=done, desc="train", unit="step", disable=not show_progress(enabled),
+                        leave=False)  # fmt: skip
 
     def update(self, record: dict) -> None:
         self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", tok_s=f"{record['tokens_per_s_trained']:,.0f}")

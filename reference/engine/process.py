@@ -126,7 +126,12 @@ class EngineProcess:
         ready: queue.Queue[int | None] = queue.Queue()
         # Reads the READY line, then keeps draining the child's stdout so it never blocks on a full pipe.
         threading.Thread(target=_watch_stdout, args=(self._proc, ready), daemon=True).start()
-        self.port = self._wait_ready(ready, timeout_s)
+        try:
+            self.port = self._wait_ready(ready, timeout_s)
+        except BaseException:  # Ctrl-C while the engine loads, too: the child must not outlive its start
+            self.kill()
+            self._close_stdin()
+            raise
         self.url = f"http://{_url_host(self.host)}:{self.port}"
 
     def _wait_ready(self, ready: queue.Queue, timeout_s: float) -> int:
@@ -204,29 +209,43 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def stop_signals(loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    """A future that gets the first SIGINT or SIGTERM: a server shuts down gracefully on it (and tells the
+    one from the other: Ctrl-C exits with 130, a stop request with 0) instead of being interrupted."""
+    stopped = loop.create_future()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda sig=sig: stopped.done() or stopped.set_result(sig))
+    return stopped
+
+
 async def serve_engine(
     spec: EngineSpec, host: str, port: int, watch_stdin: bool = False, token: str | None = None
-) -> None:
-    """The engine process's main: serve until SIGTERM/SIGINT, or until stdin closes with `watch_stdin`.
-    `token` (default: from $SEAMLESSFLOW_ENGINE_TOKEN or $SEAMLESSFLOW_ENGINE_TOKEN_FILE) is demanded of
-    every caller; without one, only a loopback `host` is allowed (ValueError otherwise)."""
-    from reference.engine.server import bound_port, start_engine_server
+) -> signal.Signals:
+    """The engine process's main: serve until SIGTERM/SIGINT (returned), or until stdin closes with
+    `watch_stdin`. `token` (default: from $SEAMLESSFLOW_ENGINE_TOKEN or $SEAMLESSFLOW_ENGINE_TOKEN_FILE) is
+    demanded of every caller; without one, only a loopback `host` is allowed (ValueError otherwise). The
+    port is bound before the model loads, so a port in use is a UserError at once."""
+    from reference.engine.server import bound_port, listen_sockets, start_engine_server
 
     token = token_from_env() if token is None else check_token(token)
     require_token_off_loopback(host, token)
-    engine = make_engine(spec)
-    runner = await start_engine_server(engine, host, port, spec.heartbeat_s, spec.coalesce_s, token=token)
+    sockets = listen_sockets(host, port)
+    try:
+        engine = make_engine(spec)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    runner = await start_engine_server(engine, heartbeat_s=spec.heartbeat_s, coalesce_s=spec.coalesce_s,
+                                       token=token, sockets=sockets)  # fmt: skip
     print(f"{READY_PREFIX}{bound_port(runner)}", flush=True)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stopped = stop_signals(loop)
     orphaned = asyncio.Event()
     if watch_stdin:
         loop.add_reader(sys.stdin.fileno(), lambda: orphaned.set() if not os.read(sys.stdin.fileno(), 1) else None)
     try:
-        await asyncio.wait([asyncio.ensure_future(stop.wait()), asyncio.ensure_future(orphaned.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        await asyncio.wait([stopped, asyncio.ensure_future(orphaned.wait())], return_when=asyncio.FIRST_COMPLETED)
         if orphaned.is_set():
             # The parent is gone: nobody will read what is in flight, and a graceful drain would hold open
             # streams (paused ones for ever) so that clients could not fail over. Exit at once.
@@ -237,3 +256,4 @@ async def serve_engine(
         close = getattr(engine, "close", None) or getattr(engine, "shutdown", None)
         if close is not None and inspect.isawaitable(result := close()):
             await result
+    return stopped.result()

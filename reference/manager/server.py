@@ -25,10 +25,12 @@ and `/health` needs `Authorization: Bearer <token>`: reading and annotating traj
 what the model learns), stats, and the control endpoints.
 
 Every error is an OpenAI-style JSON body with a 4xx/5xx status (also for what aiohttp rejects before a
-handler runs: an over-long request line, a malformed header), and the server keeps serving. Large
-bodies are parsed and tokenised in a worker thread (the tokenizer releases the GIL), so one huge request
-never stalls the others; trees are serialised off the loop too. Handlers are cancelled when the client
-disconnects, which aborts the engine request.
+handler runs: an over-long request line, a malformed header), and the server keeps serving. A URL nothing
+serves (a client given the usual `http://HOST:PORT/v1` base URL) gets a 404, token or not, whose message
+says to use `base_url = http://HOST:PORT/s/<session_id>/v1`. Large bodies are parsed and tokenised in a
+worker thread (the tokenizer releases the GIL), so one huge request never stalls the others; trees are
+serialised off the loop too. Handlers are cancelled when the client disconnects, which aborts the engine
+request.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 import uuid
 from contextlib import aclosing
@@ -47,6 +50,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from reference.engine.auth import authorized
 from reference.engine.base import MAX_SEED
+from reference.engine.server import listen_sockets, serve_on
 from reference.manager.chat import (
     RequestError,
     chat_logprobs,
@@ -72,6 +76,8 @@ LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (aiohttp's 
 @web.middleware
 async def openai_errors(request: web.Request, handler):
     try:
+        if isinstance(request.match_info.http_exception, web.HTTPNotFound):
+            raise _no_such_endpoint(request)  # before the token check: an agent with a wrong base URL is told so
         if not (request.path.startswith("/s/") or request.path in OPEN_PATHS):
             _check_token(request)
         return await handler(request)
@@ -89,6 +95,17 @@ async def openai_errors(request: web.Request, handler):
 def _error_response(status: int, message: str) -> web.Response:
     code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status)
     return web.json_response(RequestError(message, status=status, code=code).body(), status=status)
+
+
+def _no_such_endpoint(request: web.Request) -> RequestError:
+    """The 404 for a URL nothing serves; it says where the OpenAI endpoints are, since a client given the
+    usual `http://HOST:PORT/v1` base URL lands here."""
+    return RequestError(
+        f"{request.method} {request.path[:100]} is not served here: OpenAI calls take the session in the URL. "
+        f"Use base_url = {request.scheme}://{request.host[:100]}/s/<session_id>/v1 (one session id per agent "
+        f"episode), which serves POST chat/completions, POST completions and GET models",
+        status=404, code="not_found",
+    )  # fmt: skip
 
 
 def _check_token(request: web.Request) -> None:
@@ -503,13 +520,29 @@ class _Server(web.Server):
         return _JSONErrors(self, loop=self._loop, **self._kwargs)
 
 
-async def start_manager_server(manager: TrajectoryManager, host: str = "127.0.0.1", port: int = 8000):
-    """Serve in the running loop; returns the runner (see reference.engine.server.bound_port)."""
-    await manager.start()
-    runner = web.AppRunner(build_app(manager), handler_cancellation=True, access_log=None,
-                           max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES)  # fmt: skip
-    await runner.setup()
-    if type(runner.server) is web.Server:
-        runner.server.__class__ = _Server
-    await web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG).start()
-    return runner
+class _Runner(web.AppRunner):
+    """An AppRunner whose server answers what aiohttp rejects before a handler with JSON (`_JSONErrors`)."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        if type(server) is web.Server:
+            server.__class__ = _Server
+        return server
+
+
+async def start_manager_server(
+    manager: TrajectoryManager, host: str = "127.0.0.1", port: int = 8000, *, sockets: list[socket.socket] | None = None
+) -> web.AppRunner:
+    """Serve in the running loop; returns the runner (see reference.engine.server.bound_port). `sockets`:
+    already listening (`listen_sockets`, as `serve` binds them before its engines start), instead of
+    binding `host`:`port` here; a port in use or a bad host is a UserError, before the manager starts."""
+    sockets = listen_sockets(host, port, LISTEN_BACKLOG) if sockets is None else sockets
+    try:
+        await manager.start()
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    runner = _Runner(build_app(manager), handler_cancellation=True, access_log=None,
+                     max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES)  # fmt: skip
+    return await serve_on(runner, sockets, LISTEN_BACKLOG)

@@ -1,0 +1,140 @@
+"""`python -m reference train`'s output folder, checked before anything starts: one `error:` line and exit 2
+for a file, an uncreatable or a non-empty `--out`; `--overwrite`; unique default folders; provenance in
+config.yaml; Ctrl-C as one line and exit 130. Training itself is replaced by a fake that stops at once."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reference.cli import main
+
+
+def tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.fixture
+def started(monkeypatch) -> list[tuple[str, Path]]:
+    """Training that records (policy, folder) and stops as Ctrl-C would, before any process starts."""
+    import reference.train
+
+    runs: list[tuple[str, Path]] = []
+
+    def fake_train(cfg, out, progress=True, resume=False):
+        runs.append((cfg.policy.name, out))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reference.train, "train", fake_train)
+    return runs
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err.rstrip("\n")
+
+
+def interrupted_line(capsys) -> str:
+    """After Ctrl-C: the line announcing the run, then one line saying where its outputs are."""
+    announced, *rest = capsys.readouterr().err.splitlines()
+    assert announced.startswith("training math under "), announced
+    assert len(rest) == 1, rest
+    return rest[0]
+
+
+def test_an_out_that_cannot_be_created(capsys, tmp_path, started):
+    (tmp_path / "file").write_text("mine")
+    assert main(["train", "--out", str(tmp_path / "file" / "run")]) == 2
+    assert one_line(capsys) == f"error: --out '{tmp_path}/file/run' cannot be created: Not a directory"
+    assert tree(tmp_path) == ["file"]
+    assert started == []
+
+
+def test_a_non_empty_out_is_refused_before_anything_starts(capsys, tmp_path, started):
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    assert main(["train", "--out", str(tmp_path)]) == 2
+    assert one_line(capsys) == f"error: --out '{tmp_path}' is not empty; choose a new folder or pass --overwrite"
+    assert tree(tmp_path) == ["metrics.jsonl"]
+    assert started == []
+
+
+def test_overwrite_refuses_the_current_folder(capsys, tmp_path, monkeypatch, started):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["train", "--out", ".", "--overwrite"]) == 2
+    assert one_line(capsys) == "error: --overwrite refuses to clear '.': it is the current folder"
+    assert tree(tmp_path) == ["notes.txt"]
+
+
+def test_overwrite_clears_the_last_run_then_starts(capsys, tmp_path, started):
+    (tmp_path / "checkpoints" / "step-5").mkdir(parents=True)
+    (tmp_path / "reward.png").write_bytes(b"old")
+    assert main(["train", "--out", str(tmp_path), "--overwrite"]) == 130
+    assert started == [("tag", tmp_path)]
+    assert tree(tmp_path) == ["config.yaml"]  # written before training starts (--resume reads it)
+    assert interrupted_line(capsys) == f"interrupted (Ctrl-C); outputs written so far are in {tmp_path}/"
+
+
+def test_ctrl_c_names_the_checkpoint_to_resume_from(capsys, tmp_path, monkeypatch, started):
+    import reference.train
+
+    def fake_train(cfg, out, progress=True, resume=False):
+        (out / "checkpoints" / "step-2").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reference.train, "train", fake_train)
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out)]) == 130
+    assert interrupted_line(capsys) == (
+        f"interrupted (Ctrl-C); outputs written so far are in {out}/; "
+        f"`python -m reference train --resume {out}` continues from its last checkpoint"
+    )
+
+
+def test_default_folders_never_collide(capsys, tmp_path, monkeypatch, started):
+    monkeypatch.chdir(tmp_path)
+    for seed in ("0", "0", "1"):
+        assert main(["train", "--seed", seed]) == 130
+    folders = [out.name for _, out in started]
+    assert len(set(folders)) == 3
+    assert [name.startswith("train-tag-") for name in folders] == [True] * 3
+    assert [name.split("-seed")[1] for name in folders] in (["0", "0-2", "1"], ["0", "0", "1"])
+    assert sorted(folders) == sorted(p.name for p in (tmp_path / "results").iterdir())
+
+
+def test_config_yaml_records_the_policy_the_command_and_the_source(capsys, tmp_path, monkeypatch, started):
+    argv = ["train", "--compare", "--out", str(tmp_path / "cmp")]
+    monkeypatch.setattr(sys, "argv", ["reference/__main__.py", *argv])
+    assert main(argv) == 130  # stopped in the first policy of the four
+    saved = yaml.safe_load((tmp_path / "cmp" / "colocated" / "config.yaml").read_text())
+    record = saved["provenance"]
+    assert record["policy"] == "colocated"
+    assert record["argv"] == ["reference/__main__.py", *argv]
+    assert len(record["source"]["configs_sha256"]) == 64
+    assert "git_commit" in record["source"] or "version" in record["source"]
+
+
+def test_resume_reads_a_config_with_provenance(capsys, tmp_path, started):
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--policy", "async", "--steps", "7"]) == 130
+    assert main(["train", "--resume", str(out)]) == 130
+    assert started == [("async", out), ("async", out)]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("stderr", "shown"), [(Terminal(), True), (io.StringIO(), False)])
+def test_the_progress_bar_only_on_a_terminal(monkeypatch, stderr, shown):
+    from reference.control.report import Progress
+
+    monkeypatch.setattr(sys, "stderr", stderr)
+    with Progress(3) as progress:
+        assert progress.bar.disable is not shown
