@@ -1,0 +1,5 @@
+import sys
+
+from swebench_env.cli import main
+
+sys.exit(main())

@@ -1,0 +1,119 @@
+"""`python -m swebench_env COMMAND`: SWE-bench-format tasks.
+
+suite     --out DIR: regenerate the offline suite into DIR and verify it; --verify: re-check a suite
+validate  FILE: check a task file (JSON list or JSONL) against the schema
+check     FILE: run each task's tests here (empty patch fails, gold patch resolves); trusted tasks only
+checkout  FILE ID DEST: check out one task's repository at its base commit
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m swebench_env", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    suite = sub.add_parser("suite", help="regenerate (--out) or re-check (--verify) the offline task suite")
+    suite.add_argument("--out", type=Path, help="write the suite here (e.g. swebench_env/data/suite), then verify it")
+    suite.add_argument("--verify", action="store_true", help="re-check the suite in --dir")
+    suite.add_argument("--dir", type=Path, default=None, help="the suite to verify (default: the shipped one)")
+    suite.add_argument("--ids", nargs="+", default=None, help="verify only these instance ids")
+    suite.add_argument("--no-verify", action="store_true", help="with --out: generate without running the checks")
+    suite.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="tasks built or checked at once")
+    validate = sub.add_parser("validate", help="check a task file against the schema")
+    validate.add_argument("file", type=Path)
+    check = sub.add_parser("check", help="run the tasks of a file with the empty and the gold patch (runs their code!)")
+    check.add_argument("file", type=Path)
+    check.add_argument("--ids", nargs="+", default=None, help="check only these instance ids")
+    check.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    checkout = sub.add_parser("checkout", help="check out a task's repository at its base commit")
+    checkout.add_argument("file", type=Path, help="task file (JSON or JSONL)")
+    checkout.add_argument("instance_id")
+    checkout.add_argument("dest", type=Path, help="an absent or empty folder")
+    return p
+
+
+def suite(args: argparse.Namespace) -> int:
+    from swebench_env.suite import SUITE_DIR, load_suite, load_suite_demonstrations
+    from swebench_env.suite.build import generate_suite
+
+    if (args.out is None) == (not args.verify):
+        raise ValueError("give either --out DIR (regenerate and verify) or --verify [--dir DIR]")
+    root = args.out or args.dir or SUITE_DIR
+    if args.out is not None:
+        start = time.perf_counter()
+        built = generate_suite(args.out, jobs=args.jobs)
+        size_kb = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file()) / 1024
+        print(f"built {len(built)} tasks into {args.out} ({size_kb:.0f} KiB) in {time.perf_counter() - start:.1f} s")
+        if args.no_verify:
+            return 0
+    tasks = _chosen(load_suite("all", root), args.ids, root)
+    return _verify(tasks, {d.instance_id: d for d in load_suite_demonstrations("all", root)}, args.jobs)
+
+
+def _chosen(tasks, ids: list[str] | None, where: Path):
+    if not ids:
+        return tasks
+    unknown = sorted(set(ids) - {t.instance_id for t in tasks})
+    if unknown:
+        raise ValueError(f"no task {unknown[0]!r} in {where}; it has {len(tasks)} tasks")
+    return [t for t in tasks if t.instance_id in ids]
+
+
+def check(args: argparse.Namespace) -> int:
+    from swebench_env.tasks import load_tasks
+
+    return _verify(_chosen(load_tasks(args.file), args.ids, args.file), {}, args.jobs)
+
+
+def _verify(tasks, demos, jobs: int) -> int:
+    from swebench_env.suite.verify import check_tasks
+
+    start = time.perf_counter()
+    checks = check_tasks(tasks, demos, jobs=jobs)
+    bad = [c for c in checks if not c.ok]
+    for check in bad:
+        for problem in check.problems:
+            print(f"{check.instance_id}: {problem}", file=sys.stderr)
+    seconds = time.perf_counter() - start
+    print(f"verified {len(checks)} tasks in {seconds:.1f} s: {len(checks) - len(bad)} ok, {len(bad)} bad")
+    return 1 if bad else 0
+
+
+def validate(args: argparse.Namespace) -> int:
+    from swebench_env.tasks import load_tasks
+
+    tasks = load_tasks(args.file)
+    print(f"{args.file}: {len(tasks)} valid tasks")
+    return 0
+
+
+def checkout(args: argparse.Namespace) -> int:
+    from swebench_env.tasks import load_tasks, materialize_repo
+
+    tasks = {t.instance_id: t for t in load_tasks(args.file)}
+    if args.instance_id not in tasks:
+        raise ValueError(f"no task {args.instance_id!r} in {args.file}; it has {len(tasks)} tasks")
+    task = tasks[args.instance_id]
+    print(materialize_repo(task, args.dest))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    commands = {"suite": suite, "validate": validate, "check": check, "checkout": checkout}
+    try:
+        return commands[args.command](args)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # a task that cannot be built, or git failing: not the user's typing
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,271 @@
+"""Tasks in SWE-bench's instance schema: load, validate, write, and check out a task's repository.
+
+A task file is a JSON list of instances or JSONL (one instance a line), as SWE-bench and SWE-smith
+publish them. Official files store `FAIL_TO_PASS` and `PASS_TO_PASS` as JSON-encoded strings
+(`"[\\"tests/test_x.py::test_y\\"]"`); plain lists are accepted too, and `dump_tasks` writes lists.
+
+One field goes beyond SWE-bench's schema: `repo_path`, where the repository comes from when it is not
+GitHub's `repo`: a local git directory (work tree or bare) or a git bundle file, relative to the task
+file. With it, tasks are added offline; without it, `repo` is GitHub's `owner/name` and official
+instances load unchanged. Fields a file carries beyond the schema (e.g. SWE-bench Verified's
+`difficulty`) are kept in `Task.extra` and written back; a misspelling of a known field is an error.
+
+`materialize_repo` fetches only `base_commit` and its history into a fresh repository on branch
+`main`, so commits after the base commit (the fix, for a real issue) are not in the checkout.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from swebench_env.git import DEFAULT_TIMEOUT_S, git, is_repository
+
+GITHUB_URL = "https://github.com/{repo}.git"
+INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+GITHUB_REPO = re.compile(r"[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+")
+COMMIT = re.compile(r"[0-9a-f]{40}")
+REQUIRED = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "patch",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+)
+
+STRING_FIELDS = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "patch",
+    "test_patch",
+    "version",
+    "environment_setup_commit",
+    "hints_text",
+    "created_at",
+)
+
+
+class TaskFormatError(ValueError):
+    """A task file or record breaks the schema; the message names the place, the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One SWE-bench instance. Test ids are pytest node ids, e.g. `tests/test_x.py::test_y[1-2]`."""
+
+    instance_id: str  # unique in a file; letters, digits, `_.-` (used in file and container names)
+    repo: str  # GitHub `owner/name`; with `repo_path`, any label
+    base_commit: str  # 40 hex digits: the state the agent starts from
+    problem_statement: str  # the issue text the agent sees
+    patch: str  # the gold fix (a unified diff of source files)
+    test_patch: str  # the tests that check the fix (a unified diff of test files), withheld from the agent
+    FAIL_TO_PASS: tuple[str, ...]  # tests that fail at the base commit and must pass after the fix
+    PASS_TO_PASS: tuple[str, ...]  # tests that pass before and must still pass after
+    version: str = ""  # the repository's version, as SWE-bench groups environments ("3.0")
+    environment_setup_commit: str = ""  # commit whose dependencies the environment installs; "" = base_commit
+    hints_text: str = ""  # issue comments made before the fix
+    created_at: str = ""  # ISO 8601 time the issue or fix was made
+    repo_path: Path | None = None  # local git directory or bundle; None: clone GitHub's `repo`
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)  # fields beyond the schema, kept as read
+
+    def __post_init__(self) -> None:
+        for name in STRING_FIELDS:
+            _expect_str(self, name)
+        if not INSTANCE_ID.fullmatch(self.instance_id):
+            raise TaskFormatError(f"instance {self.instance_id!r}: field 'instance_id': use letters, digits and _.-")
+        if self.repo_path is None and not GITHUB_REPO.fullmatch(self.repo):
+            raise _bad(self, "repo", f"expected GitHub's 'owner/name' (or give 'repo_path'), got {self.repo!r}")
+        for name in ("base_commit", "environment_setup_commit"):
+            value = getattr(self, name)
+            if value and not COMMIT.fullmatch(value):
+                raise _bad(self, name, f"expected a full 40-hex-digit commit id, got {value!r}")
+        if not self.environment_setup_commit:
+            object.__setattr__(self, "environment_setup_commit", self.base_commit)
+        for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not all(isinstance(t, str) and t for t in value):
+                raise _bad(self, name, f"expected a tuple of non-empty test id strings, got {value!r}")
+        if not self.FAIL_TO_PASS:
+            raise _bad(self, "FAIL_TO_PASS", "expected at least one test that the fix makes pass, got none")
+        if self.repo_path is not None and not isinstance(self.repo_path, Path):
+            raise _bad(self, "repo_path", f"expected a pathlib.Path or None, got {self.repo_path!r}")
+
+    def to_dict(self, relative_to: Path | None = None) -> dict[str, Any]:
+        """The JSON record; `repo_path` relative to `relative_to` (a task file's folder) where it lies below it."""
+        record: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        record["FAIL_TO_PASS"] = list(self.FAIL_TO_PASS)
+        record["PASS_TO_PASS"] = list(self.PASS_TO_PASS)
+        if self.repo_path is None:
+            del record["repo_path"]
+        else:
+            record["repo_path"] = _relative(self.repo_path, relative_to)
+        return {**record, **self.extra}
+
+
+def _expect_str(task: Task, name: str) -> None:
+    value = getattr(task, name)
+    if not isinstance(value, str):
+        raise _bad(task, name, f"expected a string, got {type(value).__name__} {value!r:.60}")
+
+
+def _bad(task: Task, name: str, what: str) -> TaskFormatError:
+    return TaskFormatError(f"instance {getattr(task, 'instance_id', '?')!r}: field {name!r}: {what}")
+
+
+def _relative(path: Path, base: Path | None) -> str:
+    if base is not None and path.is_relative_to(base.resolve()):
+        return path.relative_to(base.resolve()).as_posix()
+    return str(path)
+
+
+def task_from_dict(record: Mapping[str, Any], base_dir: Path | None = None) -> Task:
+    """A Task from one JSON record; a relative `repo_path` is taken from `base_dir` (default: the cwd)."""
+    if not isinstance(record, Mapping):
+        raise TaskFormatError(f"expected a JSON object per task, got {type(record).__name__}")
+    name = record.get("instance_id", "?")
+    known = {f.name for f in fields(Task)} - {"extra"}
+    missing = [k for k in REQUIRED if k not in record]
+    if missing:
+        raise TaskFormatError(f"instance {name!r}: missing field(s) {missing}; a task needs {list(REQUIRED)}")
+    for key in record:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+        if key not in known and close:
+            raise TaskFormatError(f"instance {name!r}: unknown field {key!r} (did you mean {close[0]!r}?)")
+    values = {k: v for k, v in record.items() if k in known}
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        values[key] = _test_ids(name, key, values[key])
+    for key in ("version", "environment_setup_commit", "hints_text", "created_at"):
+        if values.get(key) is None:
+            values.pop(key, None)  # SWE-bench files sometimes carry null for "unknown"
+    if values.get("repo_path") is not None:
+        values["repo_path"] = _repo_path(name, values["repo_path"], base_dir or Path.cwd())
+    extra = {k: v for k, v in record.items() if k not in known}
+    return Task(**values, extra=extra)
+
+
+def _test_ids(name: str, key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise TaskFormatError(
+                f"instance {name!r}: field {key!r}: a string must be a JSON-encoded list of test ids, got {value!r:.80}"
+            ) from None
+    if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
+        raise TaskFormatError(
+            f"instance {name!r}: field {key!r}: expected a list of test id strings "
+            f"(or a JSON-encoded list string), got {value!r:.80}"
+        )
+    return tuple(value)
+
+
+def _repo_path(name: str, value: Any, base_dir: Path) -> Path:
+    if not isinstance(value, str) or not value:
+        raise TaskFormatError(f"instance {name!r}: field 'repo_path': expected a path string, got {value!r}")
+    path = (base_dir / value).resolve()
+    if not path.exists():
+        raise TaskFormatError(
+            f"instance {name!r}: field 'repo_path': {value!r} does not exist (looked for {path}); "
+            "give a git directory or a git bundle file, relative to the task file"
+        )
+    if path.is_dir() and not is_repository(path):
+        raise TaskFormatError(f"instance {name!r}: field 'repo_path': {path} is a folder but not a git repository")
+    return path
+
+
+def parse_tasks(text: str, source: str = "<tasks>", base_dir: Path | None = None) -> list[Task]:
+    """Tasks from the text of a JSON list (or one object) or of JSONL; `source` names the text in errors."""
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TaskFormatError(f"{source}: not valid JSON: {e}") from None
+        places = [f"{source} item {i}" for i in range(len(records))]
+    else:
+        records, places = [], []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise TaskFormatError(f"{source} line {number}: not valid JSON: {e}") from None
+            places.append(f"{source} line {number}")
+    return _validated(records, places, base_dir)
+
+
+def _validated(records: list[Any], places: list[str], base_dir: Path | None) -> list[Task]:
+    tasks: list[Task] = []
+    seen: dict[str, str] = {}
+    for record, place in zip(records, places, strict=True):
+        try:
+            task = task_from_dict(record, base_dir)
+        except TaskFormatError as e:
+            raise TaskFormatError(f"{place}: {e}") from None
+        if task.instance_id in seen:
+            first = seen[task.instance_id]
+            raise TaskFormatError(f"{place}: duplicate instance_id {task.instance_id!r} (first at {first})")
+        seen[task.instance_id] = place
+        tasks.append(task)
+    return tasks
+
+
+def load_tasks(path: Path | str) -> list[Task]:
+    """Every task in a JSON or JSONL file; relative `repo_path`s are taken from the file's folder."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"task file {path} does not exist") from None
+    return parse_tasks(text, source=str(path), base_dir=path.parent.resolve())
+
+
+def dump_tasks(tasks: Iterable[Task], path: Path | str) -> Path:
+    """Write `tasks` as JSONL (JSON list if `path` ends in `.json`), `repo_path` relative to the file's folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    records = [t.to_dict(relative_to=path.parent) for t in tasks]
+    if path.suffix == ".json":
+        text = json.dumps(records, indent=1, ensure_ascii=False) + "\n"
+    else:
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def materialize_repo(
+    task: Task,
+    dest: Path | str,
+    *,
+    github_url: str = GITHUB_URL,
+    depth: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Path:
+    """Check out `task`'s repository at `base_commit` into `dest` (absent or empty), on branch `main`.
+
+    Fetches from `task.repo_path` (a git directory or bundle) or else from `github_url` formatted with
+    `repo`. Only `base_commit` and its ancestors are fetched (the last `depth` commits of them, if
+    given); no remote is left configured. Raises GitError (with git's message) when the source lacks
+    the commit or cannot be read.
+    """
+    dest = Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise FileExistsError(f"cannot check out {task.instance_id!r} into {dest}: the folder is not empty")
+    source = str(task.repo_path) if task.repo_path is not None else github_url.format(repo=task.repo)
+    dest.mkdir(parents=True, exist_ok=True)
+    git("init", "-q", "-b", "main", cwd=dest)
+    shallow = [f"--depth={depth}"] if depth is not None else []
+    git("fetch", "-q", "--no-tags", *shallow, source, task.base_commit, cwd=dest, timeout_s=timeout_s)
+    git("checkout", "-q", "-B", "main", task.base_commit, cwd=dest)
+    return dest
