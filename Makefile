@@ -29,7 +29,7 @@ OUT_ARG := $(if $(OUT),--out $(OUT),)
 # (15 s, retried 5 times) for each of torch's ten packages, so an unreachable TORCH_INDEX is left out.
 URL_ANSWERS := import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)
 
-.PHONY: help setup setup-sim sim compare serve test test-fast test-gpu lint bench bench-sim bench-runtime bench-train \
+.PHONY: help setup setup-sim sim compare serve test test-fast test-gpu lint bench bench-sim bench-runtime bench-train bench-swe \
 	figures figures-runtime train-math compare-train train-swe validate clean
 
 help:  ## this list; the second column is what a target installs on first use
@@ -54,7 +54,7 @@ $(FULL_STAMP): pyproject.toml | $(VENV)/pyvenv.cfg
 		index=; \
 	fi; \
 	set -x; $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" $${index:+--extra-index-url "$$index"}
-	$(PY) -m pip install --quiet -e ".[dev,reference]"
+	$(PY) -m pip install --quiet -e ".[dev,reference,swe]"
 	touch $(SIM_STAMP) $@
 
 setup: $(FULL_STAMP)  ## create .venv with everything: the simulator, the runtime (CPU torch) and the dev tools
@@ -88,7 +88,7 @@ lint: $(FULL_STAMP)  ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-bench: bench-sim bench-runtime bench-train  ## every benchmark (prints the figures quoted in the README)
+bench: bench-sim bench-runtime bench-train bench-swe  ## every benchmark (prints the figures quoted in the README)
 
 bench-sim: $(SIM_STAMP)  ## speed of the simulator
 	$(PY) -m benchmarks.sim_speed
@@ -99,6 +99,9 @@ bench-runtime: $(FULL_STAMP)  ## trajectory manager overhead (against an anchor 
 	$(PY) -m benchmarks.manager_memory
 	$(PY) -m benchmarks.prefix_tree
 	$(PY) -m benchmarks.engine_throughput
+
+bench-swe: $(FULL_STAMP)  ## SWE sandboxes: start, exec and removal latency, 8 at once (needs a Docker daemon: .ci/docker-setup)
+	$(PY) -m benchmarks.swe_sandbox
 
 bench-train: $(FULL_STAMP)  ## trainer tokens/s against plain transformers, weight hand-off time, share of matmul FLOP/s, control-plane cost per decision
 	$(PY) -m benchmarks.train_speed

@@ -1,0 +1,399 @@
+"""Docker sandboxes for agents' shell commands: limited, isolated, timed, and always removed.
+
+A `Sandbox` is one container started from an image with the network off (`network_mode="none"`),
+memory (no swap), CPU and process-count limits, `docker-init` as pid 1 (so killed processes are
+reaped), and a bounded lifetime: its main process is `sleep max_lifetime_s`, so even a container that
+every clean-up missed stops by itself. `exec` runs one command with `bash -lc` in a fresh shell, as
+mini-swe-agent does: no state is kept between commands but the file system.
+
+Each command is wrapped so that:
+- it runs under `timeout -s KILL <timeout_s>` inside the container, which kills its process group;
+- when it ends, whatever it left running in its process group (`cmd &`) is killed too, so a fork bomb
+  or a stray loop cannot outlive the command; start a server that must survive with `setsid`;
+- stderr is merged into stdout in the order written, and the client keeps at most
+  `output_limit_bytes` of it (the first and last halves, with a marker between);
+- the client stops waiting when the command's main process has ended, even if something it started
+  with `setsid` still holds the output open, and in any case at `timeout_s + client_grace_s`.
+
+A command's failure is a result (`ExecResult`), not an exception; `SandboxError` means the sandbox
+itself failed (the container vanished, the daemon went away). `timed_out` is inferred: exit status 137
+(SIGKILL) after at least `timeout_s` on the client's clock, which cannot be earlier than the
+container's. A command that the memory limit's OOM killer stops gets 137 without `timed_out`.
+
+Clean-up: `close()` (or leaving the `with` block) removes the container. At interpreter exit, and on
+SIGTERM or SIGHUP where the process had the default handler (it is replaced by one that raises
+SystemExit), the sandboxes still open are removed. A process killed outright leaves its containers
+for the reaper (`reaper.py`), which the first `start()` of the next process runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import select
+import shlex
+import signal
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swebench_env.docker_util import DockerUnavailable, docker_client
+from swebench_env.reaper import LABEL, Owner, reap_stale_sandboxes
+
+__all__ = [
+    "LABEL",
+    "DockerUnavailable",
+    "ExecResult",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxError",
+    "copy_in",
+    "reap_stale_sandboxes",
+]
+
+log = logging.getLogger(__name__)
+
+# $0 = timeout in seconds, $1 = the command. `timeout` makes itself a process-group leader, so its pid
+# is the group that holds everything the command started.
+WRAPPER = """timeout -s KILL "$0" bash -lc "$1" 2>&1 &
+t=$!
+wait "$t"; rc=$?
+kill -s KILL -- "-$t" 2>/dev/null
+exit "$rc"
+"""
+POLL_S = 1.0  # with no output for this long, ask the daemon whether the command has ended
+SIGKILL_STATUS = 128 + signal.SIGKILL
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (not a command in it): creation, a vanished container, the daemon."""
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    image: str  # e.g. images.ensure_base_image() or images.ensure_swebench_image(instance_id)
+    memory_mb: int = 2048  # RAM limit, swap included (no swap); the OOM killer stops the largest process
+    cpus: float = 1.0  # CPU quota in cores
+    pids_limit: int = 512  # processes and threads in the container
+    network: bool = False  # False: no network interface but loopback
+    workdir: str = "/"  # where commands run unless `exec(workdir=...)` says otherwise
+    command_timeout_s: float = 300.0  # for `exec` calls that give no timeout
+    client_grace_s: float = 10.0  # the client gives up on a command at timeout_s + this
+    output_limit_bytes: int = 256 * 1024  # output kept per command (first and last halves)
+    max_lifetime_s: float = 6 * 3600.0  # the container stops by itself after this long
+    env: Mapping[str, str] = field(default_factory=dict)  # environment of every command
+    labels: Mapping[str, str] = field(default_factory=dict)  # extra container labels
+    name_prefix: str = "seamlessflow-sbx"
+
+    def __post_init__(self) -> None:
+        checks = {
+            "image": bool(self.image),
+            "memory_mb": self.memory_mb >= 16,
+            "cpus": self.cpus > 0,
+            "pids_limit": self.pids_limit >= 8,
+            "command_timeout_s": self.command_timeout_s > 0,
+            "client_grace_s": self.client_grace_s > 0,
+            "output_limit_bytes": self.output_limit_bytes >= 64,
+            "max_lifetime_s": self.max_lifetime_s >= 1,
+            "workdir": self.workdir.startswith("/"),
+        }
+        allowed = "memory_mb >= 16, cpus > 0, pids_limit >= 8, timeouts > 0, output >= 64 B, absolute workdir"
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"SandboxConfig.{name}={getattr(self, name)!r} is not allowed ({allowed})")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int  # the command's status; 137 when SIGKILLed; -1 when the client gave up waiting
+    output: str  # stdout and stderr merged, decoded as UTF-8 (errors replaced), possibly truncated
+    timed_out: bool
+    truncated: bool = False  # output exceeded the limit; the middle was left out
+    duration_s: float = 0.0  # on the client's clock, from exec creation to the exit status
+
+
+class Sandbox:
+    """One container; `with Sandbox(config) as sb: sb.exec("ls")`. Safe to use from several threads."""
+
+    def __init__(self, config: SandboxConfig, client=None) -> None:
+        self.config = config
+        self._client = client
+        self._container = None
+        self._lock = threading.Lock()
+        self._pid = os.getpid()  # the process that may close it (a forked child's exit hooks must not)
+        self.name = f"{config.name_prefix}-{os.getpid()}-{uuid.uuid4().hex[:10]}"
+
+    def __enter__(self) -> Sandbox:
+        return self if self._container is not None else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def id(self) -> str:
+        return self._require().id
+
+    def start(self) -> Sandbox:
+        """Create and start the container (after reaping dead processes' sandboxes, once a process)."""
+        with self._lock:
+            if self._container is not None:
+                raise SandboxError(f"sandbox {self.name} is already started")
+            self._client = self._client or docker_client()
+            _on_first_start(self._client)
+            self._container = self._create()
+            with _live_lock:
+                _LIVE.add(self)
+        try:
+            self._container.start()
+        except Exception as e:
+            self.close()
+            raise SandboxError(f"sandbox {self.name} did not start from image {self.config.image!r}: {e}") from e
+        return self
+
+    def _create(self):
+        c = self.config
+        try:
+            return self._client.containers.create(
+                c.image,
+                entrypoint=["sleep", str(math.ceil(c.max_lifetime_s))],
+                name=self.name,
+                labels={**c.labels, **Owner.current().labels()},
+                init=True,
+                network_mode="bridge" if c.network else "none",
+                mem_limit=f"{c.memory_mb}m",
+                memswap_limit=f"{c.memory_mb}m",
+                nano_cpus=int(c.cpus * 1e9),
+                pids_limit=c.pids_limit,
+                security_opt=["no-new-privileges"],
+                cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT"],
+                working_dir=c.workdir,
+                environment=dict(c.env),
+            )
+        except Exception as e:
+            raise SandboxError(f"could not create sandbox {self.name} from image {c.image!r}: {e}") from e
+
+    def exec(
+        self, cmd: str, timeout_s: float | None = None, workdir: str | None = None, env: Mapping[str, str] | None = None
+    ) -> ExecResult:
+        """Run `cmd` with `bash -lc`; returns when it ends, is killed at `timeout_s`, or the client gives up."""
+        timeout_s = self.config.command_timeout_s if timeout_s is None else timeout_s
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s!r} must be positive")
+        container = self._require()
+        api = self._client.api
+        start = time.monotonic()
+        try:
+            exec_id = api.exec_create(
+                container.id,
+                ["sh", "-c", WRAPPER, f"{timeout_s:.3f}", cmd],
+                workdir=workdir or self.config.workdir,
+                environment={**self.config.env, **(env or {})},
+            )["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+        except Exception as e:
+            raise SandboxError(f"sandbox {self.name}: could not run a command: {e}") from e
+        out = _Output(self.config.output_limit_bytes)
+        try:
+            ended = _pump(sock, out, lambda: not api.exec_inspect(exec_id)["Running"], start + timeout_s, self.config)
+            status = _exit_status(api, exec_id) if ended else None
+        except Exception as e:
+            raise SandboxError(f"sandbox {self.name}: lost a command's stream or status: {e}") from e
+        finally:
+            _close_socket(sock)
+        duration_s = time.monotonic() - start
+        timed_out = status is None or (status == SIGKILL_STATUS and duration_s >= timeout_s)
+        exit_code = -1 if status is None else status
+        return ExecResult(exit_code, out.text(), timed_out, out.dropped > 0, duration_s)
+
+    def put_archive(self, dest: str, tar_stream) -> None:
+        """Unpack a tar stream at `dest` (an existing folder) in the container."""
+        try:
+            self._require().put_archive(dest, tar_stream)
+        except Exception as e:
+            raise SandboxError(f"sandbox {self.name}: could not copy files into {dest}: {e}") from e
+
+    def close(self) -> None:
+        """Remove the container (idempotent; never raises for a container that is already gone)."""
+        with self._lock:
+            container, self._container = self._container, None
+        with _live_lock:
+            _LIVE.discard(self)
+        if container is None:
+            return
+        try:
+            container.remove(force=True, v=True)
+        except Exception as e:
+            if getattr(getattr(e, "response", None), "status_code", None) not in (404, 409):
+                log.warning(
+                    "sandbox %s: removal failed (%s); the reaper removes it once this process has ended", self.name, e
+                )
+
+    def _require(self):
+        container = self._container
+        if container is None:
+            raise SandboxError(f"sandbox {self.name} is not running (not started, or closed)")
+        return container
+
+
+def copy_in(sandbox: Sandbox, local_dir: str | Path, dest: str) -> None:
+    """Copy the contents of `local_dir` (a git checkout, say) to `dest` in the sandbox, owned by root.
+
+    Owners are reset to root because git refuses to work in a repository owned by another user."""
+    local_dir = Path(local_dir)
+    if not local_dir.is_dir():
+        raise ValueError(f"copy_in: {local_dir} is not a folder")
+    if not dest.startswith("/"):
+        raise ValueError(f"copy_in: dest={dest!r} must be an absolute path")
+    made = sandbox.exec(f"mkdir -p {shlex.quote(dest)}", timeout_s=60)
+    if made.exit_code != 0:
+        raise SandboxError(f"sandbox {sandbox.name}: mkdir -p {dest} failed: {made.output.strip()}")
+    with tempfile.TemporaryFile() as buf:
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(local_dir, arcname=".", filter=_as_root)
+        buf.seek(0)
+        sandbox.put_archive(dest, buf)
+
+
+def _as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
+class _Output:
+    """At most `limit` bytes of a stream: its first half and its last half, and how much was dropped."""
+
+    def __init__(self, limit: int) -> None:
+        self.head_max, self.tail_max = limit // 2, limit - limit // 2
+        self.head, self.tail = bytearray(), bytearray()
+        self.dropped = 0
+
+    def add(self, data: bytes) -> None:
+        room = self.head_max - len(self.head)
+        self.head += data[:room]
+        self.tail += data[room:] if room > 0 else data
+        if len(self.tail) > 2 * self.tail_max:  # trim in batches, not on every chunk
+            self._trim()
+
+    def _trim(self) -> None:
+        extra = len(self.tail) - self.tail_max
+        if extra > 0:
+            del self.tail[:extra]
+            self.dropped += extra
+
+    def text(self) -> str:
+        self._trim()
+        gap = f"\n[... {self.dropped} bytes of output left out ...]\n".encode() if self.dropped else b""
+        return bytes(self.head + gap + self.tail).decode("utf-8", errors="replace")
+
+
+def _pump(sock, out: _Output, finished, deadline: float, config: SandboxConfig) -> bool:
+    """Feed the exec stream's payload into `out` until it ends (True), or until the client's deadline
+    (`deadline` + grace) passes with the command still running (False)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    frames, give_up = bytearray(), deadline + config.client_grace_s
+    while (left := give_up - time.monotonic()) > 0:
+        if not poller.poll(min(POLL_S, left) * 1000):
+            if finished():  # the command has ended, but a process it started holds the stream open
+                _drain(sock, poller, frames, out)
+                return True
+            continue
+        data = _recv(sock)
+        if not data:
+            return True
+        frames += data
+        _unframe(frames, out)
+    return finished()
+
+
+def _drain(sock, poller, frames: bytearray, out: _Output) -> None:
+    while poller.poll(50) and (data := _recv(sock)):
+        frames += data
+        _unframe(frames, out)
+
+
+def _unframe(frames: bytearray, out: _Output) -> None:
+    """Move the payload of every complete frame to `out`. Docker multiplexes an exec's stdout and
+    stderr as frames: 1 byte stream id, 3 zero bytes, 4 bytes big-endian payload length, payload."""
+    while len(frames) >= 8:
+        size = int.from_bytes(frames[4:8], "big")
+        if len(frames) < 8 + size:
+            return
+        out.add(bytes(frames[8 : 8 + size]))
+        del frames[: 8 + size]
+
+
+def _recv(sock) -> bytes:
+    try:
+        return sock.recv(65536) if hasattr(sock, "recv") else (sock.read(65536) or b"")
+    except OSError:
+        return b""
+
+
+def _close_socket(sock) -> None:
+    for s in (sock, getattr(sock, "_sock", None)):  # SocketIO over a unix socket: close both
+        if s is not None:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def _exit_status(api, exec_id: str, timeout_s: float = 10.0) -> int | None:
+    """The exec's exit status; None if it is still running `timeout_s` after its stream ended."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        info = api.exec_inspect(exec_id)
+        if not info["Running"] and info["ExitCode"] is not None:
+            return int(info["ExitCode"])
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+# Sandboxes not yet closed, for the exit hooks.
+_LIVE: set[Sandbox] = set()
+_live_lock = threading.Lock()
+_hooks_lock = threading.Lock()
+_hooked = {"pid": 0, "signals": False}  # the process that set the hooks up; a forked child does it again
+
+
+def _on_first_start(client) -> None:
+    """Once a process: exit hooks, signal handlers where the defaults are in place, the reaper."""
+    with _hooks_lock:
+        if _hooked["pid"] != os.getpid():
+            _hooked["pid"] = os.getpid()
+            atexit.register(_close_all, os.getpid())
+            try:
+                reap_stale_sandboxes(client)
+            except Exception as e:  # never stop a run over another run's leftovers
+                log.warning("could not reap stale sandboxes: %s", e)
+        if not _hooked["signals"] and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(sig) is signal.SIG_DFL:
+                    signal.signal(sig, _exit_on_signal)
+            _hooked["signals"] = True
+
+
+def _exit_on_signal(signum: int, frame) -> None:
+    signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process at once (the reaper cleans up)
+    raise SystemExit(128 + signum)
+
+
+def _close_all(pid: int) -> None:
+    if os.getpid() != pid:
+        return  # a forked child that inherited this hook
+    with _live_lock:
+        mine = [s for s in _LIVE if s._pid == pid]
+    for sandbox in mine:
+        sandbox.close()
