@@ -129,12 +129,12 @@ class Supervisor:
     async def _do_restart(self, slot: EngineSlot, proc: EngineHandle, why: str) -> None:
         w = self._watch[slot.name]
         log.warning("restarting engine %s: %s", slot.name, why)
+        slot.restarts += 1  # restarts begun: a run that ends while one is under way still counts it
+        self.restarts += 1
         try:
             await asyncio.to_thread(proc.restart)
             if hasattr(slot.engine, "base_url"):
                 slot.engine.base_url = proc.url
-            slot.restarts += 1
-            self.restarts += 1
             w.missed, w.unresponsive_since = 0, None
             await self._sync(slot, reload=True)
         except Exception as e:  # noqa: BLE001 - a failed restart is retried after the backoff
