@@ -4,6 +4,8 @@ suite     --out DIR: regenerate the offline suite into DIR and verify it; --veri
 validate  FILE: check a task file (JSON list or JSONL) against the schema
 check     FILE: run each task's tests here (empty patch fails, gold patch resolves); trusted tasks only
 checkout  FILE ID DEST: check out one task's repository at its base commit
+rollout   --tasks FILE --base-url URL --out DIR: run an agent on tasks against a running manager, grade, store rewards
+replay    --tasks FILE --demos FILE --out DIR: replay demonstrations through an in-process manager, grade them
 """
 
 from __future__ import annotations
@@ -35,7 +37,31 @@ def parser() -> argparse.ArgumentParser:
     checkout.add_argument("file", type=Path, help="task file (JSON or JSONL)")
     checkout.add_argument("instance_id")
     checkout.add_argument("dest", type=Path, help="an absent or empty folder")
+    _rollout_parsers(sub)
     return p
+
+
+def _rollout_parsers(sub) -> None:
+    rollout = sub.add_parser("rollout", help="run an agent on tasks against a running manager; grade; store rewards")
+    replay = sub.add_parser("replay", help="replay demonstrations through an in-process manager and grade them")
+    for p in (rollout, replay):
+        p.add_argument("--tasks", type=Path, required=True, help="task file (JSON or JSONL)")
+        p.add_argument("--ids", nargs="+", default=None, help="only these instance ids")
+        p.add_argument("--out", type=Path, required=True, help="an absent or empty folder for the results")
+        p.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
+        p.add_argument("--concurrency", type=int, default=4 if p is rollout else 2, help="episodes at once")
+        p.add_argument("--command-timeout-s", type=float, default=60.0, help="each bash command")
+    rollout.add_argument("--base-url", required=True, help="the trajectory manager, http://HOST:PORT")
+    rollout.add_argument("--agent", default="builtin", help="the agent (builtin)")
+    rollout.add_argument("--admin-token-file", type=Path, default=None,
+                         help="the manager's admin token (default: $SEAMLESSFLOW_ADMIN_TOKEN)")  # fmt: skip
+    rollout.add_argument("--run-id", default=None, help="session ids are RUN_ID:INSTANCE_ID (default: a fresh id)")
+    rollout.add_argument("--max-turns", type=int, default=30, help="model calls an episode")
+    rollout.add_argument("--max-tokens", type=int, default=None, help="per model call (default: the server's)")
+    rollout.add_argument("--temperature", type=float, default=1.0)
+    rollout.add_argument("--model", default=None, help="model name (default: the first the server lists)")
+    replay.add_argument("--demos", type=Path, required=True, help="demonstrations (JSONL)")
+    replay.add_argument("--tokenizer", default="default", help="'default' or a directory with tokenizer.json")
 
 
 def suite(args: argparse.Namespace) -> int:
@@ -104,9 +130,24 @@ def checkout(args: argparse.Namespace) -> int:
     return 0
 
 
+def rollout(args: argparse.Namespace) -> int:
+    from swebench_env.rollout import rollout_command
+    from swebench_env.tasks import load_tasks
+
+    return rollout_command(args, _chosen(load_tasks(args.tasks), args.ids, args.tasks))
+
+
+def replay(args: argparse.Namespace) -> int:
+    from swebench_env.scripted import replay_command
+    from swebench_env.tasks import load_tasks
+
+    return replay_command(args, _chosen(load_tasks(args.tasks), args.ids, args.tasks))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    commands = {"suite": suite, "validate": validate, "check": check, "checkout": checkout}
+    commands = {"suite": suite, "validate": validate, "check": check, "checkout": checkout, "rollout": rollout,
+                "replay": replay}  # fmt: skip
     try:
         return commands[args.command](args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:

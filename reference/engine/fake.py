@@ -1,4 +1,6 @@
-"""A deterministic fake engine for tests and proxy benchmarks (never what a user runs).
+"""A deterministic fake engine for tests and proxy benchmarks, and a scripted one that also replays
+demonstrations (`python -m swebench_env replay`: known-good episodes stored as trajectories, whose
+logprobs are placeholders). Neither is a model: no user trains on what they generate.
 
 Tokens are a pure function of the context and the policy version, so a test can predict every id;
 `token_delay_s` sets its speed. It honours the whole `InferenceEngine` protocol: pause stops every
@@ -115,7 +117,8 @@ class FakeEngine:
 class ScriptedEngine(FakeEngine):
     """A fake whose replies are scripted: `script(prompt_token_ids)` returns the reply's token ids, which
     are emitted in order (then a stop token, if the request has one and the reply does not end on it).
-    For testing agents and parsers on exact model output; everything else is `FakeEngine`'s."""
+    For testing agents and parsers on exact model output, and for replaying demonstrations through the
+    manager (swebench_env/scripted.py); everything else is `FakeEngine`'s."""
 
     def __init__(self, script: Callable[[tuple[int, ...]], Sequence[int]], **kw) -> None:
         super().__init__(**kw)

@@ -1,0 +1,341 @@
+"""Rollouts: run an agent on tasks against a running trajectory manager, grade each episode, store its reward.
+
+    python -m swebench_env rollout --tasks FILE --agent builtin --base-url http://HOST:PORT --out DIR \\
+        [--concurrency N] [--admin-token-file F]
+
+Per task, `run_instance` opens a workspace (a checkout with a runner in it), runs one agent episode
+in its own manager session, grades the episode's patch and annotates the session with the reward
+(`POST /trajectories/<session_id>` with the admin token, when the manager has one). Episodes run
+`concurrency` at a time, in threads (the agent's calls and commands block, the GIL is free meanwhile).
+
+Two seams make it independent of where commands run and how patches are judged: a `Workspace` opens a
+`CommandRunner` for a task (`local_workspace`: a temporary local checkout; a Docker sandbox later), a
+`Grader` turns (task, patch) into an `Evaluation` (`evaluation.evaluate_locally` by default; a Docker
+grader later). An episode that ended on an API error (the manager unreachable or failing), or an
+instance whose workspace, agent or grader raised, gets no reward: it says nothing about the policy,
+and a 0 would teach it something false. Its result line says why.
+
+Outputs in DIR: `results.jsonl` (one line an instance, in order of completion, written as they finish),
+`summary.json` (pass@1 and exit reasons) and `config.json` (the resolved configuration, without token).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tqdm import tqdm
+
+from core.errors import unknown_name
+from core.outputs import prepare_out, show_progress
+from swebench_env.agent import AgentConfig, BashAgent, Episode, ExitReason
+from swebench_env.evaluation import Evaluation, evaluate_locally
+from swebench_env.runner import CommandRunner, LocalRunner
+from swebench_env.tasks import Task, materialize_repo
+
+Grader = Callable[[Task, str], Evaluation]  # (task, patch) -> its evaluation
+Workspace = Callable[[Task], AbstractContextManager[CommandRunner]]  # a runner in a fresh checkout of the task
+ANNOTATION_RETRIES = 3
+
+
+class Agent(Protocol):
+    def run(self, task: Task, runner: CommandRunner, manager_url: str, session_id: str) -> Episode: ...
+
+
+AGENTS: dict[str, Callable[[AgentConfig], Agent]] = {"builtin": BashAgent}
+
+
+def make_agent(name: str, config: AgentConfig) -> Agent:
+    """The agent registered as `name`; a UserError listing the choices for an unknown one."""
+    if name not in AGENTS:
+        raise unknown_name("agent", name, AGENTS)
+    return AGENTS[name](config)
+
+
+@contextmanager
+def local_workspace(task: Task) -> Iterator[LocalRunner]:
+    """A `LocalRunner` in a temporary checkout of `task` at its base commit (no isolation: see runner.py)."""
+    with tempfile.TemporaryDirectory(prefix=f"swe-{task.instance_id}-") as tmp:
+        yield LocalRunner(materialize_repo(task, Path(tmp) / "repo"))
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    manager_url: str  # http://HOST:PORT of the trajectory manager (not a session's /s/<id>/v1 URL)
+    concurrency: int = 4  # episodes at once
+    run_id: str = ""  # session ids are "<run_id>:<instance_id>"; "" draws a fresh one
+    admin_token: str | None = None  # the manager's admin token, needed to annotate when it has one
+    author: str = "swebench_env.rollout"  # recorded with every annotation
+    http_timeout_s: float = 30.0  # each annotation call
+
+    def __post_init__(self) -> None:
+        url = self.manager_url.rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"manager URL {self.manager_url!r} must start with http:// or https://")
+        if url.endswith("/v1") or "/s/" in url:
+            raise ValueError(f"give the manager's root URL (http://HOST:PORT), not a session URL: {self.manager_url!r}")
+        object.__setattr__(self, "manager_url", url)
+        if not self.run_id:
+            object.__setattr__(self, "run_id", f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.admin_token is not None and not self.admin_token:
+            raise ValueError("admin_token must not be empty (use None for no token)")
+
+    def session_id(self, task: Task) -> str:
+        return f"{self.run_id}:{task.instance_id}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "admin_token": "<set>" if self.admin_token else None}
+
+
+@dataclass(frozen=True)
+class InstanceResult:
+    """One instance of a rollout: what the agent did, how it was graded, whether the reward was stored."""
+
+    instance_id: str
+    session_id: str
+    exit_reason: str  # an ExitReason, or "crashed" when the workspace or the agent raised
+    turns: int
+    format_errors: int
+    resolved: bool
+    reward: float | None  # None: not graded, or not a verdict on the policy (see the module docstring)
+    reward_stored: bool  # the manager accepted the annotation
+    patch_applied: bool
+    fail_to_pass: tuple[int, int]  # (passed, total)
+    pass_to_pass: tuple[int, int]
+    error: str | None
+    episode_s: float
+    grade_s: float
+    patch: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_instance(
+    task: Task, agent: Agent, config: RolloutConfig, grader: Grader, workspace: Workspace
+) -> InstanceResult:
+    """One episode of `task`, graded and annotated. Never raises for a failure of this instance: one broken
+    task must not end a rollout of hundreds; the result says what went wrong."""
+    sid = config.session_id(task)
+    try:
+        with workspace(task) as runner:
+            episode = agent.run(task, runner, config.manager_url, sid)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        return _failed(task, sid, "crashed", f"workspace or agent failed: {type(e).__name__}: {e}")
+    start = time.monotonic()
+    try:
+        evaluation = grader(task, episode.patch)
+    except Exception as e:  # noqa: BLE001 - a grader failure is no verdict on the policy
+        return _failed(task, sid, str(episode.exit_reason), f"grading failed: {type(e).__name__}: {e}", episode)
+    grade_s = time.monotonic() - start
+    reward, error = 1.0 if evaluation.resolved else 0.0, episode.error
+    stored = False
+    if episode.exit_reason == ExitReason.API_ERROR:
+        reward, error = None, f"no reward stored: the episode ended on an API error ({episode.error})"
+    else:
+        problem = annotate(config, sid, _annotation(task, episode, evaluation, reward, config))
+        stored, error = problem is None, problem or error
+    g = evaluation.grade
+    return InstanceResult(task.instance_id, sid, str(episode.exit_reason), episode.turns, episode.format_errors,
+                          evaluation.resolved, reward, stored, evaluation.applied, g.fail_to_pass, g.pass_to_pass,
+                          error, episode.total_s, grade_s, episode.patch)  # fmt: skip
+
+
+def _failed(task: Task, sid: str, reason: str, error: str, episode: Episode | None = None) -> InstanceResult:
+    turns, errors = (episode.turns, episode.format_errors) if episode else (0, 0)
+    return InstanceResult(task.instance_id, sid, reason, turns, errors, False, None, False, False,
+                          (0, len(task.FAIL_TO_PASS)), (0, len(task.PASS_TO_PASS)), error,
+                          episode.total_s if episode else 0.0, 0.0, episode.patch if episode else "")  # fmt: skip
+
+
+def _annotation(task: Task, episode: Episode, evaluation: Evaluation, reward: float, config: RolloutConfig) -> dict:
+    meta = {
+        "run_id": config.run_id,
+        "resolved": evaluation.resolved,
+        "exit_reason": str(episode.exit_reason),
+        "turns": episode.turns,
+        "format_errors": episode.format_errors,
+        "patch_applied": evaluation.applied,
+        "fail_to_pass": list(evaluation.grade.fail_to_pass),
+        "pass_to_pass": list(evaluation.grade.pass_to_pass),
+    }
+    return {"reward": reward, "task_id": task.instance_id, "meta": meta, "author": config.author}
+
+
+def annotate(config: RolloutConfig, session_id: str, body: dict) -> str | None:
+    """POST the annotation to the manager; None when stored, else why not (a result: the rollout goes on).
+    Connection failures and 5xx answers are retried a few times; a 4xx is final (a 404: no finished
+    request in the session, so nothing to reward)."""
+    request = urllib.request.Request(
+        f"{config.manager_url}/trajectories/{session_id}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"}
+        | ({"Authorization": f"Bearer {config.admin_token}"} if config.admin_token else {}),
+    )
+    problem = "not tried"
+    for attempt in range(ANNOTATION_RETRIES):
+        try:
+            with urllib.request.urlopen(request, timeout=config.http_timeout_s):
+                return None
+        except urllib.error.HTTPError as e:
+            problem = f"the manager refused the reward (HTTP {e.code}): {_error_message(e)}"
+            if e.code < 500:
+                return problem
+        except (urllib.error.URLError, OSError) as e:
+            problem = f"could not reach the manager to store the reward: {e}"
+        if attempt + 1 < ANNOTATION_RETRIES:
+            time.sleep(0.5 * 2**attempt)
+    return problem
+
+
+def _error_message(e: urllib.error.HTTPError) -> str:
+    try:
+        return json.loads(e.read())["error"]["message"][:300]
+    except (ValueError, KeyError, TypeError, OSError):
+        return e.reason
+
+
+def run_rollout(
+    tasks: Sequence[Task],
+    agent: Agent,
+    config: RolloutConfig,
+    grader: Grader = evaluate_locally,
+    workspace: Workspace = local_workspace,
+    on_result: Callable[[InstanceResult], None] | None = None,
+    progress: bool = False,
+) -> list[InstanceResult]:
+    """Every task's `InstanceResult`, in the order of `tasks`; `on_result` sees each as it finishes. Instance
+    ids must be distinct: they name the sessions (`RolloutConfig.session_id`)."""
+    repeated = sorted(i for i, n in Counter(t.instance_id for t in tasks).items() if n > 1)
+    if repeated:
+        raise ValueError(f"instance {repeated[0]!r} is given more than once; a rollout runs each task once")
+    results: dict[str, InstanceResult] = {}
+    bar = tqdm(total=len(tasks), desc="rollout", unit="task", disable=not show_progress(progress), leave=False)
+    pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="episode")
+    try:
+        futures = [pool.submit(run_instance, t, agent, config, grader, workspace) for t in tasks]
+        for future in as_completed(futures):
+            result = future.result()
+            results[result.instance_id] = result
+            if on_result is not None:
+                on_result(result)
+            bar.set_postfix(resolved=sum(r.resolved for r in results.values()))
+            bar.update(1)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # on Ctrl-C: no new episode; running ones finish
+        bar.close()
+    return [results[t.instance_id] for t in tasks]
+
+
+def summary(results: Sequence[InstanceResult]) -> dict:
+    resolved = sum(r.resolved for r in results)
+    return {
+        "instances": len(results),
+        "resolved": resolved,
+        "pass@1": resolved / len(results) if results else 0.0,
+        "rewards_stored": sum(r.reward_stored for r in results),
+        "exit_reasons": dict(Counter(r.exit_reason for r in results)),
+        "mean_turns": sum(r.turns for r in results) / len(results) if results else 0.0,
+    }
+
+
+def format_table(results: Sequence[InstanceResult]) -> str:
+    """One line an instance, then pass@1."""
+    width = max([len("instance"), *(len(r.instance_id) for r in results)])
+    lines = [f"{'instance':<{width}}  {'exit':<13} turns  F2P    P2P      resolved  reward  time_s"]
+    for r in results:
+        f2p, p2p = "{}/{}".format(*r.fail_to_pass), "{}/{}".format(*r.pass_to_pass)
+        reward = "-" if r.reward is None else f"{r.reward:g}" + ("" if r.reward_stored else "!")
+        lines.append(f"{r.instance_id:<{width}}  {r.exit_reason:<13} {r.turns:>5}  {f2p:<6} {p2p:<8} "
+                     f"{'yes' if r.resolved else 'no':<9} {reward:<7} {r.episode_s + r.grade_s:>6.1f}")  # fmt: skip
+    s = summary(results)
+    lines.append(f"pass@1: {s['resolved']}/{s['instances']} = {s['pass@1']:.1%}  (rewards stored: "
+                 f"{s['rewards_stored']}; '!' = not stored, '-' = no reward)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def rollout_to(
+    out: Path,
+    tasks: Sequence[Task],
+    agent: Agent,
+    config: RolloutConfig,
+    settings: dict,
+    grader: Grader = evaluate_locally,
+    workspace: Workspace = local_workspace,
+) -> list[InstanceResult]:
+    """`run_rollout` writing DIR/config.json (`settings` + the rollout config), results.jsonl as results
+    come in, and summary.json; prints the table."""
+    (out / "config.json").write_text(json.dumps({**settings, "rollout": config.to_dict()}, indent=2) + "\n")
+    with (out / "results.jsonl").open("a", encoding="utf-8") as lines:
+
+        def write(result: InstanceResult) -> None:
+            lines.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+            lines.flush()
+
+        results = run_rollout(tasks, agent, config, grader, workspace, on_result=write, progress=True)
+    (out / "summary.json").write_text(json.dumps(summary(results), indent=2) + "\n")
+    print(format_table(results))
+    print(f"results in {out}/ (sessions {config.run_id}:<instance_id>)", file=sys.stderr)
+    return results
+
+
+# ---- the command line (`python -m swebench_env rollout`; the parser is in cli.py) ----
+
+
+def read_admin_token(path: Path | None) -> str | None:
+    """The manager's admin token: from `path` (--admin-token-file), else $SEAMLESSFLOW_ADMIN_TOKEN, else None.
+    Never from the command line, which every local user can read."""
+    from reference.cli import ADMIN_TOKEN_ENV
+
+    if path is None:
+        return os.environ.get(ADMIN_TOKEN_ENV) or None
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read --admin-token-file {path}: {e}") from None
+    if not token:
+        raise ValueError(f"--admin-token-file {path} is empty")
+    return token
+
+
+def check_manager(config: RolloutConfig) -> None:
+    """ValueError unless the manager at `config.manager_url` answers its health check: better than every
+    episode retrying against nothing."""
+    try:
+        with urllib.request.urlopen(f"{config.manager_url}/health", timeout=config.http_timeout_s):
+            return
+    except urllib.error.HTTPError as e:
+        body = e.read()[:300].decode(errors="replace")
+        raise ValueError(f"the manager at {config.manager_url} is not healthy (HTTP {e.code}): {body}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise ValueError(f"no trajectory manager answers at {config.manager_url}: {e}") from None
+
+
+def rollout_command(args, tasks: Sequence[Task]) -> int:
+    """`python -m swebench_env rollout`: every task once, against the manager at --base-url."""
+    agent_config = AgentConfig(max_turns=args.max_turns, command_timeout_s=args.command_timeout_s,
+                               max_tokens=args.max_tokens, temperature=args.temperature, model=args.model)  # fmt: skip
+    agent = make_agent(args.agent, agent_config)
+    config = RolloutConfig(args.base_url, args.concurrency, args.run_id or "", read_admin_token(args.admin_token_file))
+    check_manager(config)
+    out = prepare_out(args.out, args.out, args.overwrite)
+    settings = {"command": "rollout", "tasks": str(args.tasks), "instances": len(tasks), "agent": args.agent,
+                "agent_config": asdict(agent_config)}  # fmt: skip
+    rollout_to(out, tasks, agent, config, settings)
+    return 0
