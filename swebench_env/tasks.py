@@ -41,18 +41,7 @@ REQUIRED = (
     "PASS_TO_PASS",
 )
 
-STRING_FIELDS = (
-    "instance_id",
-    "repo",
-    "base_commit",
-    "problem_statement",
-    "patch",
-    "test_patch",
-    "version",
-    "environment_setup_commit",
-    "hints_text",
-    "created_at",
-)
+STRING_FIELDS = (*REQUIRED[:6], "version", "environment_setup_commit", "hints_text", "created_at")
 
 
 class TaskFormatError(ValueError):
