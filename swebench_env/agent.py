@@ -321,7 +321,10 @@ def final_patch(task: Task, runner: CommandRunner, config: AgentConfig) -> tuple
 
 
 def _describe(e: openai.APIStatusError) -> str:
-    return f"HTTP {e.status_code}: {e.message}"[:1000]
+    """`HTTP <code>: <the server's message>`, whatever the openai client's version makes of the error body."""
+    body = e.body.get("error", e.body) if isinstance(e.body, dict) else None
+    message = body.get("message") if isinstance(body, dict) else None
+    return f"HTTP {e.status_code}: {message if isinstance(message, str) else e.message}"[:1000]
 
 
 def _retry_after_s(e: openai.APIStatusError) -> float:

@@ -4,6 +4,7 @@ suite     --out DIR: regenerate the offline suite into DIR and verify it; --veri
 validate  FILE: check a task file (JSON list or JSONL) against the schema
 check     FILE: run each task's tests here (empty patch fails, gold patch resolves); trusted tasks only
 checkout  FILE ID DEST: check out one task's repository at its base commit
+eval      --tasks FILE --predictions FILE --out DIR: grade SWE-bench predictions in Docker, report as SWE-bench does
 rollout   --tasks FILE --base-url URL --out DIR: run an agent on tasks against a running manager, grade, store rewards
 replay    --tasks FILE --demos FILE --out DIR: replay demonstrations through an in-process manager, grade them
 """
@@ -37,6 +38,18 @@ def parser() -> argparse.ArgumentParser:
     checkout.add_argument("file", type=Path, help="task file (JSON or JSONL)")
     checkout.add_argument("instance_id")
     checkout.add_argument("dest", type=Path, help="an absent or empty folder")
+    evaluate = sub.add_parser("eval", help="grade a SWE-bench predictions file in Docker sandboxes")
+    evaluate.add_argument("--tasks", type=Path, required=True, help="task file (JSON or JSONL)")
+    evaluate.add_argument("--predictions", type=Path, required=True,
+                          help="predictions (JSON list, JSONL or an object keyed by instance id) with instance_id, "
+                          "model_patch, model_name_or_path")  # fmt: skip
+    evaluate.add_argument("--out", type=Path, required=True, help="an absent or empty folder for the reports")
+    evaluate.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
+    evaluate.add_argument("--run-id", default=None, help="names the run's folder and summary (default: a fresh id)")
+    evaluate.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 2), help="sandboxes at once")
+    evaluate.add_argument("--timeout-s", type=float, default=300.0, help="each instance's test run")
+    evaluate.add_argument("--image", default=None, help="sandbox image for local-repository tasks (default: the "
+                          "offline base image, built on first use)")  # fmt: skip
     _rollout_parsers(sub)
     return p
 
@@ -130,6 +143,12 @@ def checkout(args: argparse.Namespace) -> int:
     return 0
 
 
+def evaluate(args: argparse.Namespace) -> int:
+    from swebench_env.harness import eval_command
+
+    return eval_command(args)
+
+
 def rollout(args: argparse.Namespace) -> int:
     from swebench_env.rollout import rollout_command
     from swebench_env.tasks import load_tasks
@@ -146,8 +165,8 @@ def replay(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    commands = {"suite": suite, "validate": validate, "check": check, "checkout": checkout, "rollout": rollout,
-                "replay": replay}  # fmt: skip
+    commands = {"suite": suite, "validate": validate, "check": check, "checkout": checkout, "eval": evaluate,
+                "rollout": rollout, "replay": replay}  # fmt: skip
     try:
         return commands[args.command](args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:

@@ -1,14 +1,22 @@
 """Whether a patch resolves a task: the pure rules, and a local runner that applies them without Docker.
 
-The rules follow SWE-bench's harness: the candidate patch is applied to the base commit, the test
-files named by `test_patch` are reset to the base commit (so a patch cannot edit the tests that judge
-it) and the test patch is applied, then those test files run. A task is resolved only when every
-FAIL_TO_PASS and every PASS_TO_PASS test passes; a test missing from the log counts as not passed.
+The rules follow SWE-bench's harness (`swebench.harness.grading`): the candidate patch is applied to
+the base commit, the test files named by `test_patch` are reset to the base commit (so a patch cannot
+edit the tests that judge it) and the test patch is applied, then those test files run. A task is
+resolved only when every FAIL_TO_PASS test passed (PASSED or XFAIL) and every PASS_TO_PASS test passed
+or was skipped; a test missing from the log counts as failed. A test id that SWE-bench's data truncated
+mid-parameter (more `[` than `]`) matches the log's ids that start with it, when they agree.
 
-The pure parts (`judged_files`, `pytest_command`, `parse_pytest_log`, `grade`) are what a Docker grader
-reuses: it runs the same command in a container and parses its log the same way. `evaluate_locally`
-is the plain-subprocess version the suite generator uses; it runs the repository's code on this
-machine, so use it only on trusted tasks (the shipped suite, your own).
+The log of a graded run uses SWE-bench's markers (`>>>>> Applied Patch`, `>>>>> Start Test Output`,
+`>>>>> End Test Output`, `>>>>> Test Exit Code: N`, ...) so that the `swebench` package's own
+grading reads it too; `read_eval_log` applies its rules for a log it cannot trust: a patch that did
+not apply, a timeout, no test output, or a non-zero test exit with no failing test listed (a patch
+can print its own PASSED lines) give no test statuses at all, so nothing passes.
+
+The pure parts (`judged_files`, `pytest_command`, `parse_pytest_log`, `grade`, `read_eval_log`) are
+what the Docker grader (`grading.py`) uses. `evaluate_locally` is the plain-subprocess version the
+suite generator uses; it runs the repository's code on this machine, so use it only on trusted tasks
+(the shipped suite, your own).
 
 Only pytest repositories are handled: official SWE-bench repositories such as django or sympy need
 their own test command and log parser per repository, which a grader adds beside `pytest_command`.
@@ -32,7 +40,24 @@ from swebench_env.tasks import Task, materialize_repo
 DEFAULT_TEST_TIMEOUT_S = 300.0
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _PYTEST_ARGS = ("-m", "pytest", "-rA", "-p", "no:cacheprovider", "--no-header", "-q")
-_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (\S+)(?: - .*)?$", re.MULTILINE)
+_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) +(\S+)", re.MULTILINE)
+_SKIP_COUNT = re.compile(r"\[\d+\]$")  # `SKIPPED [2] path:line: reason`: a count, not a test id
+# SWE-bench's log markers (swebench.harness.constants), written by the grader's script
+APPLY_PATCH_FAIL = ">>>>> Patch Apply Failed"
+APPLY_PATCH_PASS = ">>>>> Applied Patch"
+RESET_FAILED = ">>>>> Reset Failed"
+TESTS_ERROR = ">>>>> Tests Errored"
+TESTS_TIMEOUT = ">>>>> Tests Timed Out"
+START_TEST_OUTPUT = ">>>>> Start Test Output"
+END_TEST_OUTPUT = ">>>>> End Test Output"
+TEST_EXIT_CODE = ">>>>> Test Exit Code"
+_UNTRUSTED = {
+    APPLY_PATCH_FAIL: "the patch did not apply",
+    RESET_FAILED: "the test files could not be reset",
+    TESTS_ERROR: "the tests errored",
+    TESTS_TIMEOUT: "the tests timed out",
+}
+_EXIT_CODE = re.compile(rf"{re.escape(TEST_EXIT_CODE)}:\s*(-?\d+)")
 
 
 class Outcome(enum.Enum):
@@ -45,6 +70,7 @@ class Outcome(enum.Enum):
 
 
 PASSING = frozenset({Outcome.PASSED, Outcome.XFAIL})  # as SWE-bench counts them
+MAINTAINED = PASSING | {Outcome.SKIPPED}  # a PASS_TO_PASS test that was skipped is not a regression
 
 
 @dataclass(frozen=True)
@@ -60,7 +86,8 @@ class Evaluation:
     applied: bool  # the candidate patch applied cleanly (if not, nothing ran and `resolved` is False)
     statuses: Mapping[str, Outcome]  # test id -> status, from the log
     grade: Grade
-    log: str  # git apply's complaint, or pytest's output
+    log: str  # git apply's complaint, or pytest's output (in Docker: the whole graded run's log)
+    problem: str | None = None  # why the log's test results were not trusted (see `read_eval_log`)
 
     @property
     def resolved(self) -> bool:
@@ -88,16 +115,56 @@ def pytest_command(task: Task, python: str = "python") -> list[str]:
 
 
 def parse_pytest_log(log: str) -> dict[str, Outcome]:
-    """Test id -> status from the short summary of `pytest -rA`; a later line for the same id wins."""
-    return {test_id: Outcome(word) for word, test_id in _SUMMARY.findall(log) if "::" in test_id}
+    """Test id -> status from the short summary of `pytest -rA` (a line per test: `STATUS id[ - reason]`), read
+    as SWE-bench's `parse_log_pytest` reads it: the id is the first word after the status; a later line wins."""
+    return {
+        test_id: Outcome(word)
+        for word, test_id in _SUMMARY.findall(log)
+        if not (word == "SKIPPED" and _SKIP_COUNT.fullmatch(test_id))
+    }
+
+
+def status_of(test_id: str, statuses: Mapping[str, Outcome]) -> Outcome | None:
+    """`test_id`'s status; for an id truncated mid-parameter, that of the ids starting with it when they agree."""
+    if test_id in statuses:
+        return statuses[test_id]
+    if test_id.count("[") > test_id.count("]"):
+        matches = [s for t, s in statuses.items() if t.startswith(test_id)]
+        if matches and len({s in PASSING for s in matches}) == 1:
+            return matches[0]
+    return None
+
+
+def passed(task_tests: tuple[str, ...], statuses: Mapping[str, Outcome], ok: frozenset[Outcome]) -> list[str]:
+    """The tests of `task_tests` whose status is in `ok`."""
+    return [t for t in task_tests if status_of(t, statuses) in ok]
 
 
 def grade(task: Task, statuses: Mapping[str, Outcome]) -> Grade:
-    """SWE-bench's rule: resolved when every FAIL_TO_PASS and PASS_TO_PASS test passed."""
-    f2p = sum(statuses.get(t) in PASSING for t in task.FAIL_TO_PASS)
-    p2p = sum(statuses.get(t) in PASSING for t in task.PASS_TO_PASS)
+    """SWE-bench's rule: resolved when every FAIL_TO_PASS test passed and every PASS_TO_PASS test passed or
+    was skipped."""
+    f2p = len(passed(task.FAIL_TO_PASS, statuses, PASSING))
+    p2p = len(passed(task.PASS_TO_PASS, statuses, MAINTAINED))
     resolved = f2p == len(task.FAIL_TO_PASS) and p2p == len(task.PASS_TO_PASS)
     return Grade(resolved, (f2p, len(task.FAIL_TO_PASS)), (p2p, len(task.PASS_TO_PASS)))
+
+
+def read_eval_log(log: str, parse=parse_pytest_log) -> tuple[dict[str, Outcome], str | None]:
+    """The test statuses of a graded run's log in SWE-bench's format, and why they are empty when the log
+    cannot be trusted (None when it can): SWE-bench's `get_logs_eval` rules, described in the module docstring."""
+    for marker, why in _UNTRUSTED.items():
+        if marker in log:
+            return {}, why
+    if START_TEST_OUTPUT not in log or END_TEST_OUTPUT not in log:
+        return {}, "the log has no test output"
+    statuses = parse(log.split(START_TEST_OUTPUT, 1)[1].split(END_TEST_OUTPUT, 1)[0]) or parse(log)
+    if not statuses:
+        return {}, "no test results in the log"
+    code = _EXIT_CODE.search(log)
+    failing = {Outcome.FAILED, Outcome.ERROR}
+    if code and int(code.group(1)) != 0 and not failing & set(statuses.values()):
+        return {}, f"the tests exited with status {code.group(1)} but the log lists no failing test"
+    return statuses, None
 
 
 def apply_patch(repo: Path, patch: str, timeout_s: float = 60.0) -> str | None:

@@ -157,6 +157,11 @@ def ensure_swebench_image(instance_id: str, *, client=None, **naming) -> str:
     return _present_or_pulled(client or docker_client(), name, f"the SWE-bench image of {instance_id}")
 
 
+def ensure_image(name: str, what: str = "the image", *, client=None) -> str:
+    """`name`, pulled first if this daemon does not have it; ImageUnavailable says what to do when it cannot be."""
+    return _present_or_pulled(client or docker_client(), name, what)
+
+
 def _present(client, name: str) -> bool:
     import docker.errors
 

@@ -29,6 +29,7 @@ for the reaper (`reaper.py`), which the first `start()` of the next process runs
 from __future__ import annotations
 
 import atexit
+import io
 import logging
 import math
 import os
@@ -55,6 +56,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxError",
     "copy_in",
+    "write_files",
     "reap_stale_sandboxes",
 ]
 
@@ -257,6 +259,26 @@ def copy_in(sandbox: Sandbox, local_dir: str | Path, dest: str) -> None:
     with tempfile.TemporaryFile() as buf:
         with tarfile.open(fileobj=buf, mode="w") as tar:
             tar.add(local_dir, arcname=".", filter=_as_root)
+        buf.seek(0)
+        sandbox.put_archive(dest, buf)
+
+
+def write_files(sandbox: Sandbox, dest: str, files: Mapping[str, str], mode: int = 0o644) -> None:
+    """Write `files` (name -> UTF-8 text) into the folder `dest` of the sandbox (made if absent), owned by root."""
+    if not dest.startswith("/"):
+        raise ValueError(f"write_files: dest={dest!r} must be an absolute path")
+    made = sandbox.exec(f"mkdir -p {shlex.quote(dest)}", timeout_s=60)
+    if made.exit_code != 0:
+        raise SandboxError(f"sandbox {sandbox.name}: mkdir -p {dest} failed: {made.output.strip()}")
+    with tempfile.TemporaryFile() as buf:
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, text in files.items():
+                if "/" in name or name in ("", ".", ".."):
+                    raise ValueError(f"write_files: {name!r} is not a plain file name")
+                data = text.encode()
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+                tar.addfile(info, io.BytesIO(data))
         buf.seek(0)
         sandbox.put_archive(dest, buf)
 

@@ -172,8 +172,12 @@ def _repo_path(name: str, value: Any, base_dir: Path) -> Path:
     return path
 
 
-def parse_tasks(text: str, source: str = "<tasks>", base_dir: Path | None = None) -> list[Task]:
-    """Tasks from the text of a JSON list (or one object) or of JSONL; `source` names the text in errors."""
+def parse_tasks(
+    text: str, source: str = "<tasks>", base_dir: Path | None = None, problems: list[str] | None = None
+) -> list[Task]:
+    """Tasks from the text of a JSON list (or one object) or of JSONL; `source` names the text in errors.
+    With a `problems` list, a record that breaks the schema (or a JSONL line that is not JSON) is skipped
+    and a line saying why is appended to it; without, the first one raises TaskFormatError."""
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:
@@ -189,35 +193,48 @@ def parse_tasks(text: str, source: str = "<tasks>", base_dir: Path | None = None
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise TaskFormatError(f"{source} line {number}: not valid JSON: {e}") from None
+                _problem(TaskFormatError(f"{source} line {number}: not valid JSON: {e}"), problems)
+                continue
             places.append(f"{source} line {number}")
-    return _validated(records, places, base_dir)
+    return _validated(records, places, base_dir, problems)
 
 
-def _validated(records: list[Any], places: list[str], base_dir: Path | None) -> list[Task]:
+def _problem(error: TaskFormatError, problems: list[str] | None) -> None:
+    if problems is None:
+        raise error
+    problems.append(str(error))
+
+
+def _validated(records: list[Any], places: list[str], base_dir: Path | None, problems: list[str] | None) -> list[Task]:
     tasks: list[Task] = []
     seen: dict[str, str] = {}
     for record, place in zip(records, places, strict=True):
         try:
             task = task_from_dict(record, base_dir)
         except TaskFormatError as e:
-            raise TaskFormatError(f"{place}: {e}") from None
+            _problem(TaskFormatError(f"{place}: {e}"), problems)
+            continue
         if task.instance_id in seen:
             first = seen[task.instance_id]
-            raise TaskFormatError(f"{place}: duplicate instance_id {task.instance_id!r} (first at {first})")
+            duplicate = TaskFormatError(f"{place}: duplicate instance_id {task.instance_id!r} (first at {first})")
+            _problem(duplicate, problems)
+            continue
         seen[task.instance_id] = place
         tasks.append(task)
     return tasks
 
 
-def load_tasks(path: Path | str) -> list[Task]:
-    """Every task in a JSON or JSONL file; relative `repo_path`s are taken from the file's folder."""
+def load_tasks(path: Path | str, problems: list[str] | None = None) -> list[Task]:
+    """Every task in a JSON or JSONL file; relative `repo_path`s are taken from the file's folder. `problems`:
+    as for `parse_tasks` (skip bad records, say why there)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"task file {path} does not exist") from None
-    return parse_tasks(text, source=str(path), base_dir=path.parent.resolve())
+    except UnicodeDecodeError as e:
+        raise TaskFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return parse_tasks(text, source=str(path), base_dir=path.parent.resolve(), problems=problems)
 
 
 def dump_tasks(tasks: Iterable[Task], path: Path | str) -> Path:

@@ -174,7 +174,7 @@ def test_retries_run_out_and_the_episode_ends_with_the_api_error(task_and_demo, 
     episode = BashAgent(AgentConfig(**FAST_RETRIES)).run(task_and_demo[0], LocalRunner(checkout), url, "s")
     assert episode.exit_reason == ExitReason.API_ERROR
     assert handler.calls == 3  # the first try and max_retries more
-    assert episode.error == "HTTP 429: Error code: 429 - busy"
+    assert episode.error == "HTTP 429: busy"
 
 
 def test_an_unreachable_server_ends_the_episode(task_and_demo, checkout):

@@ -57,6 +57,7 @@ def test_parse_pytest_log_reads_the_short_summary():
         "tests/test_a.py::test_known": Outcome.XFAIL,
         "tests/test_a.py::test_three": Outcome.FAILED,
         "tests/test_b.py::test_setup": Outcome.ERROR,
+        "tests/test_c.py": Outcome.ERROR,  # a module that failed to import: SWE-bench records it too
     }
 
 

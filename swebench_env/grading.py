@@ -1,0 +1,236 @@
+"""Grading in Docker: every prediction in a fresh sandbox, by SWE-bench's procedure, in SWE-bench's log format.
+
+`DockerGrader` is a `Grader` ((task, patch) -> Evaluation) for rollouts and for `eval`. Per call it
+starts a sandbox (no network, memory/CPU/pids limits), puts the task's repository at /testbed at its
+base commit, and runs one script there that does what SWE-bench's `run_instance` and eval script do:
+
+1. apply the candidate patch with `git apply`, or failing that `patch --batch --fuzz=5 -p1` (SWE-bench's
+   fallbacks); if neither applies, log `>>>>> Patch Apply Failed` and stop;
+2. reset the files the test patch touches to the base commit (so a patch cannot edit its judges) and
+   apply the test patch;
+3. run the tests between `>>>>> Start Test Output` and `>>>>> End Test Output`, under `timeout`, and
+   log `>>>>> Test Exit Code: N` (and `>>>>> Tests Timed Out` when the timeout struck).
+
+The log is read by `evaluation.read_eval_log` and graded by `evaluation.grade` (SWE-bench's rules), so
+the `swebench` package's `get_eval_report` reads the same log the same way; `swebench_resolved` asks
+it, and `eval` reports any instance where the two disagree.
+
+Two kinds of task:
+- a task with a local repository (`repo_path`: the shipped suite, users' own tasks) runs in the base
+  image (`images.ensure_base_image`, built offline), the checkout copied in; its tests run with pytest;
+- an official SWE-bench instance that carries its own `eval_script` and `log_parser` (SWE-bench's
+  dataset records do) runs that script in the instance's image (its `image` field, or the official
+  `swebench/sweb.eval.*` name, pulled if absent) and is parsed by the `swebench` package's parser.
+  Nothing can be pulled on a machine without a registry, so that path is tested only where one is.
+
+`GradingError` means the task could not be graded (its repository cannot be checked out, its test patch
+does not apply, the sandbox failed): no verdict on the patch, so a rollout stores no reward for it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from swebench_env.evaluation import (
+    APPLY_PATCH_FAIL,
+    APPLY_PATCH_PASS,
+    END_TEST_OUTPUT,
+    RESET_FAILED,
+    START_TEST_OUTPUT,
+    TEST_EXIT_CODE,
+    TESTS_TIMEOUT,
+    Evaluation,
+    Outcome,
+    grade,
+    judged_files,
+    parse_pytest_log,
+    pytest_command,
+    read_eval_log,
+)
+from swebench_env.git import GitError
+from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, copy_in, write_files
+from swebench_env.tasks import Task, materialize_repo
+
+TESTBED = "/testbed"  # where the repository lies in a sandbox, as in SWE-bench's images
+SCRATCH = "/tmp/swe"  # the patches and the script
+TEST_PATCH_FAIL = ">>>>> Test Patch Apply Failed"  # the task's own test patch: a broken task, not a bad patch
+KILL_GRACE_S = 10  # `timeout -k`: SIGKILL this long after SIGTERM
+
+
+class GradingError(RuntimeError):
+    """The task could not be graded: no verdict on the patch. The message names the instance and why."""
+
+
+@dataclass(frozen=True)
+class DockerGraderConfig:
+    image: str | None = None  # image for tasks with a local repository (None: the offline base image)
+    test_timeout_s: float = 300.0  # the test run; past it the log says "Tests Timed Out" and nothing passes
+    memory_mb: int = 2048
+    cpus: float = 1.0
+    pids_limit: int = 512
+    output_limit_bytes: int = 4 * 1024 * 1024  # log kept per run (first and last halves)
+
+    def __post_init__(self) -> None:
+        if not self.test_timeout_s > 0:
+            raise ValueError(f"test_timeout_s={self.test_timeout_s!r} must be positive")
+
+
+def is_official(task: Task) -> bool:
+    """A SWE-bench dataset record that carries its own evaluation script (and no local repository)."""
+    return task.repo_path is None and isinstance(task.extra.get("eval_script"), str)
+
+
+def _apply_candidate() -> list[str]:
+    patch = f"{SCRATCH}/model.patch"
+    return [
+        f"if [ -s {patch} ]; then",
+        f"  if ! git apply --whitespace=nowarn {patch} && ! patch --batch --fuzz=5 -p1 -i {patch}; then",
+        f'    echo "{APPLY_PATCH_FAIL}"; exit 0',
+        "  fi",
+        "fi",
+        f'echo "{APPLY_PATCH_PASS}"',
+    ]
+
+
+def eval_script(task: Task, test_timeout_s: float) -> str:
+    """The bash script that grades a candidate for a task with a local repository (see the module docstring)."""
+    base = shlex.quote(task.base_commit)
+    lines = ["set -uo pipefail", f"cd {TESTBED}", "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1"]
+    lines += _apply_candidate()
+    for path in map(shlex.quote, judged_files(task)):
+        lines.append(f"if git cat-file -e {base}:{path} 2>/dev/null; then")
+        lines.append(f'  git checkout -q {base} -- {path} || {{ echo "{RESET_FAILED}"; exit 0; }}')
+        lines.append(f"else rm -rf -- {path}; fi")
+    lines.append(f'git apply --whitespace=nowarn {SCRATCH}/test.patch || {{ echo "{TEST_PATCH_FAIL}"; exit 0; }}')
+    lines.append(f'echo "{START_TEST_OUTPUT}"')
+    lines.append(f"timeout -k {KILL_GRACE_S} {test_timeout_s:g} {shlex.join(pytest_command(task))}")
+    lines += ["rc=$?", f'echo "{END_TEST_OUTPUT}"', f'echo "{TEST_EXIT_CODE}: $rc"']
+    lines.append(f'if [ "$rc" -eq 124 ]; then echo "{TESTS_TIMEOUT}"; fi')
+    return "\n".join(lines) + "\n"
+
+
+def official_script(task: Task) -> tuple[str, Callable[[str], dict[str, Outcome]]]:
+    """(script, log parser) for an official SWE-bench record: the candidate applied, then its own eval script
+    (with the test exit code recorded, as SWE-bench's `make_test_spec` does); parsed by its named parser."""
+    try:
+        from swebench.harness.log_parsers import PARSER_REGISTRY
+        from swebench.harness.utils import make_test_spec
+    except ImportError:
+        raise GradingError(
+            f"instance {task.instance_id!r} is an official SWE-bench record: grading it needs the swebench package "
+            '(pip install -e ".[swe]")'
+        ) from None
+    record = task.to_dict() | {"image": task.extra.get("image", "")}
+    try:
+        spec = make_test_spec(record)
+        parser = PARSER_REGISTRY[spec.log_parser]
+    except (KeyError, ValueError, TypeError) as e:
+        raise GradingError(f"instance {task.instance_id!r}: cannot read its SWE-bench evaluation fields: {e!r}") from e
+    script = "\n".join(["set -uo pipefail", f"cd {TESTBED}", *_apply_candidate(), spec.eval_script]) + "\n"
+
+    def parse(log: str) -> dict[str, Outcome]:
+        known = {o.value for o in Outcome}
+        return {t: Outcome(s) for t, s in parser(log, spec).items() if s in known}
+
+    return script, parse
+
+
+def evaluation_from_log(task: Task, log: str, parse=parse_pytest_log) -> Evaluation:
+    """Grade a run's log; GradingError when the task's own test patch did not apply."""
+    if TEST_PATCH_FAIL in log:
+        raise GradingError(f"instance {task.instance_id!r}: its test patch does not apply at its base commit")
+    statuses, problem = read_eval_log(log, parse)
+    return Evaluation(task.instance_id, APPLY_PATCH_FAIL not in log, statuses, grade(task, statuses), log, problem)
+
+
+def swebench_resolved(task: Task, log: str, patch: str) -> bool | None:
+    """The `swebench` package's verdict on the same log (its `get_eval_report`), or None without the package."""
+    try:
+        from swebench.harness.grading import get_eval_report
+        from swebench.types import TestSpec
+    except ImportError:
+        return None
+    parser = task.extra.get("log_parser", "parse_log_pytest")
+    spec = TestSpec(task.instance_id, "", [], task.repo, task.version, list(task.FAIL_TO_PASS),
+                    list(task.PASS_TO_PASS), parser, task.extra.get("eval_type", "pass_and_fail"))  # fmt: skip
+    prediction = {"instance_id": task.instance_id, "model_patch": patch, "model_name_or_path": "check"}
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
+        f.write(log)
+        f.flush()
+        return bool(get_eval_report(spec, prediction, f.name, include_tests_status=False)[task.instance_id]["resolved"])
+
+
+class DockerGrader:
+    """A `Grader`: each call grades one (task, patch) in a fresh sandbox; safe to call from many threads."""
+
+    def __init__(self, config: DockerGraderConfig | None = None, client=None) -> None:
+        self.config = config or DockerGraderConfig()
+        self._client = client
+        self._base_image = self.config.image
+
+    def __call__(self, task: Task, patch: str) -> Evaluation:
+        if is_official(task):
+            script, parse = official_script(task)
+            with self._sandbox(task) as sandbox:
+                return evaluation_from_log(task, self._run(sandbox, task, patch, script), parse)
+        with tempfile.TemporaryDirectory(prefix=f"grade-{task.instance_id}-") as tmp:
+            try:
+                repo = materialize_repo(task, Path(tmp) / "repo")
+            except GitError as e:
+                raise GradingError(f"instance {task.instance_id!r}: its repository cannot be checked out: {e}") from e
+            with self._sandbox(task) as sandbox:
+                copy_in(sandbox, repo, TESTBED)
+                log = self._run(sandbox, task, patch, eval_script(task, self.config.test_timeout_s))
+        return evaluation_from_log(task, log)
+
+    def _run(self, sandbox: Sandbox, task: Task, patch: str, script: str) -> str:
+        write_files(sandbox, SCRATCH, {"model.patch": patch, "test.patch": task.test_patch, "eval.sh": script})
+        result = sandbox.exec(f"bash {SCRATCH}/eval.sh", timeout_s=self.config.test_timeout_s + 2 * KILL_GRACE_S + 60)
+        return result.output + (f"\n{TESTS_TIMEOUT}\n" if result.timed_out else "")
+
+    @contextmanager
+    def _sandbox(self, task: Task) -> Iterator[Sandbox]:
+        c = self.config
+        labels = {"seamlessflow.role": "grader", "seamlessflow.instance": task.instance_id}
+        config = SandboxConfig(image=self._image(task), memory_mb=c.memory_mb, cpus=c.cpus, pids_limit=c.pids_limit,
+                               workdir=TESTBED if is_official(task) else "/", output_limit_bytes=c.output_limit_bytes,
+                               labels=labels)  # fmt: skip
+        try:
+            with Sandbox(config, self._client) as sandbox:
+                yield sandbox
+        except SandboxError as e:
+            raise GradingError(f"instance {task.instance_id!r}: the sandbox failed: {e}") from e
+
+    def _image(self, task: Task) -> str:
+        from swebench_env.images import ensure_base_image, ensure_image, ensure_swebench_image
+
+        if is_official(task):
+            image = task.extra.get("image")
+            if isinstance(image, str) and image:
+                return ensure_image(image, f"the image of {task.instance_id}", client=self._client)
+            return ensure_swebench_image(task.instance_id, client=self._client)
+        if self._base_image is None:
+            self._base_image = ensure_base_image(client=self._client)
+        return self._base_image
+
+
+@contextmanager
+def docker_workspace(
+    task: Task, *, image: str | None = None, client=None, limits: Mapping[str, object] | None = None
+) -> Iterator[Sandbox]:
+    """A sandbox with `task`'s repository at /testbed (its base commit), commands running there: the `Workspace`
+    a rollout gives its agent. `limits`: SandboxConfig fields (memory_mb, cpus, pids_limit, ...)."""
+    grader = DockerGrader(DockerGraderConfig(image=image), client)
+    config = SandboxConfig(image=grader._image(task), workdir=TESTBED,
+                           labels={"seamlessflow.role": "agent", "seamlessflow.instance": task.instance_id},
+                           **dict(limits or {}))  # fmt: skip
+    with Sandbox(config, client) as sandbox:
+        if not is_official(task):
+            with tempfile.TemporaryDirectory(prefix=f"ws-{task.instance_id}-") as tmp:
+                copy_in(sandbox, materialize_repo(task, Path(tmp) / "repo"), TESTBED)
+        yield sandbox
