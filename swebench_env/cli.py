@@ -64,8 +64,13 @@ def _rollout_parsers(sub) -> None:
         p.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
         p.add_argument("--concurrency", type=int, default=4 if p is rollout else 2, help="episodes at once")
         p.add_argument("--command-timeout-s", type=float, default=60.0, help="each bash command")
+        p.add_argument("--sandbox", choices=("docker", "local"), default="docker",
+                       help="where commands and tests run: a Docker sandbox per episode and per grading (default), "
+                       "or this machine, unisolated (trusted tasks only)")  # fmt: skip
+        p.add_argument("--image", default=None, help="Docker image for local-repository tasks (default: the offline "
+                       "base image, built on first use)")  # fmt: skip
     rollout.add_argument("--base-url", required=True, help="the trajectory manager, http://HOST:PORT")
-    rollout.add_argument("--agent", default="builtin", help="the agent (builtin)")
+    rollout.add_argument("--agent", default="builtin", help="the agent: builtin or mini-swe-agent")
     rollout.add_argument("--admin-token-file", type=Path, default=None,
                          help="the manager's admin token (default: $SEAMLESSFLOW_ADMIN_TOKEN)")  # fmt: skip
     rollout.add_argument("--run-id", default=None, help="session ids are RUN_ID:INSTANCE_ID (default: a fresh id)")

@@ -1,7 +1,7 @@
 """Rollouts: run an agent on tasks against a running trajectory manager, grade each episode, store its reward.
 
-    python -m swebench_env rollout --tasks FILE --agent builtin --base-url http://HOST:PORT --out DIR \\
-        [--concurrency N] [--admin-token-file F]
+    python -m swebench_env rollout --tasks FILE --agent builtin|mini-swe-agent --base-url http://HOST:PORT \\
+        --out DIR [--sandbox docker|local] [--concurrency N] [--admin-token-file F]
 
 Per task, `run_instance` opens a workspace (a checkout with a runner in it), runs one agent episode
 in its own manager session, grades the episode's patch and annotates the session with the reward
@@ -9,11 +9,14 @@ in its own manager session, grades the episode's patch and annotates the session
 `concurrency` at a time, in threads (the agent's calls and commands block, the GIL is free meanwhile).
 
 Two seams make it independent of where commands run and how patches are judged: a `Workspace` opens a
-`CommandRunner` for a task (`local_workspace`: a temporary local checkout; a Docker sandbox later), a
-`Grader` turns (task, patch) into an `Evaluation` (`evaluation.evaluate_locally` by default; a Docker
-grader later). An episode that ended on an API error (the manager unreachable or failing), or an
-instance whose workspace, agent or grader raised, gets no reward: it says nothing about the policy,
-and a 0 would teach it something false. Its result line says why.
+`CommandRunner` for a task, a `Grader` turns (task, patch) into an `Evaluation`. `--sandbox docker` (the
+default) gives each episode a Docker sandbox with the checkout at /testbed (`grading.docker_workspace`)
+and grades in a fresh one (`grading.DockerGrader`); `--sandbox local` runs commands and tests on this
+machine (`local_workspace`, `evaluation.evaluate_locally`): no isolation, for trusted tasks only.
+
+An episode that ended on an API error (the manager unreachable or failing), or an instance whose
+workspace, agent or grader raised, gets no reward: it says nothing about the policy, and a 0 would
+teach it something false. Its result line says why.
 
 Outputs in DIR: `results.jsonl` (one line an instance, in order of completion, written as they finish),
 `summary.json` (pass@1 and exit reasons) and `config.json` (the resolved configuration, without token).
@@ -21,6 +24,7 @@ Outputs in DIR: `results.jsonl` (one line an instance, in order of completion, w
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -55,7 +59,14 @@ class Agent(Protocol):
     def run(self, task: Task, runner: CommandRunner, manager_url: str, session_id: str) -> Episode: ...
 
 
-AGENTS: dict[str, Callable[[AgentConfig], Agent]] = {"builtin": BashAgent}
+def _mini_swe_agent(config: AgentConfig) -> Agent:
+    from swebench_env.mini_swe import MiniSweAgent
+
+    return MiniSweAgent(config)
+
+
+AGENTS: dict[str, Callable[[AgentConfig], Agent]] = {"builtin": BashAgent, "mini-swe-agent": _mini_swe_agent}
+SANDBOXES = ("docker", "local")
 
 
 def make_agent(name: str, config: AgentConfig) -> Agent:
@@ -70,6 +81,17 @@ def local_workspace(task: Task) -> Iterator[LocalRunner]:
     """A `LocalRunner` in a temporary checkout of `task` at its base commit (no isolation: see runner.py)."""
     with tempfile.TemporaryDirectory(prefix=f"swe-{task.instance_id}-") as tmp:
         yield LocalRunner(materialize_repo(task, Path(tmp) / "repo"))
+
+
+def environment(sandbox: str, image: str | None = None) -> tuple[Workspace, Grader]:
+    """The (workspace, grader) pair of a `--sandbox` choice; `image`: the Docker image for local-repository tasks."""
+    if sandbox == "local":
+        return local_workspace, evaluate_locally
+    if sandbox != "docker":
+        raise unknown_name("sandbox", sandbox, SANDBOXES)
+    from swebench_env.grading import DockerGrader, DockerGraderConfig, docker_workspace
+
+    return functools.partial(docker_workspace, image=image), DockerGrader(DockerGraderConfig(image=image))
 
 
 @dataclass(frozen=True)
@@ -334,8 +356,9 @@ def rollout_command(args, tasks: Sequence[Task]) -> int:
     agent = make_agent(args.agent, agent_config)
     config = RolloutConfig(args.base_url, args.concurrency, args.run_id or "", read_admin_token(args.admin_token_file))
     check_manager(config)
+    workspace, grader = environment(args.sandbox, args.image)
     out = prepare_out(args.out, args.out, args.overwrite)
     settings = {"command": "rollout", "tasks": str(args.tasks), "instances": len(tasks), "agent": args.agent,
-                "agent_config": asdict(agent_config)}  # fmt: skip
-    rollout_to(out, tasks, agent, config, settings)
+                "sandbox": args.sandbox, "agent_config": asdict(agent_config)}  # fmt: skip
+    rollout_to(out, tasks, agent, config, settings, grader, workspace)
     return 0

@@ -119,12 +119,12 @@ def replay_demonstration(
 
 
 def replay_command(args, tasks: Sequence[Task]) -> int:
-    """Replay `tasks`' demonstrations through an in-process manager whose engine plays them, grade each
-    patch locally and store the reward; exit code 1 unless every replay resolves its task."""
+    """Replay `tasks`' demonstrations through an in-process manager whose engine plays them, in sandboxes or
+    locally (`--sandbox`), grade each patch and store the reward; exit code 1 unless every replay resolves."""
     from core.outputs import prepare_out
     from reference.tokenizer import Tokenizer, default_tokenizer
     from swebench_env.demos import load_demonstrations
-    from swebench_env.rollout import RolloutConfig, rollout_to
+    from swebench_env.rollout import RolloutConfig, environment, rollout_to
 
     if not tasks:
         raise ValueError(f"{args.tasks} holds no task to replay")
@@ -137,13 +137,14 @@ def replay_command(args, tasks: Sequence[Task]) -> int:
     config = AgentConfig(max_turns=max(len(d.steps) for _, d in pairs) + 1, max_tokens=REPLAY_MAX_TOKENS,
                          command_timeout_s=args.command_timeout_s, temperature=0.0)  # fmt: skip
     DemonstrationScript(pairs, tok)  # checks the pairing before `prepare_out`: a bad one writes nothing
+    workspace, grader = environment(args.sandbox, args.image)
     out = prepare_out(args.out, args.out, args.overwrite)
     store = out / "trajectories.sqlite"
     settings = {"command": "replay", "tasks": str(args.tasks), "demos": str(args.demos), "instances": len(tasks),
-                "tokenizer": args.tokenizer, "agent_config": asdict(config)}  # fmt: skip
+                "tokenizer": args.tokenizer, "sandbox": args.sandbox, "agent_config": asdict(config)}  # fmt: skip
     with demonstration_manager(pairs, tok, store) as manager:
         rollout = RolloutConfig(manager.url, args.concurrency, run_id=f"replay-{uuid.uuid4().hex[:8]}")
-        results = rollout_to(out, tasks, BashAgent(config), rollout, settings)
+        results = rollout_to(out, tasks, BashAgent(config), rollout, settings, grader, workspace)
     resolved = sum(r.resolved for r in results)
     print(f"replayed {len(results)} demonstrations: {resolved} resolved; trajectories in {store} "
           f"(python -m reference check --store {store})")  # fmt: skip

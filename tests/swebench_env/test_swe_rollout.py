@@ -13,7 +13,7 @@ from reference.manager.manager import ManagerConfig
 from swebench_env import cli
 from swebench_env.agent import AgentConfig, BashAgent, Episode, ExitReason
 from swebench_env.evaluation import Evaluation, grade
-from swebench_env.rollout import RolloutConfig, make_agent, run_rollout
+from swebench_env.rollout import RolloutConfig, environment, make_agent, run_rollout
 from swebench_env.scripted import demonstration_manager
 from swebench_env.suite import SUITE_DIR, load_suite, load_suite_demonstrations
 
@@ -104,6 +104,7 @@ def test_the_rollout_command_writes_results_and_prints_pass_at_1(manager, tmp_pa
     out = tmp_path / "out"
     argv = ["rollout", "--tasks", str(SUITE_DIR / "train.jsonl"), "--ids", *IDS[:2], "--base-url", manager.url,
             "--out", str(out), "--admin-token-file", str(token_file), "--run-id", "cli"]  # fmt: skip
+    argv += ["--sandbox", "local"]
     assert cli.main(argv) == 0
     stdout = capsys.readouterr().out
     assert stdout.splitlines()[-1] == "pass@1: 2/2 = 100.0%  (rewards stored: 2; '!' = not stored, '-' = no reward)"
@@ -123,21 +124,21 @@ def test_the_rollout_command_refuses_a_manager_that_does_not_answer(tmp_path, ca
 
 
 def test_unknown_agents_and_session_urls_are_refused(manager):
-    with pytest.raises(UserError, match="unknown agent 'mini-swe-agent'; valid choices: builtin"):
-        make_agent("mini-swe-agent", AgentConfig())
+    with pytest.raises(UserError, match="unknown agent 'swe-agent'; valid choices: builtin, mini-swe-agent"):
+        make_agent("swe-agent", AgentConfig())
     with pytest.raises(ValueError, match="not a session URL"):
         RolloutConfig(f"{manager.url}/s/abc/v1")
 
 
 @contextmanager
-def _tiny_model_manager():
+def _tiny_model_manager(store=":memory:"):
     from reference.engine.process import EngineProcess, EngineSpec
     from reference.manager.embedded import ManagerThread
     from reference.tokenizer import default_tokenizer
 
     with (
         EngineProcess(EngineSpec(max_batch=2, torch_threads=1)) as proc,
-        ManagerThread({"tiny": proc.client()}, default_tokenizer()) as m,
+        ManagerThread({"tiny": proc.client()}, default_tokenizer(), store) as m,
     ):
         yield m
 
@@ -153,3 +154,37 @@ def test_the_tiny_random_model_ends_by_the_turn_limit_with_reward_0(tasks):
     assert (result.exit_reason, result.turns, result.format_errors) == ("turn_limit", 2, 2)
     assert (result.resolved, result.reward, result.reward_stored) == (False, 0.0, True)
     assert stored == (0.0, [0.0])
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_tiny_model_rolls_out_8_tasks_in_sandboxes_with_rewards_stored_and_tokens_consistent(base_image, tmp_path):
+    """End to end: the default engine through the manager, each episode in its own sandbox, each patch graded
+    in a fresh one, the reward stored with its session; the store's consistency check finds 0 mismatches."""
+    from reference.consistency import check_store
+    from reference.model import default_model
+    from reference.tokenizer import default_tokenizer
+
+    eight = load_suite("train")[::4][:8]
+    workspace, grader = environment("docker", base_image)
+    with _tiny_model_manager(tmp_path / "t.sqlite") as m:
+        config = RolloutConfig(m.url, concurrency=2, run_id="tiny8")
+        results = run_rollout(eight, BashAgent(AgentConfig(max_turns=2, max_tokens=16)), config, grader, workspace)
+        stored = [_reward(m, r.session_id) for r in results]
+        report = check_store(m.store, default_model()[0], default_tokenizer())
+    assert [(r.exit_reason, r.resolved, r.reward, r.reward_stored, r.error) for r in results] == [
+        ("turn_limit", False, 0.0, True, None)
+    ] * 8
+    assert all(r.fail_to_pass[0] == 0 and r.pass_to_pass[0] == r.pass_to_pass[1] for r in results)  # really graded
+    assert stored == [(0.0, [0.0])] * 8
+    assert (report.sessions, report.requests, report.token_mismatches) == (8, 16, 0)
+
+
+@pytest.mark.docker
+def test_demonstrations_replayed_in_sandboxes_resolve_their_tasks(tmp_path, capsys, base_image):
+    out = tmp_path / "replay"
+    argv = ["replay", "--tasks", str(SUITE_DIR / "train.jsonl"), "--demos", str(SUITE_DIR / "demonstrations" /
+            "train.jsonl"), "--out", str(out), "--ids", *IDS, "--image", base_image]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert "replayed 3 demonstrations: 3 resolved" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["sandbox"] == "docker"

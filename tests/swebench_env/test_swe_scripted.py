@@ -75,7 +75,8 @@ def test_mismatched_or_ambiguous_pairs_are_refused(pairs):
 def test_replay_command_grades_and_stores_two_demonstrations(tmp_path, capsys):
     ids = ["swesuite__dateranges-1", "swesuite__rpncalc-2"]
     out = tmp_path / "replay"
-    code = cli.main(["replay", "--tasks", TRAIN, "--demos", TRAIN_DEMOS, "--out", str(out), "--ids", *ids])
+    argv = ["replay", "--tasks", TRAIN, "--demos", TRAIN_DEMOS, "--out", str(out), "--ids", *ids, "--sandbox", "local"]
+    code = cli.main(argv)
     stdout = capsys.readouterr().out
     assert code == 0
     assert "replayed 2 demonstrations: 2 resolved" in stdout
