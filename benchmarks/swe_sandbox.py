@@ -5,9 +5,12 @@ Times, over N sandboxes of the offline base image (built first if missing: about
 command: exec create, the wrapper's fork of timeout and bash -lc, the stream, the exit status) and of a
 small Python process, and `close` (forced removal). Then eight sandboxes at once from eight threads,
 each starting, running one command and closing, as eight concurrent agent episodes would on this
-machine; it reports the wall time for all eight and each phase's spread. Needs a Docker daemon.
+machine; it reports the wall time for all eight and each phase's spread. Last, grading throughput:
+the gold patches of the shipped suite graded by `grading.DockerGrader` (a fresh sandbox each: checkout
+copied in, patch and test patch applied, pytest run), `--grade-jobs` at a time, in instances per
+minute. Needs a Docker daemon.
 
-    python -m benchmarks.swe_sandbox [--n 10] [--execs 20] [--concurrent 8]
+    python -m benchmarks.swe_sandbox [--n 10] [--execs 20] [--concurrent 8] [--grade 24] [--grade-jobs 2]
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from swebench_env.grading import DockerGrader, DockerGraderConfig
 from swebench_env.images import ensure_base_image
 from swebench_env.sandbox import Sandbox, SandboxConfig
+from swebench_env.suite import load_suite
 
 
 def spread(samples_s: list[float]) -> str:
@@ -79,11 +84,27 @@ def steady(config: SandboxConfig, k: int, execs: int) -> tuple[float, list[float
     return wall_s, [dt for samples in per_sandbox for dt in samples]
 
 
+def grading(image: str, n: int, jobs: int) -> tuple[float, list[float], int]:
+    """Grade the gold patches of the first `n` shipped tasks, `jobs` at a time: (wall s, per-instance s, resolved)."""
+    tasks = load_suite("all")[:n]
+    grader = DockerGrader(DockerGraderConfig(image=image))
+
+    def one(task):
+        dt, evaluation = timed(grader, task, task.patch)
+        return dt, evaluation.resolved
+
+    with ThreadPoolExecutor(jobs) as pool:
+        wall_s, runs = timed(lambda: list(pool.map(one, tasks)))
+    return wall_s, [dt for dt, _ in runs], sum(ok for _, ok in runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=10, help="sandboxes started one after another")
     parser.add_argument("--execs", type=int, default=20, help="`true` commands per sandbox")
     parser.add_argument("--concurrent", type=int, default=8, help="sandboxes at once")
+    parser.add_argument("--grade", type=int, default=24, help="shipped tasks graded (gold patches)")
+    parser.add_argument("--grade-jobs", type=int, default=2, help="gradings at once")
     args = parser.parse_args()
 
     dt, image = timed(ensure_base_image)
@@ -105,6 +126,10 @@ def main() -> None:
     print(f"\n{args.concurrent} live sandboxes, each running {args.execs} `true` commands at once:")
     print(f"  {len(samples) / wall_s:.1f} commands/s in all")
     print(f"  {'exec true':22s} {spread(samples)}")
+    wall_s, samples, resolved = grading(image, args.grade, args.grade_jobs)
+    print(f"\ngrading {len(samples)} gold patches of the shipped suite, {args.grade_jobs} at a time:")
+    print(f"  {60 * len(samples) / wall_s:.1f} instances/min ({resolved} resolved)")
+    print(f"  {'one grading':22s} {spread(samples)}")
 
 
 if __name__ == "__main__":
