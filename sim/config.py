@@ -54,13 +54,45 @@ class RolloutConfig:
     workspace_gb: float  # per GPU, kept free for activations and CUDA graphs
 
 
+RECOMPUTE = ("none", "selective", "full")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    grad_bytes_per_param: int
+    """The trainer: its state's precision, its batch schedule and its parallel layout (sim/train_layout.py)."""
+
+    grad_bytes_per_param: int  # also the dtype of the ZeRO-3 gradient reduce-scatter
     optimizer_bytes_per_param: int  # fp32 master weights + Adam moments
-    activation_gb: float  # per GPU, with activation checkpointing
     recompute_logprobs: bool  # forward pass of the behaviour policy before the update
     reference_model: bool  # forward pass of a frozen reference for a KL term
+    mini_batches: int  # optimizer steps per pass over the batch (the batch split into equal-token parts)
+    ppo_epochs: int  # passes over the batch per RL step
+    tensor_parallel: int  # GPUs splitting each layer's matmuls, within one node
+    pipeline_parallel: int  # 1F1B pipeline stages; data parallel (ZeRO-3) = train GPUs / (tp x pp)
+    micro_batch_tokens: int  # per micro-batch and data-parallel replica; a longer sequence is one on its own
+    activation_recompute: str  # none | selective (attention core, norms) | full (each layer from its input)
+    activation_gb: float | None  # per GPU: overrides the estimate from the model shape (null: estimate)
+
+    def validate(self, gpus_per_node: int, samples_per_step: int) -> None:
+        for key in ("mini_batches", "ppo_epochs", "tensor_parallel", "pipeline_parallel", "micro_batch_tokens"):
+            if getattr(self, key) < 1:
+                raise UserError(f"train.{key} must be >= 1, got {getattr(self, key)}")
+        if self.activation_recompute not in RECOMPUTE:
+            mode, choices = self.activation_recompute, ", ".join(RECOMPUTE)
+            raise UserError(f"unknown train.activation_recompute {mode!r}; valid choices: {choices}")
+        if self.activation_gb is not None and self.activation_gb < 0:
+            raise UserError(f"train.activation_gb must be >= 0 or null, got {self.activation_gb}")
+        tp = self.tensor_parallel
+        if tp > gpus_per_node or gpus_per_node % tp:
+            raise UserError(
+                f"train.tensor_parallel={tp} must divide the {gpus_per_node} GPUs of a node: tensor-parallel "
+                "all-reduces run over NVLink, within one node"
+            )
+        if self.mini_batches > samples_per_step:
+            raise UserError(
+                f"train.mini_batches={self.mini_batches} exceeds the {samples_per_step} samples of a step "
+                "(workload.prompts_per_step x workload.group_size)"
+            )
 
 
 @dataclass(frozen=True)
@@ -134,6 +166,7 @@ class SimConfig:
             raise UserError(f"rollout.tensor_parallel={tp} must divide the {dev.gpus_per_node} GPUs of a node")
         for name in ("prompt_tokens", "response_tokens", "turns", "tool_output_tokens", "tool_latency_s", "test_run_s"):
             getattr(self.workload, name).validate(f"workload.{name}")
+        self.train.validate(dev.gpus_per_node, self.workload.prompts_per_step * self.workload.group_size)
         fractions = {
             "rollout.gpu_memory_utilization": self.rollout.gpu_memory_utilization,
             "workload.prefix_cache_hit": self.workload.prefix_cache_hit,

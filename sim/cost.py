@@ -14,8 +14,9 @@ import math
 from dataclasses import dataclass
 
 from core.errors import UserError
-from core.specs import BF16_BYTES, DeviceSpec, ModelSpec
+from core.specs import DeviceSpec, ModelSpec
 from core.tags import Tag
+from sim import train_layout
 from sim.config import SimConfig
 
 GB = 1e9
@@ -133,23 +134,13 @@ class CostModel:
     # ---- training ----
 
     def train_step_s(self, seq_lens: list[int], train_gpus: int) -> float:
-        """One GRPO update over sequences of these lengths on `train_gpus` GPUs (FSDP/ZeRO-3)."""
-        m, t, c = self.model, self.cfg.train, self.cfg.costs
-        tokens = sum(seq_lens)
-        pairs = sum(n * n / 2 for n in seq_lens)  # causal attention
-        fwd = 2 * m.matmul_params * tokens + 4 * m.layers * m.attn_dim * pairs
-        peak = train_gpus * self.device.peak_tflops * TFLOP
-        seconds = 3 * fwd / (peak * c.train_mfu)  # forward + backward (2x forward)
-        extra_forwards = int(t.recompute_logprobs) + int(t.reference_model)
-        seconds += extra_forwards * fwd / (peak * c.logprob_mfu)
-        state = (BF16_BYTES + t.grad_bytes_per_param + t.optimizer_bytes_per_param) * m.params / train_gpus
-        seconds += 2 * state / (self.device.hbm_bandwidth_gb_s * GB * c.hbm_efficiency)  # optimizer step
-        return seconds + c.train_step_overhead_s
+        """One RL step's update over sequences of these lengths on `train_gpus` GPUs, in the layout of
+        `train.*` (epochs, mini-batches, tp x pp x ZeRO-3 dp); parts in `train_layout.step`."""
+        return train_layout.step(self.cfg, self.model, self.device, seq_lens, train_gpus).total_s
 
-    def train_memory_gb(self, train_gpus: int) -> float:
-        t = self.cfg.train
-        per_param = BF16_BYTES + t.grad_bytes_per_param + t.optimizer_bytes_per_param
-        return per_param * self.model.params / train_gpus / GB + t.activation_gb
+    def train_memory_gb(self, train_gpus: int, longest_tokens: int = 0) -> float:
+        """Trainer memory per GPU when sequences reach `longest_tokens`; parts in `train_layout.memory`."""
+        return train_layout.memory(self.cfg, self.model, self.device, train_gpus, longest_tokens).total_gb
 
     # ---- weight sync and role switches ----
 
@@ -191,9 +182,4 @@ class CostModel:
                 f"{max_request_tokens} tokens (short by {max_request_tokens - capacity}); raise "
                 "rollout.tensor_parallel or lower the workload's maximum lengths"
             )
-        need = self.train_memory_gb(train_gpus)
-        if need > d.hbm_gb:
-            raise UserError(
-                f"{self.model.name} does not fit for training on {train_gpus} GPUs: needs {need:.1f} GB per "
-                f"GPU, {need - d.hbm_gb:.1f} GB more than the {d.hbm_gb:.0f} GB of a {d.name}; add train GPUs"
-            )
+        train_layout.check_fits(self.cfg, self.model, d, train_gpus, max_request_tokens)

@@ -98,7 +98,7 @@ def test_a_kv_cache_too_small_for_the_longest_request(capsys, tmp_path, monkeypa
 @pytest.mark.parametrize(
     "argv",
     [
-        # one 8-GPU resource does both roles: 32B params x 18 bytes / 8 GPUs + activations > 80 GB
+        # one 8-GPU resource does both roles: 32B params x 18 bytes / 8 GPUs + gather buffers + activations > 80 GB
         ["--policy", "colocated", "--set", "cluster.num_gpus=8", "--set", "rollout.tensor_parallel=8"],
         # a disaggregated train pool of half of 16 GPUs
         ["--policy", "disaggregated", "--set", "cluster.num_gpus=16"],
@@ -107,7 +107,8 @@ def test_a_kv_cache_too_small_for_the_longest_request(capsys, tmp_path, monkeypa
 def test_a_model_too_big_to_train_says_by_how_much(capsys, tmp_path, monkeypatch, argv):
     monkeypatch.chdir(tmp_path)
     message = fails(capsys, argv)
-    assert "qwen3-32b does not fit for training on 8 GPUs: needs 85.7 GB per GPU, 5.7 GB more than" in message
+    assert "qwen3-32b does not fit for training on 8 GPUs: needs 116.6 GB per GPU, 36.6 GB more than" in message
+    assert "optimizer state need 73.7 GB per GPU" in message and "add train GPUs" in message
 
 
 def test_a_run_writes_every_output(capsys, tmp_path):
