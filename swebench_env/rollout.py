@@ -43,7 +43,7 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from core.errors import unknown_name
+from core.errors import UserError, unknown_name
 from core.outputs import prepare_out, show_progress
 from swebench_env.agent import AgentConfig, BashAgent, Episode, ExitReason
 from swebench_env.evaluation import Evaluation, evaluate_locally
@@ -60,8 +60,12 @@ class Agent(Protocol):
 
 
 def _mini_swe_agent(config: AgentConfig) -> Agent:
-    from swebench_env.mini_swe import MiniSweAgent
-
+    try:
+        from swebench_env.mini_swe import MiniSweAgent
+    except ModuleNotFoundError as e:
+        if e.name != "swebench_env.mini_swe":
+            raise
+        raise UserError("--agent mini-swe-agent: its adapter (swebench_env/mini_swe.py) is not built yet") from None
     return MiniSweAgent(config)
 
 
