@@ -35,7 +35,7 @@ class Dist:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    device: str
+    device: str  # a shipped device (core/specs/devices.yaml) or a path to a YAML file with the same fields
     num_gpus: int
 
 
@@ -142,7 +142,7 @@ class CostConfig:
 class SimConfig:
     seed: int
     num_steps: int
-    model: str
+    model: str  # a shipped model (core/specs/models.yaml) or a path to a Hugging Face config.json (or its folder)
     cluster: ClusterConfig
     pools: PoolsConfig
     rollout: RolloutConfig
@@ -152,8 +152,8 @@ class SimConfig:
     costs: CostConfig
 
     def __post_init__(self) -> None:
-        specs.model(self.model)
-        dev = specs.device(self.cluster.device)
+        _spec("model", specs.model, self.model)
+        dev = _spec("cluster.device", specs.device, self.cluster.device)
         if self.workload.kind not in WORKLOADS:
             raise UserError(f"unknown workload {self.workload.kind!r}; valid choices: {', '.join(WORKLOADS)}")
         self._check_positive()
@@ -194,6 +194,14 @@ class SimConfig:
     @property
     def num_resources(self) -> int:
         return self.cluster.num_gpus // self.rollout.tensor_parallel
+
+
+def _spec(key: str, lookup, name: str):
+    """A model or device spec by name or file; a bad one is a UserError naming the config key first."""
+    try:
+        return lookup(name)
+    except UserError as exc:
+        raise UserError(f"{key}: {exc}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> SimConfig:

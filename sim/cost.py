@@ -6,6 +6,11 @@ each of `b` running sequences, reads all weights once and every running sequence
 a stretch where the batch does not change, contexts grow by one token a step, so the step time is a
 max of two lines in the step index and `decode_run_s` sums it in closed form; this is what lets the
 simulator jump from one request completion to the next instead of stepping every token.
+
+Mixture-of-experts models: FLOPs come from the active parameters (`ModelSpec.matmul_params`), memory
+and weight sync from all of them, and a forward pass over b tokens reads every dense weight plus, in
+each MoE layer, only the routed experts those tokens use (`expected_experts`). The weight-read term
+then depends on the batch alone, so it is still constant within a stretch and the closed form holds.
 """
 
 from __future__ import annotations
@@ -40,6 +45,17 @@ def _sum_line(p: float, q: float, lo: int, hi: int) -> float:
     return n * p + q * (lo + hi - 1) * n / 2 if n > 0 else 0.0
 
 
+def expected_experts(experts: int, per_token: int, tokens: int) -> float:
+    """Expected distinct experts of one MoE layer that `tokens` tokens use, `per_token` each:
+    E x (1 - (1 - k/E)^b).
+
+    Assumption: uniform, independent routing. Each token picks k distinct experts of E uniformly, so
+    one token misses a given expert with probability 1 - k/E and b tokens with (1 - k/E)^b. That is k
+    at b = 1 and nearly E at large b. Trained routers are imbalanced, which leaves fewer experts
+    distinct at a given batch, so this is an upper bound on the experts (and bytes) a step reads."""
+    return experts * (1.0 - (1.0 - per_token / experts) ** tokens)
+
+
 class CostModel:
     def __init__(self, cfg: SimConfig, model: ModelSpec, device: DeviceSpec) -> None:
         self.cfg, self.model, self.device = cfg, model, device
@@ -50,18 +66,40 @@ class CostModel:
         self._prefill_flops = self.tp * device.peak_tflops * TFLOP * c.prefill_mfu
         attn_flops_per_ctx = 4 * model.layers * model.attn_dim
         self._decode_k = (  # seconds per step: weights, per ctx token (KV), per sequence, per ctx token (attn)
-            model.weight_bytes / self._hbm,
+            model.weight_bytes / self._hbm,  # a dense model's; an MoE model's depend on the batch
             model.kv_bytes_per_token / self._hbm,
-            2 * model.matmul_params / self._decode_flops,
+            2 * model.matmul_params / self._decode_flops,  # active parameters for an MoE model
             attn_flops_per_ctx / self._decode_flops,
             c.decode_step_overhead_s,
         )
+        self._is_moe = model.is_moe
+        self._moe_weights_s: dict[int, float] = {}  # MoE: decode batch -> seconds to read its weights
 
     # ---- inference ----
 
+    def weight_bytes_read(self, tokens: int) -> float:
+        """Bytes of weights one forward pass over `tokens` tokens reads: every weight of a dense model;
+        of an MoE model every dense weight and, in each MoE layer, the routed experts the tokens use
+        (`expected_experts`). Engines hold all experts, tensor-parallel sharded: no expert parallelism."""
+        m = self.model
+        if not m.is_moe:
+            return m.weight_bytes
+        unused = m.experts - expected_experts(m.experts, m.experts_per_token, tokens)
+        return m.weight_bytes - m.moe_layers * m.routed_expert_bytes * unused
+
+    def _decode_weights_s(self, batch: int) -> float:
+        """Seconds one decode step of `batch` sequences spends reading weights (cached per batch)."""
+        if not self._is_moe:
+            return self._decode_k[0]
+        seconds = self._moe_weights_s.get(batch)
+        if seconds is None:
+            seconds = self._moe_weights_s[batch] = self.weight_bytes_read(batch) / self._hbm
+        return seconds
+
     def kv_capacity_tokens(self, train_gpus: int = 0) -> int:
-        """KV-cache tokens one engine holds. On a train-capable resource the trainer's bf16 weight
-        shard stays resident (its optimizer state is offloaded), which shrinks the cache."""
+        """KV-cache tokens one engine holds, beside all its weights (every expert of an MoE model).
+        On a train-capable resource the trainer's bf16 weight shard stays resident (its optimizer
+        state is offloaded), which shrinks the cache."""
         r = self.cfg.rollout
         per_gpu = self.device.hbm_gb * GB * r.gpu_memory_utilization - r.workspace_gb * GB
         per_gpu -= self.model.weight_bytes / self.tp
@@ -70,9 +108,9 @@ class CostModel:
         return max(0, int(per_gpu * self.tp // self.model.kv_bytes_per_token))
 
     def decode_lines(self, batch: int, sum_ctx: int) -> DecodeLines:
-        k = self._decode_k
+        k, w = self._decode_k, self._decode_weights_s(batch)
         return DecodeLines(
-            p1=k[0] + k[1] * sum_ctx, q1=k[1] * batch, p2=k[2] * batch + k[3] * sum_ctx, q2=k[3] * batch, overhead=k[4]
+            p1=w + k[1] * sum_ctx, q1=k[1] * batch, p2=k[2] * batch + k[3] * sum_ctx, q2=k[3] * batch, overhead=k[4]
         )
 
     def decode_step_s(self, batch: int, sum_ctx: int) -> float:
@@ -85,6 +123,8 @@ class CostModel:
         if steps <= 0:
             return 0.0
         w, kv, mm, att, overhead = self._decode_k
+        if self._is_moe:  # the experts a step reads depend on the batch, fixed within the stretch
+            w = self._decode_weights_s(batch)
         p1, q1 = w + kv * sum_ctx, kv * batch  # memory: weights + every KV cache, per step
         p2, q2 = mm * batch + att * sum_ctx, att * batch  # compute: matmuls + attention
         # The memory line wins from step `cross` on when it grows faster, the compute line otherwise.
@@ -124,12 +164,13 @@ class CostModel:
         return lo
 
     def prefill_s(self, new_tokens: int, attn_pairs: float) -> float:
-        """Prefill `new_tokens` in one batch; `attn_pairs` = sum of query-key pairs attended."""
+        """Prefill `new_tokens` in one batch; `attn_pairs` = sum of query-key pairs attended. An MoE
+        model computes with its active parameters and reads the experts its `new_tokens` tokens use."""
         if new_tokens <= 0:
             return 0.0
         m = self.model
         flops = 2 * m.matmul_params * new_tokens + 4 * m.layers * m.attn_dim * attn_pairs
-        return max(flops / self._prefill_flops, m.weight_bytes / self._hbm)
+        return max(flops / self._prefill_flops, self.weight_bytes_read(new_tokens) / self._hbm)
 
     # ---- training ----
 
@@ -146,7 +187,11 @@ class CostModel:
 
     def sync_s(self, local: bool, targets: int) -> float:
         """Load new weights into engines: in-node resharding over NVLink when the resource trained
-        them itself, otherwise a pipelined NCCL broadcast over the network to `targets` resources."""
+        them itself, otherwise a pipelined NCCL broadcast over the network to `targets` resources.
+
+        Every parameter moves, all experts of an MoE model. Expert parallelism is not modelled: each
+        engine holds every expert sharded over its tensor_parallel GPUs (vLLM's default), so each GPU
+        receives weight_bytes / tp, and decode has no expert all-to-all."""
         c, d = self.cfg.costs, self.device
         shard = self.model.weight_bytes / self.tp  # bytes each inference GPU receives
         if local:
@@ -170,16 +215,20 @@ class CostModel:
         usable = d.hbm_gb * r.gpu_memory_utilization - r.workspace_gb
         weights = self.model.weight_bytes / self.tp / GB
         if weights >= usable:
+            every = f" (all {self.model.experts} experts a layer)" if self.model.is_moe else ""
             raise UserError(
-                f"{self.model.name} does not fit for inference: {weights:.1f} GB of weights per GPU at "
+                f"{self.model.name} does not fit for inference: {weights:.1f} GB of weights{every} per GPU at "
                 f"tensor_parallel={self.tp} exceed the {usable:.1f} GB usable on one {d.name} by "
                 f"{weights - usable:.1f} GB; raise rollout.tensor_parallel"
             )
         capacity = self.kv_capacity_tokens(train_gpus if colocated else 0)
         if capacity < max_request_tokens:
+            shard = self.model.weight_bytes / train_gpus / GB if colocated and train_gpus else 0.0
+            beside = f" beside the trainer's resident {shard:.1f} GB weight shard per GPU" if shard else ""
             raise UserError(
-                f"KV cache of one engine holds {capacity} tokens but a request can reach "
+                f"KV cache of one engine holds {capacity} tokens{beside} but a request can reach "
                 f"{max_request_tokens} tokens (short by {max_request_tokens - capacity}); raise "
-                "rollout.tensor_parallel or lower the workload's maximum lengths"
+                f"rollout.tensor_parallel{' or cluster.num_gpus' if shard else ''} or lower the workload's "
+                "maximum lengths"
             )
         train_layout.check_fits(self.cfg, self.model, d, train_gpus, max_request_tokens)

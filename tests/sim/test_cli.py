@@ -42,11 +42,15 @@ def fails(capsys, argv: list[str]) -> str:
     [
         (["--policy", "fifo"], "unknown policy 'fifo'; valid choices: async, colocated, disaggregated, tag"),
         (["--set", "workload.kind=chat"], "unknown workload 'chat'; valid choices: math, swe"),
-        (["--set", "cluster.device=tpu-v5"], "unknown device 'tpu-v5'; valid choices: a100, h20, h800"),
+        (
+            ["--set", "cluster.device=tpu-v5"],
+            "cluster.device: unknown device 'tpu-v5'; valid choices: a100, b200, h100, h20, h200, h800, l40s; "
+            "or a path to a device YAML file",
+        ),
         (
             ["--set", "model=llama-3-8b"],
-            "unknown model 'llama-3-8b'; valid choices: qwen3-0.6b, qwen3-1.7b, "
-            "qwen3-14b, qwen3-32b, qwen3-4b, qwen3-8b",
+            "model: unknown model 'llama-3-8b'; valid choices: llama-3.1-405b, llama-3.1-70b, llama-3.1-8b, "
+            "llama-3.3-70b, qwen2.5-0.5b,",
         ),
         (["--set", "cluster.nope=1"], "unknown config key 'cluster.nope'"),
         (["--set", "num_steps=abc"], "config key 'num_steps' must be an integer, got 'abc'"),

@@ -67,9 +67,9 @@ def test_derived_model_quantities():
 
 
 def test_unknown_spec_names_list_the_choices():
-    with pytest.raises(UserError, match=r"unknown device 'v100'; valid choices: a100, h20, h800"):
+    with pytest.raises(UserError, match=r"unknown device 'v100'; valid choices: a100, b200, h100, h20, h200, h800"):
         specs.device("v100")
-    with pytest.raises(UserError, match=r"unknown model 'qwen2-7b'; valid choices: qwen3-0.6b, qwen3-1.7b, qwen3-14b"):
+    with pytest.raises(UserError, match=r"unknown model 'qwen2-7b'; valid choices: llama-3.1-405b, llama-3.1-70b"):
         specs.model("qwen2-7b")
 
 
