@@ -251,34 +251,35 @@ def copy_in(sandbox: Sandbox, local_dir: str | Path, dest: str) -> None:
     local_dir = Path(local_dir)
     if not local_dir.is_dir():
         raise ValueError(f"copy_in: {local_dir} is not a folder")
-    if not dest.startswith("/"):
-        raise ValueError(f"copy_in: dest={dest!r} must be an absolute path")
-    made = sandbox.exec(f"mkdir -p {shlex.quote(dest)}", timeout_s=60)
-    if made.exit_code != 0:
-        raise SandboxError(f"sandbox {sandbox.name}: mkdir -p {dest} failed: {made.output.strip()}")
-    with tempfile.TemporaryFile() as buf:
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(local_dir, arcname=".", filter=_as_root)
-        buf.seek(0)
-        sandbox.put_archive(dest, buf)
+    _put_tar(sandbox, dest, "copy_in", lambda tar: tar.add(local_dir, arcname=".", filter=_as_root))
 
 
 def write_files(sandbox: Sandbox, dest: str, files: Mapping[str, str], mode: int = 0o644) -> None:
     """Write `files` (name -> UTF-8 text) into the folder `dest` of the sandbox (made if absent), owned by root."""
+    for name in files:
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"write_files: {name!r} is not a plain file name")
+
+    def fill(tar: tarfile.TarFile) -> None:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+
+    _put_tar(sandbox, dest, "write_files", fill)
+
+
+def _put_tar(sandbox: Sandbox, dest: str, caller: str, fill) -> None:
+    """Make the folder `dest` in the sandbox and unpack there the tar that `fill(tar)` writes."""
     if not dest.startswith("/"):
-        raise ValueError(f"write_files: dest={dest!r} must be an absolute path")
+        raise ValueError(f"{caller}: dest={dest!r} must be an absolute path")
     made = sandbox.exec(f"mkdir -p {shlex.quote(dest)}", timeout_s=60)
     if made.exit_code != 0:
         raise SandboxError(f"sandbox {sandbox.name}: mkdir -p {dest} failed: {made.output.strip()}")
     with tempfile.TemporaryFile() as buf:
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            for name, text in files.items():
-                if "/" in name or name in ("", ".", ".."):
-                    raise ValueError(f"write_files: {name!r} is not a plain file name")
-                data = text.encode()
-                info = tarfile.TarInfo(name)
-                info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-                tar.addfile(info, io.BytesIO(data))
+            fill(tar)
         buf.seek(0)
         sandbox.put_archive(dest, buf)
 
