@@ -82,8 +82,9 @@ RETRIED_STATUSES = (429, 503)  # overloaded manager, no engine in service: worth
 
 
 class ExitReason(enum.StrEnum):
-    SUBMITTED = "submitted"  # the model called `submit`
+    SUBMITTED = "submitted"  # the model called `submit` (or ran the submit command)
     TURN_LIMIT = "turn_limit"  # `max_turns` model calls without a submit
+    FORMAT_ERRORS = "format_errors"  # too many replies in a row without a valid tool call (mini-swe-agent's rule)
     CONTEXT_LIMIT = "context_limit"  # the conversation outgrew the model's context (a 400 from the server)
     API_ERROR = "api_error"  # any other API error, or retries exhausted: infrastructure, not the policy
 

@@ -71,6 +71,8 @@ def _rollout_parsers(sub) -> None:
                        "base image, built on first use)")  # fmt: skip
     rollout.add_argument("--base-url", required=True, help="the trajectory manager, http://HOST:PORT")
     rollout.add_argument("--agent", default="builtin", help="the agent: builtin or mini-swe-agent")
+    rollout.add_argument("--mini-config", type=Path, default=None, help="for --agent mini-swe-agent: its config file "
+                         "(YAML with agent: and model: sections; default: the SWE-bench config it ships)")  # fmt: skip
     rollout.add_argument("--admin-token-file", type=Path, default=None,
                          help="the manager's admin token (default: $SEAMLESSFLOW_ADMIN_TOKEN)")  # fmt: skip
     rollout.add_argument("--run-id", default=None, help="session ids are RUN_ID:INSTANCE_ID (default: a fresh id)")

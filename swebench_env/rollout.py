@@ -59,14 +59,10 @@ class Agent(Protocol):
     def run(self, task: Task, runner: CommandRunner, manager_url: str, session_id: str) -> Episode: ...
 
 
-def _mini_swe_agent(config: AgentConfig) -> Agent:
-    try:
-        from swebench_env.mini_swe import MiniSweAgent
-    except ModuleNotFoundError as e:
-        if e.name != "swebench_env.mini_swe":
-            raise
-        raise UserError("--agent mini-swe-agent: its adapter (swebench_env/mini_swe.py) is not built yet") from None
-    return MiniSweAgent(config)
+def _mini_swe_agent(config: AgentConfig, config_file: str | Path | None = None) -> Agent:
+    from swebench_env.mini_swe import MiniSweAgent  # imports mini-swe-agent only when chosen
+
+    return MiniSweAgent(config, config_file=config_file)
 
 
 AGENTS: dict[str, Callable[[AgentConfig], Agent]] = {"builtin": BashAgent, "mini-swe-agent": _mini_swe_agent}
@@ -357,12 +353,19 @@ def rollout_command(args, tasks: Sequence[Task]) -> int:
     """`python -m swebench_env rollout`: every task once, against the manager at --base-url."""
     agent_config = AgentConfig(max_turns=args.max_turns, command_timeout_s=args.command_timeout_s,
                                max_tokens=args.max_tokens, temperature=args.temperature, model=args.model)  # fmt: skip
-    agent = make_agent(args.agent, agent_config)
+    if args.mini_config is not None and args.agent != "mini-swe-agent":
+        raise UserError(f"--mini-config is for --agent mini-swe-agent, not --agent {args.agent}")
+    if args.mini_config is not None:
+        agent = _mini_swe_agent(agent_config, args.mini_config)
+    else:
+        agent = make_agent(args.agent, agent_config)
     config = RolloutConfig(args.base_url, args.concurrency, args.run_id or "", read_admin_token(args.admin_token_file))
     check_manager(config)
     workspace, grader = environment(args.sandbox, args.image)
     out = prepare_out(args.out, args.out, args.overwrite)
     settings = {"command": "rollout", "tasks": str(args.tasks), "instances": len(tasks), "agent": args.agent,
                 "sandbox": args.sandbox, "agent_config": asdict(agent_config)}  # fmt: skip
+    if args.mini_config is not None:
+        settings["mini_config"] = str(args.mini_config)
     rollout_to(out, tasks, agent, config, settings, grader, workspace)
     return 0

@@ -33,9 +33,10 @@ NO_DEMONSTRATION = "I have no demonstration for this conversation."
 REPLAY_MAX_TOKENS = 4096  # per reply: the longest step (a heredoc script rewriting a block) fits
 
 
-def step_message(step: Step) -> str:
-    """The assistant turn that plays `step`: its thought, then its command as a bash call (or a submit call)."""
-    if step.command == SUBMIT_COMMAND:
+def step_message(step: Step, submit_tool: bool = True) -> str:
+    """The assistant turn that plays `step`: its thought, then its command as a bash call (the final submit step
+    as a `submit` call, or with `submit_tool=False`, for agents with only a bash tool, as the submit command)."""
+    if step.command == SUBMIT_COMMAND and submit_tool:
         call = {"name": "submit", "arguments": {}}
     else:
         call = {"name": "bash", "arguments": {"command": step.command}}
@@ -44,10 +45,12 @@ def step_message(step: Step) -> str:
 
 class DemonstrationScript:
     """`script(prompt_token_ids) -> reply token ids`: which demonstration is found by the problem statement
-    in the prompt, which step by the number of assistant turns the prompt already holds."""
+    in the prompt, which step by the number of assistant turns the prompt already holds. `submit_tool`: see
+    `step_message`."""
 
-    def __init__(self, pairs: Iterable[tuple[Task, Demonstration]], tokenizer) -> None:
+    def __init__(self, pairs: Iterable[tuple[Task, Demonstration]], tokenizer, submit_tool: bool = True) -> None:
         self.tok = tokenizer
+        self.submit_tool = submit_tool
         self._by_statement: dict[str, Demonstration] = {}
         for task, demo in pairs:
             if task.instance_id != demo.instance_id:
@@ -65,7 +68,7 @@ class DemonstrationScript:
         if demo is None:
             return [*self.tok.encode(NO_DEMONSTRATION), self.tok.im_end_id]
         k = min(self.assistant_turns(prompt_token_ids), len(demo.steps) - 1)  # past the end: submit again
-        return [*self.tok.encode(step_message(demo.steps[k])), self.tok.im_end_id]
+        return [*self.tok.encode(step_message(demo.steps[k], self.submit_tool)), self.tok.im_end_id]
 
     def demonstration(self, prompt_token_ids: Sequence[int]) -> Demonstration | None:
         """The demonstration whose task's problem statement the prompt holds (the longest, if several)."""
@@ -81,23 +84,33 @@ class DemonstrationScript:
 
 
 def demonstration_engine(
-    pairs: Iterable[tuple[Task, Demonstration]], tokenizer, max_context: int = DEFAULT_MAX_CONTEXT
+    pairs: Iterable[tuple[Task, Demonstration]],
+    tokenizer,
+    max_context: int = DEFAULT_MAX_CONTEXT,
+    submit_tool: bool = True,
 ) -> ScriptedEngine:
-    """An engine that plays back `pairs` (task, its demonstration) to the built-in agent."""
-    return ScriptedEngine(DemonstrationScript(pairs, tokenizer), vocab_size=tokenizer.vocab_size,
+    """An engine that plays back `pairs` (task, its demonstration) to the built-in agent (or, with
+    `submit_tool=False`, to an agent whose only tool is bash, such as mini-swe-agent)."""
+    return ScriptedEngine(DemonstrationScript(pairs, tokenizer, submit_tool), vocab_size=tokenizer.vocab_size,
                           max_context=max_context)  # fmt: skip
 
 
 def demonstration_manager(
-    pairs: Iterable[tuple[Task, Demonstration]], tokenizer=None, store: str | Path = ":memory:", config=None
+    pairs: Iterable[tuple[Task, Demonstration]],
+    tokenizer=None,
+    store: str | Path = ":memory:",
+    config=None,
+    submit_tool: bool = True,
 ):
     """A trajectory manager in a background thread (`ManagerThread`: use it with `with`) whose one engine
-    plays back `pairs`; `tokenizer` defaults to the shipped one, `config` is a `ManagerConfig`."""
+    plays back `pairs`; `tokenizer` defaults to the shipped one, `config` is a `ManagerConfig`, `submit_tool`
+    as for `demonstration_engine`."""
     from reference.manager.embedded import ManagerThread
     from reference.tokenizer import default_tokenizer
 
     tokenizer = tokenizer or default_tokenizer()
-    return ManagerThread({"demonstrations": demonstration_engine(pairs, tokenizer)}, tokenizer, store, config)
+    engine = demonstration_engine(pairs, tokenizer, submit_tool=submit_tool)
+    return ManagerThread({"demonstrations": engine}, tokenizer, store, config)
 
 
 def replay_demonstration(
