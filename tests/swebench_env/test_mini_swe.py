@@ -44,8 +44,10 @@ def test_the_unmodified_agent_resolves_demonstrated_tasks_and_its_tokens_are_sto
     """Through the rollout command: mini-swe-agent's DefaultAgent and LitellmModel talk to the manager, each
     patch is graded and the reward stored; the store's consistency check finds 0 token mismatches."""
     from reference.consistency import check_store
+    from reference.export import branch_records
     from reference.model import default_model
     from reference.tokenizer import default_tokenizer
+    from reference.trainer.batch import Trajectory, collate
 
     (tmp_path / "token").write_text(TOKEN)
     out = tmp_path / "out"
@@ -65,6 +67,14 @@ def test_the_unmodified_agent_resolves_demonstrated_tasks_and_its_tokens_are_sto
     report = check_store(manager.store, default_model()[0], default_tokenizer())
     assert report.token_mismatches == 0
     assert report.requests >= sum(steps.values())
+    # Trainable: each episode is one branch the trainer's record type takes, with its reward and its
+    # generated tokens (every model turn) marked for the loss.
+    records = list(branch_records(manager.store, [f"mini:{iid}" for iid in IDS]))
+    trajectories = [Trajectory.from_export(r) for r in records]
+    assert [t.reward for t in trajectories] == [1.0, 1.0]
+    assert all(t.num_generated > 0 and 0 < sum(t.generated_mask) < len(t.token_ids) for t in trajectories)
+    batch = collate(trajectories, [0.5, -0.5], pad_id=0)
+    assert int(batch.mask.sum()) == sum(t.num_generated for t in trajectories)
 
 
 def test_the_step_limit_ends_the_episode_and_the_checkout_diff_is_graded(manager, pairs):
