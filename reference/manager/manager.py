@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import re
+import secrets
 import time
-import uuid
+from array import array
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -148,6 +150,8 @@ class TrajectoryManager:
         self._migrating: set[str] = set()  # engine request ids aborted by `preempt`, to continue elsewhere
         self._restarting: set[str] = set()  # engine request ids aborted to start over from their prompt
         self._progress: dict[str, _Progress] = {}  # engine request id -> its request's progress
+        # Request ids: a random prefix per manager process and a counter (uuid4 per request costs a syscall).
+        self._request_prefix, self._request_numbers = secrets.token_hex(6), itertools.count()
         self._serving_changed = asyncio.Event()
         self.control = asyncio.Lock()  # serialises fleet state changes (pause, weights, resume, engine syncs)
         self._stop_ids = (tokenizer.im_end_id, tokenizer.eos_token_id)
@@ -292,7 +296,7 @@ class TrajectoryManager:
                     if isinstance(item, Outcome):
                         return item
             raise RuntimeError("generation ended without an outcome")
-        prompt, progress, request_id = tuple(prompt), _Progress([], [], [], [], True), f"req-{uuid.uuid4().hex[:20]}"
+        prompt, progress, request_id = tuple(prompt), _Progress([], [], [], [], True), self._new_request_id()
         max_tokens = self.budget(len(prompt), sampling)
         reason = "abort"
         async with aclosing(
@@ -313,7 +317,7 @@ class TrajectoryManager:
         nothing is recorded for it."""
         prompt = tuple(prompt)
         max_tokens = self.budget(len(prompt), sampling)
-        request_id = f"req-{uuid.uuid4().hex[:20]}"
+        request_id = self._new_request_id()
         decoder = IncrementalDecoder(self.tok, skip_ids=self._stops(sampling))
         progress = _Progress([], [], [], [])
         held = max((len(s) for s in sampling.stop), default=1) - 1  # text withheld while a stop may be forming
@@ -343,6 +347,10 @@ class TrajectoryManager:
         if len(text) > emitted:
             yield text[emitted:]
         yield await self._record(session, request_id, prompt, progress, text, reason)
+
+    def _new_request_id(self) -> str:
+        """`req-` and 20 hex digits, unique across manager restarts (a random 48-bit prefix per process)."""
+        return f"req-{self._request_prefix}{next(self._request_numbers):08x}"
 
     def _stops(self, sampling: Sampling) -> tuple[int, ...]:
         """The ids that end a sample and are left out of its text: none with `ignore_eos`, where they are
@@ -441,12 +449,13 @@ class TrajectoryManager:
     async def _record(
         self, session: Session, request_id: str, prompt: tuple[int, ...], p: _Progress, text: str, reason: str
     ) -> Outcome:
-        match_len, anchor = session.tree.plan(prompt)
+        ids = array("I", prompt)  # converted once for the plan, the store and the tree
+        match_len, anchor = session.tree.plan(ids)
         meta = {"engines": p.engines, "model": self.config.model_name}
-        turn = NewTurn(session.session_id, request_id, anchor, match_len, prompt[match_len:], p.token_ids,
+        turn = NewTurn(session.session_id, request_id, anchor, match_len, ids[match_len:], p.token_ids,
                        p.logprobs, p.versions, reason, text, meta)  # fmt: skip
         try:
-            result = await self.recorder.record(session, turn, prompt)
+            result = await self.recorder.record(session, turn, ids)
         except StoreError as e:
             raise _store_unavailable(e) from None
         session.renderer.remember(text, p.token_ids)
