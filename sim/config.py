@@ -117,6 +117,7 @@ class PolicySettings:
     max_staleness: int
     window_batches: int | None
     fill_idle: bool
+    stale_samples: str  # streaming: drop | regenerate a finished group that fell out of the bound
 
 
 @dataclass(frozen=True)

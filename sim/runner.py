@@ -48,6 +48,7 @@ class Simulation:
             cfg.policy.max_staleness,
             cfg.policy.window_batches,
             cfg.policy.fill_idle,
+            cfg.policy.stale_samples,
         )
         self.policy = make_policy(
             policy, pcfg, cfg.num_resources, cfg.pools.train_fraction, cfg.rollout.tensor_parallel
@@ -101,6 +102,7 @@ class Simulation:
             ) from None
         finally:
             self._bar.close()
+        self._count_dropped()
         meta = {
             "policy": self.policy.name,
             "model": self.cfg.model,
@@ -111,6 +113,14 @@ class Simulation:
             "clock": "simulated",
         }
         return self.recorder.finish(self.env.now, meta, dict(sorted(self.counters.items())))
+
+    def _count_dropped(self) -> None:
+        """Groups the policy discarded as stale (`streaming` with `stale_samples: drop`; the contract
+        has no decision for it, so the groups are still here) were generated and never trained."""
+        for gid in getattr(self.policy, "dropped", ()):
+            group = self.groups.pop(gid)
+            self.counters["dropped_groups"] += 1
+            self.counters["wasted_tokens"] += sum(sum(s.version_tokens.values()) for s in group)
 
     def _emit(self, event: ev.Event) -> None:
         """Report an event; the policy sees it now, or after the decisions being applied."""

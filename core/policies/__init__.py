@@ -1,4 +1,4 @@
-"""The four scheduling policies, chosen by name (the same names in the CLI, configs and figures)."""
+"""The scheduling policies, chosen by name (the same names in the CLI, configs and figures)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from core.policies.async_ import AsyncPolicy
 from core.policies.base import BasePolicy, Policy, PolicyConfig
 from core.policies.colocated import ColocatedPolicy
 from core.policies.disaggregated import DisaggregatedPolicy
+from core.policies.streaming import StreamingPolicy
 from core.policies.tag import TagPolicy
 from core.tags import Resource
 
@@ -17,6 +18,7 @@ POLICIES: dict[str, type[BasePolicy]] = {
     "disaggregated": DisaggregatedPolicy,
     "async": AsyncPolicy,
     "tag": TagPolicy,
+    "streaming": StreamingPolicy,
 }
 
 

@@ -18,6 +18,8 @@ from core.errors import ContractError, RunFailed, UserError
 from core.events import Decision, Event, Refresh, StartTrain, Submit, SyncFinished, SyncWeights
 from core.tags import Resource, Tag
 
+STALE_SAMPLES = ("drop", "regenerate")  # PolicyConfig.stale_samples
+
 
 @dataclass(frozen=True)
 class PolicyConfig:
@@ -25,13 +27,16 @@ class PolicyConfig:
 
     batch_groups: prompt groups consumed by one training step.
     num_steps: training steps in the run; the policy is done after the last one.
-    max_staleness: largest allowed policy-version lag of a trained token (`async` and `tag`; the
-        strictly on-policy policies ignore it and always train at lag 0).
+    max_staleness: largest allowed policy-version lag of a trained token (`async`, `tag` and
+        `streaming`; the strictly on-policy policies ignore it and always train at lag 0).
     fill_idle: `tag` starts extra groups beyond the window when a rollout resource runs dry. It turns
         idle time into generation, but under a strict staleness bound most of that work is later
         regenerated, so it is off by default (see the README).
     window_batches: how many batches' worth of groups `tag` keeps in flight, finished or training
         (None: 1 + max_staleness, the most that can still be trained within the bound).
+    stale_samples: what `streaming` does with a finished group that fell out of the staleness
+        bound: "regenerate" its stale samples (the rest of the group is kept) or "drop" the whole
+        group and start a new one in its place.
     """
 
     batch_groups: int
@@ -39,6 +44,7 @@ class PolicyConfig:
     max_staleness: int = 1
     window_batches: int | None = None
     fill_idle: bool = False
+    stale_samples: str = "regenerate"
 
     def __post_init__(self) -> None:
         for name in ("batch_groups", "num_steps"):
@@ -48,6 +54,9 @@ class PolicyConfig:
             raise UserError(f"policy.max_staleness must be >= 0, got {self.max_staleness}")
         if self.window_batches is not None and self.window_batches < 1:
             raise UserError(f"policy.window_batches must be >= 1, got {self.window_batches}")
+        if self.stale_samples not in STALE_SAMPLES:
+            choices = ", ".join(STALE_SAMPLES)
+            raise UserError(f"unknown policy.stale_samples {self.stale_samples!r}; valid choices: {choices}")
 
 
 class Policy(Protocol):
@@ -88,7 +97,7 @@ def split_pools(num_resources: int, train_fraction: float, devices: int) -> tupl
 
 
 class BasePolicy:
-    """Batch bookkeeping shared by all four policies, weight syncs by id, and lost resources."""
+    """Batch bookkeeping shared by all the policies, weight syncs by id, and lost resources."""
 
     name: ClassVar[str]
     strictly_on_policy: ClassVar[bool] = False

@@ -40,7 +40,7 @@ def fails(capsys, argv: list[str]) -> str:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--policy", "fifo"], "unknown policy 'fifo'; valid choices: async, colocated, disaggregated, tag"),
+        (["--policy", "fifo"], "unknown policy 'fifo'; valid choices: async, colocated, disaggregated, streaming, tag"),
         (["--set", "workload.kind=chat"], "unknown workload 'chat'; valid choices: math, swe"),
         (
             ["--set", "cluster.device=tpu-v5"],
@@ -139,13 +139,13 @@ def test_a_run_writes_every_output(capsys, tmp_path):
     assert "token throughput" in printed and f"outputs: {out}/" in printed
 
 
-def test_compare_runs_all_four_and_writes_ratios(capsys, tmp_path):
+def test_compare_runs_every_policy_and_writes_ratios(capsys, tmp_path):
     out = tmp_path / "cmp"
     assert main(["--compare", "--out", str(out), "--quiet", "--no-picture", "--set", "num_steps=2", *SMALL]) == 0
     ratios = json.loads((out / "compare.json").read_text())
-    assert list(ratios) == ["async", "colocated", "disaggregated", "tag"]  # sorted keys
+    assert list(ratios) == ["async", "colocated", "disaggregated", "streaming", "tag"]  # sorted keys
     assert ratios["colocated"] == {"token_throughput": 1.0, "step_time": 1.0}
-    for name in ("colocated", "disaggregated", "async", "tag"):
+    for name in ("colocated", "disaggregated", "async", "tag", "streaming"):
         summary = json.loads((out / name / "summary.json").read_text())
         assert summary["policy"] == name
         assert not (out / name / "timeline.png").exists()  # --no-picture
