@@ -64,7 +64,7 @@ setup-sim: $(SIM_STAMP)  ## create .venv with the simulator's dependencies only
 sim: $(SIM_STAMP)  ## make sim POLICY=tag [CONFIG=sim/configs/swe.yaml] [SET=cluster.num_gpus=128,num_steps=10] [OUT=dir]
 	$(PY) -m sim --policy $(POLICY) --config $(CONFIG) $(SET_ARGS) $(OUT_ARG)
 
-compare: $(SIM_STAMP)  ## all four policies on one config, with ratios to colocated
+compare: $(SIM_STAMP)  ## all five policies on one config, with ratios to colocated
 	$(PY) -m sim --compare --config $(CONFIG) $(SET_ARGS) $(OUT_ARG)
 
 figures: $(SIM_STAMP)  ## regenerate the simulator figures in experiments/out/ (headline, sensitivity)

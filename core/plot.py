@@ -1,6 +1,6 @@
 """Draw timelines as pipeline Gantt charts: one row per resource, bars coloured by phase.
 
-`draw_timeline` draws one run; `draw_compare` stacks several runs (e.g. the four policies of
+`draw_timeline` draws one run; `draw_compare` stacks several runs (e.g. the five policies of
 `python -m sim --compare`) on one shared time axis, so the faster run visibly ends first.
 
 What a reader has to tell apart at a glance, and how it is drawn:

@@ -1,4 +1,4 @@
-"""SimPy discrete-event model of GRPO post-training on GPU clusters under four scheduling policies.
+"""SimPy discrete-event model of GRPO post-training on GPU clusters under five scheduling policies.
 
 Layout: `config` (the YAML-backed config), `cost` (roofline cost model), `workload` (math and SWE
 samples), `engine` (a continuous-batching inference engine), `runner` (the executor that applies a

@@ -1,7 +1,8 @@
-"""`python -m sim`: run one policy, or `--compare` all four, and write the outputs.
+"""`python -m sim`: run one policy, or `--compare` all five, and write the outputs.
 
 python -m sim --policy tag
 python -m sim --compare --set workload.kind=swe --set cluster.num_gpus=128
+python -m sim search --config sim/configs/swe.yaml      (the layout search: sim/search.py)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sim.runner import Simulation
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m sim", description="Simulate GRPO post-training under a policy.")
     p.add_argument("--policy", default="tag", help=f"one of: {', '.join(POLICIES)} (default: tag)")
-    p.add_argument("--compare", action="store_true", help="run all four policies on the same config and seed")
+    p.add_argument("--compare", action="store_true", help="run every policy on the same config and seed")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML merged over the default config")
     p.add_argument(
         "--out", default=None, help="output folder, new or empty (default: results/sim-<policy>-<time>-seed<seed>)"
@@ -42,6 +43,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["search"]:
+        from sim.search import main as search
+
+        return search(argv[1:])
     args = parse_args(argv)
     try:
         return _run(args)
