@@ -46,12 +46,36 @@ class PoolsConfig:
     train_fraction: float
 
 
+KV_ALLOCATIONS = ("paged", "reserve")
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
+    """One inference engine per resource, scheduled like vLLM (sim/engine.py)."""
+
     tensor_parallel: int  # GPUs per inference engine; one engine per resource
     gpu_memory_utilization: float
-    max_num_seqs: int
+    max_num_seqs: int  # requests an engine runs at once (and the router sends it at most)
     workspace_gb: float  # per GPU, kept free for activations and CUDA graphs
+    kv_allocation: str = "paged"  # paged: KV blocks as tokens arrive, preemption by recompute (vLLM,
+    # SGLang) | reserve: admission reserves each request's final length (an oracle; no preemption)
+    kv_block_tokens: int = 16  # paged: tokens per KV block (vLLM's default block size)
+    max_num_batched_tokens: int = 8192  # paged: tokens one engine step computes, decode tokens (one
+    # per running sequence) first, then chunks of prefill
+    prefix_caching: bool = False  # paged: a GRPO group's samples on one engine share their prompt's
+    # KV blocks (default.yaml says why it is off)
+
+    def validate(self) -> None:
+        if self.kv_allocation not in KV_ALLOCATIONS:
+            mode, choices = self.kv_allocation, ", ".join(KV_ALLOCATIONS)
+            raise UserError(f"unknown rollout.kv_allocation {mode!r}; valid choices: {choices}")
+        if self.kv_block_tokens < 1:
+            raise UserError(f"rollout.kv_block_tokens must be >= 1, got {self.kv_block_tokens}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise UserError(
+                f"rollout.max_num_batched_tokens={self.max_num_batched_tokens} must be >= rollout.max_num_seqs="
+                f"{self.max_num_seqs}: every running sequence decodes one token of a step's budget"
+            )
 
 
 RECOMPUTE = ("none", "selective", "full")
@@ -158,6 +182,7 @@ class SimConfig:
         if self.workload.kind not in WORKLOADS:
             raise UserError(f"unknown workload {self.workload.kind!r}; valid choices: {', '.join(WORKLOADS)}")
         self._check_positive()
+        self.rollout.validate()
         tp = self.rollout.tensor_parallel
         if self.cluster.num_gpus % tp:
             raise UserError(

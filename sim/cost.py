@@ -7,6 +7,10 @@ a stretch where the batch does not change, contexts grow by one token a step, so
 max of two lines in the step index and `decode_run_s` sums it in closed form; this is what lets the
 simulator jump from one request completion to the next instead of stepping every token.
 
+A paged engine (sim/engine.py) mixes prefill chunks into decode steps; such a step costs
+`prefill_s` of its chunk plus `decode_run_s` of one step of its decoding batch, which counts the
+weights read twice where one fused pass reads them once (a few milliseconds a step).
+
 Mixture-of-experts models: FLOPs come from the active parameters (`ModelSpec.matmul_params`), memory
 and weight sync from all of them, and a forward pass over b tokens reads every dense weight plus, in
 each MoE layer, only the routed experts those tokens use (`expected_experts`). The weight-read term

@@ -1,10 +1,37 @@
 """A simulated inference engine: continuous batching over a KV cache, event by event.
 
 The engine never steps token by token. While its batch is unchanged the decode step time is a
-closed-form function of the step index (see `sim.cost`), so it schedules one wake-up at the next
-request completion. A request that arrives meanwhile joins at the next step boundary, as in vLLM.
-Admission reserves each request's final context in the KV cache (an oracle stand-in for vLLM's
-incremental allocation with preemption: this engine never runs out of cache mid-request).
+closed-form function of the step index (see `sim.cost`), and so is the number of KV blocks it holds
+(`BlockLedger`), so it schedules one wake-up at the next event: a request completion, the step at
+which the cache runs out of blocks, or the end of a step that carries a prefill chunk. A request that
+arrives meanwhile joins at the next step boundary, as in vLLM.
+
+KV memory, `rollout.kv_allocation`:
+- `paged`, what vLLM and SGLang do. The cache is a pool of `kv_block_tokens`-token blocks. A request is
+  admitted when the blocks of its prompt are free, and gains a block each time its context fills the
+  last one. When a step needs a block and none is free, the most recently admitted request is
+  preempted by recompute (vLLM V1's `Scheduler.schedule`: `self.running.pop()`): its blocks are freed,
+  it goes back to the front of the waiting queue with the tokens it generated, and when admitted again
+  it prefills prompt and generated tokens anew, then decodes the rest. A step that preempted admits
+  nobody. Each step computes at most `max_num_batched_tokens` tokens: one per decoding request, the
+  rest prefill chunks, oldest admission first (chunked prefill). With `prefix_caching` the samples of
+  a GRPO group share the full blocks of their prompt: prefilled once on an engine, held once while
+  any of the group runs there (vLLM's automatic prefix caching; the hit stops short of the prompt's
+  last token, which is recomputed for its logits).
+- `reserve`: admission reserves each request's final context (an oracle: the engine never runs out
+  of cache mid-request, so it runs fewer sequences at once when lengths are long-tailed); a request's
+  whole prefill runs before the next decode step, and groups share nothing.
+With memory and budget too large to bind and prefix caching off, the two give the same timeline.
+The router (`Simulation.take_for`, `fits`) sends a paged engine up to max_num_seqs requests whatever
+its memory, like a load balancer in front of vLLM servers; those it cannot start yet wait in its own
+queue. Preemptions and the tokens they recompute are the run's `kv_preemptions` and
+`recomputed_tokens` counters.
+
+Simplifications of the paged model: a request takes the blocks of its whole prompt when admitted (V1
+takes those of each chunk as it is scheduled); a step's cost is its prefill chunk's plus its decode
+step's (`sim.cost`), and a request whose prefill ends in a step also decodes its first token there;
+the blocks a preempted request freed are assumed reused, so it re-prefills everything but the
+group's shared prompt. The pool is the cache estimate rounded up to whole blocks.
 
 Pausing keeps every request and its tokens; after a weight update `resume` re-prefills each one
 under the new weights (partial rollout). Preempting hands the requests back to the simulator.
@@ -14,6 +41,8 @@ from __future__ import annotations
 
 import enum
 import heapq
+import sys
+from collections import deque
 from itertools import count
 from typing import TYPE_CHECKING
 
@@ -21,6 +50,8 @@ from sim.workload import Sample
 
 if TYPE_CHECKING:
     from sim.runner import Simulation
+
+NEVER = sys.maxsize
 
 
 class EngineState(enum.Enum):
@@ -31,26 +62,112 @@ class EngineState(enum.Enum):
     SYNCING = "syncing"
 
 
+class BlockLedger:
+    """The KV blocks a paged engine's admitted requests need, as a function of the engine's step.
+
+    For the step that starts at engine step s, a decoding request whose context is offset + s tokens
+    needs ceil((offset + s + 1) / bs) blocks (its context and the token the step appends). Writing
+    offset = a * bs + rho with 0 <= rho < bs, that is a + 1 + (rho + s) // bs, so all of them need
+
+        base + sum over rho of hist[rho] * ((rho + s) // bs)
+
+    where hist counts decoding requests by rho and `base` holds everything constant in s: each
+    decoding request's a + 1, the blocks of requests still prefilling, and shared prompt blocks
+    (counted once, and subtracted from each request that uses them). With s = m * bs + t the sum is
+    decoding * m + (requests with rho >= bs - t): O(bs) a query, O(1) an update."""
+
+    def __init__(self, capacity: int, block_tokens: int) -> None:
+        self.capacity, self.bs = capacity, block_tokens
+        self.base = 0
+        self.hist = [0] * block_tokens
+        self.decoding = 0
+
+    def add_decoding(self, offset: int, shared: int, sign: int = 1) -> None:
+        """A request decoding from context offset + step; it uses `shared` blocks it does not hold."""
+        a, rho = divmod(offset, self.bs)
+        self.base += sign * (a + 1 - shared)
+        self.hist[rho] += sign
+        self.decoding += sign
+
+    def needed(self, step: int) -> int:
+        """Blocks the step that starts at `step` needs."""
+        m, t = divmod(step, self.bs)
+        return self.base + self.decoding * m + (sum(self.hist[self.bs - t :]) if t else 0)
+
+    def first_overflow(self, step: int, limit: int = NEVER) -> int:
+        """The first step >= `step` that needs more blocks than the cache holds (NEVER if none), or a
+        step >= `limit` before which none does."""
+        if not self.decoding:
+            return step if self.base > self.capacity else NEVER
+        m, spare = divmod(self.capacity - self.base, self.decoding)  # decoding * m <= free < ... * (m + 1)
+        if m * self.bs >= limit:  # every step before block round m fits
+            return max(step, m * self.bs)
+        over = 0  # step m * bs + t needs decoding * m + (requests with rho >= bs - t) over base
+        for t in range(1, self.bs):
+            over += self.hist[self.bs - t]
+            if over > spare:
+                return max(step, m * self.bs + t)
+        return max(step, (m + 1) * self.bs)
+
+    @property
+    def empty(self) -> bool:
+        return self.base == 0 and self.decoding == 0
+
+
+class Seq:
+    """An admitted request's state on its engine."""
+
+    __slots__ = ("mark", "offset", "ticket", "hit", "prefilled", "target", "blocks", "shared")
+
+    def __init__(self, hit: int = 0, target: int = 0, blocks: int = 0, shared: int = 0) -> None:
+        self.mark = 0  # decoding: step at which its tokens were last counted
+        self.offset = 0  # decoding: its context is offset + engine step
+        self.ticket = 0  # identifies its live entry in the completion heap
+        self.hit = hit  # prefix tokens found in the cache at admission
+        self.prefilled = hit  # paged: prefix tokens whose KV is computed
+        self.target = target  # paged: prefix tokens to prefill
+        self.blocks = blocks  # paged, while prefilling: blocks it holds itself
+        self.shared = shared  # paged: its group's prompt blocks it uses without holding
+
+
 class SimEngine:
     def __init__(self, sim: Simulation, name: str, index: int, kv_capacity: int, max_seqs: int, state: EngineState):
         self.sim, self.name, self.index = sim, name, index
-        self.kv_capacity, self.max_seqs = kv_capacity, max_seqs
+        self.max_seqs = max_seqs
         self.state = state
         self.version = 0
         self.steps = 0  # decode steps done since the start
-        self.active: dict[Sample, list[int]] = {}  # sample -> [step its tokens were last counted, ctx offset]
-        self._heap: list[tuple[int, int, Sample]] = []  # (step at which it finishes, tiebreak, sample)
-        self._ctx_base = 0  # sum of contexts = _ctx_base + len(active) * steps
-        self.kv_reserved = 0
+        self.batch: dict[Sample, Seq] = {}  # decoding requests, in admission order
+        self._heap: list[tuple[int, int, Sample]] = []  # (step at which it finishes, ticket, sample)
+        self._ctx_base = 0  # sum of contexts = _ctx_base + len(batch) * steps
         self._pending: list[Sample] = []  # joins waiting for the next step boundary
         self.held: list[Sample] = []  # paused requests awaiting resume
         self._t0 = 0.0  # when decoding of the current stretch starts (after its prefill)
         self._s0 = 0  # steps at the start of the stretch
-        self._planned = 0  # steps until the next completion
+        self._planned = 0  # steps until the next event
         self._epoch = 0  # invalidates stale wake-ups
         self._tiebreak = count()
         self._sparse_below = max(2, max_seqs // 8)  # fewer running sequences than this: a thin batch
         self._sparse = False
+        r = sim.cfg.rollout
+        self.paged = r.kv_allocation == "paged"
+        # The reservation ledger the router reads (`Simulation.take_for`, `fits`). A paged engine
+        # reserves nothing ahead, so its ledger never refuses: max_num_seqs bounds what it is sent.
+        self.kv_reserved = 0
+        self.kv_capacity = NEVER if self.paged else kv_capacity
+        # Paged state.
+        self.block_tokens = r.kv_block_tokens
+        self.kv_blocks = BlockLedger(-(-kv_capacity // r.kv_block_tokens), r.kv_block_tokens)
+        self.kv_peak_blocks = 0  # most blocks any step needed
+        self.token_budget = r.max_num_batched_tokens
+        self.prefix_caching = self.paged and r.prefix_caching
+        self.prefilling: dict[Sample, Seq] = {}  # admitted, prefill not done, in admission order
+        self.waiting: deque[Sample] = deque()  # sent here, not admitted; preempted ones at the front
+        self._groups: dict[int, int] = {}  # group id -> its requests holding the shared prompt here
+        self._lost: dict[Sample, int] = {}  # preempted -> KV tokens it had computed (to recompute)
+        self._room = 0  # prefill tokens the current step can still take
+        self._short_at = 0  # as of the last plan: no step before this one is short of blocks
+        self._preempted_now = False  # the current step preempted: it admits nobody
 
     # ---- capacity ----
 
@@ -58,13 +175,23 @@ class SimEngine:
     def accepting(self) -> bool:
         return self.state in (EngineState.IDLE, EngineState.RUNNING)
 
+    @property
+    def active(self) -> dict[Sample, Seq] | list[Sample]:
+        """Requests this engine holds for generation: decoding, prefilling or waiting for blocks. The
+        router counts them against max_num_seqs; a role switch needs none left."""
+        if not self.prefilling and not self.waiting:
+            return self.batch
+        return [*self.batch, *self.prefilling, *self.waiting]
+
     def fits(self, sample: Sample) -> bool:
         seqs = len(self.active) + len(self._pending)
+        if self.paged:
+            return seqs < self.max_seqs
         return seqs < self.max_seqs and self.kv_reserved + sample.final_context <= self.kv_capacity
 
     @property
     def sum_ctx(self) -> int:
-        return self._ctx_base + len(self.active) * self.steps
+        return self._ctx_base + len(self.batch) * self.steps
 
     # ---- the decode clock ----
 
@@ -77,28 +204,57 @@ class SimEngine:
             steps = (
                 0
                 if elapsed <= 0
-                else self.sim.cost.decode_steps_within(len(self.active), self.sum_ctx, elapsed, self._planned)
+                else self.sim.cost.decode_steps_within(len(self.batch), self.sum_ctx, elapsed, self._planned)
             )
         if steps:
             self.steps += steps
-            self.sim.recorder.add_tokens(self.name, steps * len(self.active))
+            self.sim.recorder.add_tokens(self.name, steps * len(self.batch))
         self._s0, self._t0 = self.steps, max(now, self._t0)
 
     def _plan(self, now: float) -> None:
         self._epoch += 1
-        if not self.active:
+        if not self.batch and not self.prefilling:
+            assert not self.waiting, f"{self.name}: requests wait for blocks with none in use"
             self.state = EngineState.IDLE
             self.sim.engine_idle(self, now)
             return
-        sparse = len(self.active) < self._sparse_below
+        sparse = len(self.batch) < self._sparse_below
         if self.state is not EngineState.RUNNING or sparse != self._sparse:
             # A new timeline interval whenever the batch thins out or fills up again, so the picture
             # and the metrics can tell a full engine from one decoding a few stragglers.
             self.state, self._sparse = EngineState.RUNNING, sparse
             self.sim.engine_busy(self, now)
-        self._planned = self._heap[0][0] - self.steps
-        dt = self.sim.cost.decode_run_s(len(self.active), self.sum_ctx, self._planned)
+        self._planned = self._steps_to_next_event()
+        dt = self.sim.cost.decode_run_s(len(self.batch), self.sum_ctx, self._planned)
         self.sim.wake(self._t0 + dt - now, self._on_wake, self._epoch, self._planned)
+
+    def _steps_to_next_event(self) -> int:
+        """Decode steps until a completion, a step short of blocks, or (while prompts are being
+        prefilled) the end of this step; 0 for a step that only prefills."""
+        finish = self._next_finish()
+        steps = finish - self.steps
+        if self.paged:
+            blocks = self.kv_blocks
+            self._short_at = blocks.first_overflow(self.steps, finish)
+            steps = min(steps, self._short_at - self.steps)
+            if self.prefilling:
+                steps = min(steps, 1 if self.batch else 0)
+            last = self.steps + max(steps, 1) - 1  # blocks only grow within a stretch: its last step
+            if blocks.base + blocks.decoding * (last // blocks.bs + 1) > self.kv_peak_blocks:  # (a bound)
+                self.kv_peak_blocks = max(self.kv_peak_blocks, blocks.needed(last))
+                assert self.kv_peak_blocks <= blocks.capacity, (self.name, self.kv_peak_blocks, blocks.capacity)
+        return steps
+
+    def _next_finish(self) -> int:
+        """Step at which the next decoding request finishes (dropping entries of preempted ones)."""
+        heap = self._heap
+        while self.paged and heap and not self._live(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else NEVER
+
+    def _live(self, entry: tuple[int, int, Sample]) -> bool:
+        seq = self.batch.get(entry[2])
+        return seq is not None and seq.ticket == entry[1]
 
     def _on_wake(self, epoch: int, steps: int) -> None:
         if epoch != self._epoch:
@@ -106,8 +262,14 @@ class SimEngine:
         now = self.sim.env.now
         self._advance(now, steps)
         finished = []
-        while self._heap and self._heap[0][0] == self.steps:
-            finished.append(self._remove(heapq.heappop(self._heap)[2]))
+        heap = self._heap
+        self._next_finish()  # drops preempted entries off the top: none left finishes before now
+        while heap and heap[0][0] == self.steps:
+            entry = heapq.heappop(heap)
+            if not self.paged or self._live(entry):
+                finished.append(self._remove(entry[2]))
+        if self.paged:
+            self._open_step()
         self._admit(now, self._pending + self.sim.take_for(self))
         self._pending = []
         self._plan(now)
@@ -119,23 +281,30 @@ class SimEngine:
     def offer(self, sample: Sample, now: float) -> None:
         """Take a request (the caller checked `fits`); it joins at the next step boundary."""
         if self.state is EngineState.IDLE or now < self._t0:
+            if self.state is EngineState.IDLE and self.paged:
+                self._open_step()
             self._advance(now)
             self._admit(now, [sample])
             self._plan(now)
             return
         self._pending.append(sample)
         sample.where = "engine"
-        self.kv_reserved += sample.final_context
+        if not self.paged:
+            self.kv_reserved += sample.final_context
         if len(self._pending) > 1:
             return  # a boundary wake-up is already scheduled
-        done = self.sim.cost.decode_steps_within(len(self.active), self.sum_ctx, now - self._t0, self._planned)
+        done = self.sim.cost.decode_steps_within(len(self.batch), self.sum_ctx, now - self._t0, self._planned)
         if done + 1 < self._planned:
             self._epoch += 1
-            dt = self.sim.cost.decode_run_s(len(self.active), self.sum_ctx, done + 1)
+            dt = self.sim.cost.decode_run_s(len(self.batch), self.sum_ctx, done + 1)
             self.sim.wake(self._t0 + dt - now, self._on_wake, self._epoch, done + 1)
 
     def _admit(self, now: float, samples: list[Sample]) -> None:
-        """Prefill `samples` as one batch; decoding resumes when the prefill ends."""
+        """Take `samples` in. Reserve: prefill them as one batch; decoding resumes when the prefill
+        ends. Paged: they wait for blocks and the step's token budget (`_schedule`)."""
+        if self.paged:
+            self._schedule(now, samples)
+            return
         new_tokens, pairs = 0, 0.0
         for sample in samples:
             cached = self.sim.cached_prefix(self, sample)
@@ -145,28 +314,165 @@ class SimEngine:
             if sample not in self._pending:
                 self.kv_reserved += sample.final_context
             sample.engine, sample.where = self.index, "engine"
-            self.active[sample] = [self.steps, sample.prefix_tokens - self.steps]
-            self._ctx_base += sample.prefix_tokens - self.steps
-            heapq.heappush(self._heap, (self.steps + sample.remaining, next(self._tiebreak), sample))
-        if new_tokens:
-            self.sim.counters["prefill_tokens"] += new_tokens
-            self._t0 = max(self._t0, now) + self.sim.cost.prefill_s(new_tokens, pairs)
+            self._start_decoding(sample, Seq(cached))
+        self._prefill(now, new_tokens, pairs)
+
+    def _prefill(self, now: float, tokens: int, pairs: float) -> None:
+        if tokens:
+            self.sim.counters["prefill_tokens"] += tokens
+            self._t0 = max(self._t0, now) + self.sim.cost.prefill_s(tokens, pairs)
+
+    def _start_decoding(self, sample: Sample, seq: Seq) -> None:
+        """Add a request whose prefill is done to the batch: it decodes from this step on."""
+        seq.mark, seq.offset, seq.ticket = self.steps, sample.prefix_tokens - self.steps, next(self._tiebreak)
+        self.batch[sample] = seq
+        self._ctx_base += seq.offset
+        heapq.heappush(self._heap, (self.steps + sample.remaining, seq.ticket, sample))
+        if self.paged:
+            self.kv_blocks.base -= seq.blocks
+            self.kv_blocks.add_decoding(seq.offset, seq.shared)
 
     def _remove(self, sample: Sample) -> Sample:
-        mark, offset = self.active.pop(sample)
-        sample.add_tokens(self.version, self.steps - mark)
-        self._ctx_base -= offset
-        self.kv_reserved -= sample.final_context
+        seq = self.batch.pop(sample)
+        sample.add_tokens(self.version, self.steps - seq.mark)
+        self._ctx_base -= seq.offset
+        if self.paged:
+            self.kv_blocks.add_decoding(seq.offset, seq.shared, sign=-1)
+            self._release_prompt(sample, seq)
+        else:
+            self.kv_reserved -= sample.final_context
         return sample
+
+    # ---- paged: steps, admission, preemption ----
+
+    def _open_step(self) -> None:
+        """A step boundary: give every admitted request the block for its next token, preempting the
+        most recently admitted ones while the cache is short, and open the step's token budget."""
+        self._preempted_now = False
+        if self.steps >= self._short_at:  # else only completions came since the plan that found it
+            while self.kv_blocks.needed(self.steps) > self.kv_blocks.capacity:
+                self._preempt_last()
+                self._preempted_now = True
+        self._room = self.token_budget - len(self.batch)
+
+    def _preempt_last(self) -> None:
+        """Preemption by recompute of the most recently admitted request (vLLM V1's default)."""
+        assert len(self.batch) + len(self.prefilling) > 1, f"{self.name}: a lone request outgrew the cache"
+        if self.prefilling:
+            sample = next(reversed(self.prefilling))
+            seq = self.prefilling.pop(sample)
+            self.kv_blocks.base -= seq.blocks
+            self._release_prompt(sample, seq)
+            computed = seq.prefilled
+        else:
+            sample = next(reversed(self.batch))
+            seq = self.batch[sample]
+            self._remove(sample)
+            computed = sample.prefix_tokens
+        self._lost[sample] = self._lost.get(sample, 0) + computed - seq.hit
+        self.waiting.appendleft(sample)
+        self.sim.counters["kv_preemptions"] += 1
+
+    def _schedule(self, now: float, samples: list[Sample]) -> None:
+        """Fill the step's token budget: continue prefills, then admit waiting requests in order while
+        the budget, max_num_seqs and free blocks allow (none after a preemption), as vLLM V1 does."""
+        for sample in samples:
+            sample.where = "engine"
+        self.waiting.extend(samples)
+        tokens, pairs = 0, 0.0
+        for sample, seq in list(self.prefilling.items()) if self.prefilling else ():
+            if self._room <= 0:
+                break
+            t, p = self._chunk(sample, seq)
+            tokens, pairs = tokens + t, pairs + p
+        used = self.kv_blocks.needed(self.steps) if self.waiting else 0
+        while (
+            self.waiting
+            and self._room > 0
+            and not self._preempted_now
+            and len(self.batch) + len(self.prefilling) < self.max_seqs
+        ):
+            seq, blocks = self._lookup(self.waiting[0])
+            if used + blocks > self.kv_blocks.capacity:
+                break
+            used += blocks
+            sample = self.waiting.popleft()
+            self._hold(sample, seq)
+            t, p = self._chunk(sample, seq)
+            tokens, pairs = tokens + t, pairs + p
+        self._prefill(now, tokens, pairs)
+
+    def _lookup(self, sample: Sample) -> tuple[Seq, int]:
+        """The request's state if admitted now, and the blocks admitting it takes: its prompt and
+        the slot of its next token, less the full blocks of its group's prompt when those are held
+        here already (then they are also a cache hit)."""
+        bs = self.block_tokens
+        hit, shared = self.sim.cached_prefix(self, sample), 0
+        if self.prefix_caching:
+            shared = (sample.turns[0].input_tokens - 1) // bs  # full blocks before the prompt's last token
+        own = -(-(sample.prefix_tokens + 1) // bs) - shared
+        if shared and self._groups.get(sample.group_id):
+            return Seq(max(hit, shared * bs), sample.prefix_tokens, own, shared), own
+        return Seq(hit, sample.prefix_tokens, own, shared), own + shared
+
+    def _hold(self, sample: Sample, seq: Seq) -> None:
+        """Admit: the request takes its blocks (its group's prompt blocks if it is the first) and
+        starts prefilling."""
+        if seq.shared:
+            held = self._groups.get(sample.group_id, 0)
+            if not held:
+                self.kv_blocks.base += seq.shared
+            self._groups[sample.group_id] = held + 1
+        self.kv_blocks.base += seq.blocks
+        sample.engine = self.index
+        self.prefilling[sample] = seq
+
+    def _release_prompt(self, sample: Sample, seq: Seq) -> None:
+        if not seq.shared:
+            return
+        held = self._groups.pop(sample.group_id) - 1
+        if held:
+            self._groups[sample.group_id] = held
+        else:
+            self.kv_blocks.base -= seq.shared
+
+    def _chunk(self, sample: Sample, seq: Seq) -> tuple[int, float]:
+        """Prefill as much of the request as the step's budget has room for: (tokens, attention
+        pairs); a request whose prefill completes starts decoding in this step."""
+        take = min(self._room, seq.target - seq.prefilled)
+        pairs = take * (seq.prefilled + take / 2)
+        seq.prefilled += take
+        self._room -= take
+        lost = self._lost.pop(sample, 0)
+        if lost:
+            self.sim.counters["recomputed_tokens"] += min(lost, take)
+        if seq.prefilled < seq.target:
+            if lost > take:
+                self._lost[sample] = lost - take
+        else:
+            del self.prefilling[sample]
+            self._start_decoding(sample, seq)
+        return take, pairs
+
+    # ---- pause, sync, resume ----
 
     def _drain(self, now: float) -> list[Sample]:
         """Stop at the current step boundary and release every request, tokens counted."""
         self._advance(now)
-        out = [self._remove(s) for s in list(self.active)] + self._pending
+        out = [self._remove(s) for s in list(self.batch)]
+        for sample, seq in self.prefilling.items():
+            self.kv_blocks.base -= seq.blocks
+            self._release_prompt(sample, seq)
+            out.append(sample)
+        out += self.waiting
+        out += self._pending
         for sample in self._pending:
-            self.kv_reserved -= sample.final_context
+            if not self.paged:
+                self.kv_reserved -= sample.final_context
         self._heap, self._pending, self._epoch = [], [], self._epoch + 1
+        self.prefilling, self.waiting, self._lost = {}, deque(), {}
         assert self.kv_reserved == 0 and self._ctx_base == 0, (self.kv_reserved, self._ctx_base)
+        assert self.kv_blocks.empty and not self._groups, (self.kv_blocks.base, self._groups)
         return out
 
     def preempt(self, now: float) -> list[Sample]:
@@ -202,5 +508,7 @@ class SimEngine:
         self._t0 = now
         for sample in held:
             sample.engine = None  # the KV cache was computed with old weights: prefill it all again
+        if self.paged:
+            self._open_step()
         self._admit(now, held + self.sim.take_for(self, limit))
         self._plan(now)
