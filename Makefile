@@ -16,6 +16,11 @@ OUT ?=
 TORCH_VERSION ?= 2.13.0
 # PyTorch's CPU wheels. Empty: pip's own indexes only (PyPI's torch is the CUDA build); README: GPUs.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# The GPU layer (`make setup-gpu`): the torch release vLLM pins (pyproject's `gpu` extra), the CUDA build from
+# pip's own indexes; GPU_TORCH_INDEX adds an index of builds for another CUDA (README: GPUs).
+GPU_TORCH_VERSION ?= 2.14.0
+GPU_TORCH_INDEX ?=
+GPU_STAMP := $(VENV)/.installed-gpu
 PORT ?= 8000
 ENGINES ?= 1
 NOW := $(shell date +%Y%m%d-%H%M%S)
@@ -29,7 +34,7 @@ OUT_ARG := $(if $(OUT),--out $(OUT),)
 # (15 s, retried 5 times) for each of torch's ten packages, so an unreachable TORCH_INDEX is left out.
 URL_ANSWERS := import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)
 
-.PHONY: help setup setup-sim sim compare serve test test-fast test-gpu lint bench bench-sim bench-runtime bench-train bench-swe \
+.PHONY: help setup setup-sim setup-gpu sim compare serve test test-fast test-gpu lint bench bench-sim bench-runtime bench-train bench-swe \
 	figures figures-runtime train-math compare-train train-swe validate clean
 
 help:  ## this list; the second column is what a target installs on first use
@@ -57,9 +62,20 @@ $(FULL_STAMP): pyproject.toml | $(VENV)/pyvenv.cfg
 	$(PY) -m pip install --quiet -e ".[dev,reference,swe]"
 	touch $(SIM_STAMP) $@
 
+# The full layer with vLLM and the CUDA torch it pins, replacing a CPU torch; the sim and full stamps are
+# touched so that no other target puts the CPU torch back (after an edit of pyproject.toml, run it again).
+$(GPU_STAMP): pyproject.toml | $(VENV)/pyvenv.cfg
+	$(PY) -m pip install --quiet "torch==$(GPU_TORCH_VERSION)" $(if $(GPU_TORCH_INDEX),--extra-index-url "$(GPU_TORCH_INDEX)",)
+	$(PY) -m pip install --quiet -e ".[dev,reference,swe,gpu]"
+	@$(PY) -c 'import sys, torch; sys.exit(None if torch.version.cuda else "setup-gpu: torch " + torch.__version__ + \
+		" is not a CUDA build (a CPU index or wheel in pip config?); set GPU_TORCH_INDEX to an index of CUDA builds")'
+	touch $(SIM_STAMP) $(FULL_STAMP) $@
+
 setup: $(FULL_STAMP)  ## create .venv with everything: the simulator, the runtime (CPU torch) and the dev tools
 
 setup-sim: $(SIM_STAMP)  ## create .venv with the simulator's dependencies only
+
+setup-gpu: $(GPU_STAMP)  ## on a GPU machine: the full layer plus vLLM (the gpu extra) and the CUDA torch it pins
 
 sim: $(SIM_STAMP)  ## make sim POLICY=tag [CONFIG=sim/configs/swe.yaml] [SET=cluster.num_gpus=128,num_steps=10] [OUT=dir]
 	$(PY) -m sim --policy $(POLICY) --config $(CONFIG) $(SET_ARGS) $(OUT_ARG)
@@ -81,8 +97,9 @@ test: $(FULL_STAMP)  ## lint, then every CPU test (slow and docker-marked includ
 test-fast: $(FULL_STAMP)  ## the tests not marked slow or gpu, no lint
 	$(PY) -m pytest -m "not gpu and not slow" -q
 
-test-gpu: $(FULL_STAMP)  ## the gpu-marked tests, on a GPU machine
-	$(PY) -m pytest -m gpu
+test-gpu: $(GPU_STAMP)  ## the gpu-marked tests (vLLM backend), on a GPU machine; installs the gpu layer first
+	@$(PY) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "test-gpu: torch sees no CUDA GPU")'
+	$(PY) -m pytest -m gpu -rs
 
 lint: $(FULL_STAMP)  ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check .

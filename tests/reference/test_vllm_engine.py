@@ -1,9 +1,9 @@
 """VLLMEngine on real vLLM, checked against an fp32 transformers forward of the same tiny Qwen3.
 
-The `gpu` tests need vLLM and an NVIDIA GPU (`make test-gpu`); each runs once per pause mode ("keep"
-is skipped on a vLLM without it). Two random checkpoints stand for policy versions: a token counts as
-sampled by a version when, given everything before it, that checkpoint ranks it first (up to a
-bf16-sized near-tie) and gives it the logprob vLLM reported. The CPU tests need no vLLM.
+The `gpu` tests need vLLM (the `gpu` extra: vLLM 0.33) and an NVIDIA GPU (`make test-gpu`); each runs
+once per pause mode ("keep" is skipped on a vLLM without it). Two random checkpoints stand for policy
+versions: a token counts as sampled by a version when, given everything before it, that checkpoint
+ranks it first (up to a bf16-sized near-tie) and gives it the logprob vLLM reported. The CPU tests need no vLLM.
 """
 
 from __future__ import annotations
@@ -221,7 +221,10 @@ def test_pause_update_resume_switches_version_mid_generation(engine, loop, check
     # after resume: the new weights, over a prefix recomputed with them (stale KV would fail this)
     context = (*PROMPT, *ids[:before])
     _assert_sampled_by(reference_models[1], context, ids[before:], logprobs[before:], greedy=True)
-    assert run(loop, engine.stats()).extra["reprefills"] >= 1
+    extra = run(loop, engine.stats()).extra
+    assert extra["reprefills"] >= 1
+    assert extra["version_mismatches"] == 0  # vLLM's own weight-version labels agree with every stamp
+    assert extra["weight_loader"] == "reload_weights"  # vLLM 0.33's workers reload in place
 
 
 async def _start_while_paused(engine: VLLMEngine):
@@ -301,6 +304,36 @@ async def _duplicate(engine: VLLMEngine) -> None:
 def test_bad_request_raises_value_error_before_any_token(engine, loop, prompt):
     with pytest.raises(ValueError):
         run(loop, _first_event(engine, GenerateRequest("bad", prompt, SamplingParams(max_tokens=4))))
+
+
+def _bypassing_validation(**fields) -> SamplingParams:
+    """Sampling params as a caller that got around SamplingParams' checks would send them."""
+    params = SamplingParams(max_tokens=8, temperature=1.0)
+    for key, value in fields.items():
+        object.__setattr__(params, key, value)
+    return params
+
+
+@gpu
+def test_a_request_vllm_rejects_raises_value_error_and_the_engine_keeps_serving(engine, loop):
+    hot = GenerateRequest("hot", PROMPT, _bypassing_validation(temperature=2.5))  # vLLM: temperature in [0, 2]
+    with pytest.raises(ValueError, match="temperature"):
+        run(loop, _first_event(engine, hot))
+    after = GenerateRequest("after", PROMPT, SamplingParams(max_tokens=2))
+    assert len(run(loop, generate(engine, after)).token_ids) == 2
+
+
+@gpu
+def test_seeds_outside_int64_and_minus_one_are_mapped_and_reproducible(engine, loop):
+    def tokens(rid, seed):
+        request = GenerateRequest(rid, PROMPT, _bypassing_validation(seed=seed))
+        return run(loop, generate(engine, request)).token_ids
+
+    top = tokens("top", 2**63 - 1)
+    assert tokens("top-again", 2**63 - 1) == top  # seeded: the same draws
+    assert tokens("minus-one", -1) == top  # -1 is mapped to 2**63 - 1, not read by vLLM as "unseeded"
+    assert len(tokens("huge", 2**64 - 1)) == 8  # would overflow vLLM's int64 seed array
+    assert run(loop, engine.stats()).running == 0
 
 
 @gpu

@@ -1,0 +1,235 @@
+"""Calibration profiles: what one device measured (benchmarks/gpu_calibration.py writes them), for the
+simulator's calibrated cost model to read.
+
+A profile is a YAML (or JSON) file: a `version`, the `device` it was measured on, and per model the
+measured points: decode (a step of `batch` sequences at `context` tokens each: `step_s`), prefill
+(`tokens` of one prompt: `seconds`) and training (forward + backward + AdamW of one sequence of
+`seq_len` tokens: `tokens_per_s`, and `mfu` where the device's peak is known). `Profile` owns both
+directions: `load_profile` validates every field, and a `UserError` names the key that is wrong, with
+its path in the file; `Profile.to_dict` / `write_profile` produce what `load_profile` reads.
+
+    version: 1
+    device: {name: NVIDIA H100 80GB HBM3, spec: h100, dtype: bfloat16, torch_device: cuda:0, torch: 2.11.0}
+    models:
+      - model: qwen3-8b
+        decode: [{batch: 8, context: 2048, step_s: 0.0141}]
+        prefill: [{tokens: 2048, seconds: 0.105}]
+        train: [{seq_len: 2048, tokens_per_s: 9100.0, mfu: 0.41}]
+        skipped: ["train seq_len=8192: out of memory"]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import yaml
+
+from core.errors import UserError, unknown_name
+
+PROFILE_VERSION = 1  # the only version this simulator reads
+
+
+@dataclass(frozen=True)
+class DecodePoint:
+    batch: int  # sequences decoded together
+    context: int  # tokens of each sequence's KV cache before the step
+    step_s: float  # seconds per decode step (one token for each sequence)
+
+
+@dataclass(frozen=True)
+class PrefillPoint:
+    tokens: int  # one prompt's length
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TrainPoint:
+    seq_len: int  # one sequence a step
+    tokens_per_s: float
+    mfu: float | None = None  # model FLOPs / (seconds x the device's peak); null where no peak is known
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str  # what the measuring library called the device
+    dtype: str  # of the weights, activations and optimizer state
+    spec: str | None = None  # the shipped device spec (core/specs/devices.yaml) it corresponds to, if any
+    torch_device: str | None = None
+    torch: str | None = None  # library versions
+    transformers: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    model: str  # a shipped model name (core/specs/models.yaml), or "tiny"
+    decode: tuple[DecodePoint, ...] = ()
+    prefill: tuple[PrefillPoint, ...] = ()
+    train: tuple[TrainPoint, ...] = ()
+    skipped: tuple[str, ...] = ()  # points not measured, and why
+
+
+@dataclass(frozen=True)
+class Profile:
+    version: int
+    device: DeviceInfo
+    models: tuple[ModelProfile, ...]
+    created: str | None = None  # ISO 8601
+    command: str | None = None  # the command line that measured it
+
+    def model(self, name: str) -> ModelProfile:
+        for entry in self.models:
+            if entry.model == name:
+                return entry
+        raise unknown_name("model in the profile", name, [m.model for m in self.models])
+
+    def to_dict(self) -> dict:
+        """The mapping `load_profile` reads back (tuples as lists)."""
+        return json.loads(json.dumps(asdict(self)))
+
+
+def write_profile(profile: Profile, path: str | Path) -> Path:
+    """Write `profile` as YAML (JSON where the name ends in .json)."""
+    path = Path(path)
+    data = profile.to_dict()
+    text = json.dumps(data, indent=1) if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
+    path.write_text(text)
+    return path
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile; a `UserError` names the file and the key that is wrong."""
+    where = f"profile {str(path)!r}"
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{where} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())  # JSON is YAML
+    except yaml.YAMLError as exc:
+        raise UserError(f"{where} is not valid YAML or JSON: {' '.join(str(exc).split())}") from None
+    return profile_from_dict(data, where)
+
+
+def profile_from_dict(data: object, where: str = "profile") -> Profile:
+    top = _mapping(data, where, "", Profile)
+    version = top.get("version")
+    if version != PROFILE_VERSION:
+        raise UserError(f"{where}: version must be {PROFILE_VERSION} (what this simulator reads), got {version!r}")
+    models = _list(top.get("models"), where, "models", required=True)
+    if not models:
+        raise UserError(f"{where}: models must list at least one model")
+    parsed = tuple(_model(entry, where, f"models[{i}]") for i, entry in enumerate(models))
+    names = [m.model for m in parsed]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate is not None:
+        raise UserError(f"{where}: models: model {duplicate!r} appears twice")
+    return Profile(
+        version=version,
+        device=_record(DeviceInfo, top.get("device"), where, "device"),
+        models=parsed,
+        created=_optional_text(top.get("created"), where, "created"),
+        command=_optional_text(top.get("command"), where, "command"),
+    )
+
+
+def _model(data: object, where: str, key: str) -> ModelProfile:
+    entry = _mapping(data, where, key, ModelProfile)
+    model = entry.get("model")
+    if not isinstance(model, str) or not model:
+        raise UserError(f"{where}: {key}.model must be a model name, got {model!r}")
+    points = {}
+    for name, cls, unique in (("decode", DecodePoint, ("batch", "context")), ("prefill", PrefillPoint, ("tokens",))):
+        points[name] = _points(cls, entry.get(name), where, f"{key}.{name}", unique)
+    points["train"] = _points(TrainPoint, entry.get("train"), where, f"{key}.train", ("seq_len",))
+    skipped = _list(entry.get("skipped"), where, f"{key}.skipped")
+    for i, reason in enumerate(skipped):
+        if not isinstance(reason, str):
+            raise UserError(f"{where}: {key}.skipped[{i}] must be a string, got {reason!r}")
+    return ModelProfile(model, **points, skipped=tuple(skipped))
+
+
+def _points(cls: type, data: object, where: str, key: str, unique: tuple[str, ...]) -> tuple:
+    points = tuple(_record(cls, item, where, f"{key}[{i}]") for i, item in enumerate(_list(data, where, key)))
+    seen: set[tuple] = set()
+    for i, point in enumerate(points):
+        at = tuple(getattr(point, k) for k in unique)
+        if at in seen:
+            named = ", ".join(f"{k}={v}" for k, v in zip(unique, at, strict=True))
+            raise UserError(f"{where}: {key}[{i}] repeats the point {named}")
+        seen.add(at)
+    return points
+
+
+# Per field of a record: (kind, check). Counts are integers >= 1; times and rates finite and > 0.
+_COUNT, _POSITIVE, _FRACTION, _TEXT, _OPTIONAL_TEXT = "count", "positive", "fraction", "text", "optional text"
+_KINDS = {
+    DecodePoint: {"batch": _COUNT, "context": _COUNT, "step_s": _POSITIVE},
+    PrefillPoint: {"tokens": _COUNT, "seconds": _POSITIVE},
+    TrainPoint: {"seq_len": _COUNT, "tokens_per_s": _POSITIVE, "mfu": _FRACTION},
+    DeviceInfo: {
+        "name": _TEXT,
+        "dtype": _TEXT,
+        **dict.fromkeys(("spec", "torch_device", "torch", "transformers"), _OPTIONAL_TEXT),
+    },
+}
+_MUSTS = {
+    _COUNT: "an integer >= 1",
+    _POSITIVE: "a finite number > 0",
+    _FRACTION: "null or a number in (0, 1]",
+    _TEXT: "a non-empty string",
+    _OPTIONAL_TEXT: "null or a string",
+}
+
+
+def _record(cls: type, data: object, where: str, key: str):
+    values = _mapping(data, where, key, cls)
+    kinds = _KINDS[cls]
+    required = [f.name for f in fields(cls) if kinds[f.name] in (_COUNT, _POSITIVE, _TEXT)]
+    missing = [name for name in required if name not in values]
+    if missing:
+        raise UserError(f"{where}: {key} lacks {missing[0]!r} (required: {', '.join(required)})")
+    for name, value in values.items():
+        if not _ok(kinds[name], value):
+            raise UserError(f"{where}: {key}.{name} must be {_MUSTS[kinds[name]]}, got {value!r}")
+    return cls(**{name: float(v) if kinds[name] == _POSITIVE else v for name, v in values.items()})
+
+
+def _ok(kind: str, value: object) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == _COUNT:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    if kind == _POSITIVE:
+        return number and math.isfinite(value) and value > 0
+    if kind == _FRACTION:
+        return value is None or (number and 0 < value <= 1)
+    if kind == _TEXT:
+        return isinstance(value, str) and bool(value)
+    return value is None or isinstance(value, str)
+
+
+def _mapping(data: object, where: str, key: str, cls: type) -> dict:
+    at = f"{key} " if key else ""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: {at}must be a mapping, got {type(data).__name__} {data!r:.60}")
+    known = [f.name for f in fields(cls)]
+    unknown = [k for k in data if k not in known]
+    if unknown:
+        name = f"{key}.{unknown[0]}" if key else unknown[0]
+        raise UserError(f"{where}: {name} is not a known key; valid keys: {', '.join(known)}")
+    return data
+
+
+def _list(data: object, where: str, key: str, required: bool = False) -> list:
+    if data is None and not required:
+        return []
+    if not isinstance(data, list):
+        raise UserError(f"{where}: {key} must be a list, got {data!r:.60}")
+    return data
+
+
+def _optional_text(value: object, where: str, key: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise UserError(f"{where}: {key} must be null or a string, got {value!r}")
+    return value
