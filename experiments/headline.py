@@ -1,7 +1,7 @@
 """Headline: how much faster than the colocated baseline is each policy on the default config?
 
 The question behind SeamlessFlow's claim (~2x token throughput, 62% less training time than a
-verl-style colocated baseline). We do not tune anything towards it: this runs the four policies on
+verl-style colocated baseline). We do not tune anything towards it: this runs the five policies on
 the shipped default (Qwen3-32B, math, 64 H800, 20 steps, seed 0) and reports what the model gives.
 
     python -m experiments.headline

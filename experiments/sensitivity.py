@@ -1,7 +1,7 @@
 """Sensitivity: when does tag's token throughput approach 2x colocated, and why does it miss?
 
-Five one-at-a-time sweeps around the default config, each run for colocated, async and tag on the
-same seed (colocated is re-run only where the swept key affects it; otherwise its default run is the
+Six one-at-a-time sweeps around the default config, each run for colocated, async, tag and streaming
+on the same seed (colocated is re-run only where the swept key affects it; otherwise its default run is the
 baseline, i.e. a flat line at 1.0):
 
     a. workload.response_tokens.sigma   response-length tail (log-normal sigma; default 0.8)
@@ -15,8 +15,11 @@ baseline, i.e. a flat line at 1.0):
     e. workload.prompts_per_step        batch size against the cluster (default 128 x 16 responses
                                         on 64 GPUs): a bigger batch amortises colocated's straggler
                                         wait over more useful decoding
+    f. workload.response_tokens.median  toward long reasoning: the median response from 1.25k to 8k
+                                        tokens with the cap at 32k for every point (8k is the median of
+                                        sim/configs/long_reasoning.yaml)
 
-    python -m experiments.sensitivity                  # 53 runs, about 70 s on 2 cores
+    python -m experiments.sensitivity                  # 93 runs, about 3 minutes on 2 cores
     python -m experiments.sensitivity --steps 10 --out /tmp/sens10   # half the time
 
 Runs use `--steps` training steps, by default 20 like the headline, so the default point of every
@@ -54,8 +57,8 @@ from experiments._common import (
 from sim.config import DEFAULT_CONFIG, SimConfig, config_dict, load_config
 
 BASELINE = "colocated"
-COMPARED = ("async", "tag")
-STYLE = {"tag": ("#1f77b4", "-", "o"), "async": ("#ff7f0e", "--", "s")}
+COMPARED = ("async", "tag", "streaming")
+STYLE = {"tag": ("#1f77b4", "-", "o"), "async": ("#ff7f0e", "--", "s"), "streaming": ("#2ca02c", "-.", "^")}
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class Sweep:
     values: tuple[float, ...]
     label: str
     baseline_uses_key: bool  # False: colocated ignores the key, so its default run is the baseline
+    fixed: tuple[str, ...] = ()  # overrides every point of the sweep shares (the baseline's included)
 
 
 SWEEPS = {
@@ -81,6 +85,13 @@ SWEEPS = {
         "workload.response_tokens.max", (4096, 8192, 16384, 32768), "response-length cap (tokens)", True
     ),
     "batch": Sweep("workload.prompts_per_step", (32, 64, 128, 256, 512), "prompts per step (x 16 responses)", True),
+    "long": Sweep(
+        "workload.response_tokens.median",
+        (1250, 2500, 5000, 8000),
+        "response-length median (tokens; cap 32k)",
+        True,
+        ("workload.response_tokens.max=32768",),
+    ),
 }
 
 
@@ -114,8 +125,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, float, str, tuple[str, ...
     for name in args.sweeps:
         sweep = SWEEPS[name]
         for value in sweep.values:
-            own = (*base, f"{sweep.key}={value}")
-            points.append((name, value, BASELINE, own if sweep.baseline_uses_key else base))
+            own = (*base, *sweep.fixed, f"{sweep.key}={value}")
+            points.append((name, value, BASELINE, own if sweep.baseline_uses_key else (*base, *sweep.fixed)))
             points += [(name, value, policy, own) for policy in COMPARED]
     return points
 
@@ -225,9 +236,12 @@ def _draw_sweep(sub, rows: list[dict], name: str, letter: str, default: float, f
         ax.axvline(default, color="#bbbbbb", linestyle=":", linewidth=1)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=8)
-        if name in ("response_max", "batch"):
+        if name in ("response_max", "batch", "long"):
             ax.set_xscale("log", base=2)
-            labels = [f"{int(v) // 1024}k" if name == "response_max" else str(int(v)) for v in SWEEPS[name].values]
+            labels = {"response_max": lambda v: f"{v / 1024:g}k", "long": lambda v: f"{v / 1000:g}k"}.get(
+                name, lambda v: str(int(v))
+            )
+            labels = [labels(v) for v in SWEEPS[name].values]
             ax.set_xticks(SWEEPS[name].values, labels)
             ax.minorticks_off()
     return [top, bottom]
@@ -240,16 +254,21 @@ def draw(rows: list[dict], sweeps: list[str], defaults: dict[str, float], title:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = min(3, len(sweeps) + 1)
-    grid_rows = -(-(len(sweeps) + 1) // cols)
-    fig = plt.figure(figsize=(9.0, 3.9 * grid_rows + 0.3), layout="constrained")
+    # The legend takes a spare cell of the grid, or goes below it when the sweeps fill every row.
+    spare = len(sweeps) % 3 != 0 or len(sweeps) < 3
+    cols = min(3, len(sweeps) + spare)
+    grid_rows = -(-(len(sweeps) + spare) // cols)
+    fig = plt.figure(figsize=(9.0, 3.9 * grid_rows + (0.3 if spare else 1.2)), layout="constrained")
     cells = fig.subfigures(grid_rows, cols, squeeze=False).flatten()
     for i, name in enumerate(sweeps):
         mine = [r for r in rows if r["sweep"] == name]
         axes = _draw_sweep(cells[i], mine, name, chr(ord("a") + i), defaults[name], i % cols == 0)
     handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
     handles.append(plt.Line2D([], [], color="#bbbbbb", linestyle=":", label="the default value"))
-    cells[len(sweeps)].legend(handles=handles, loc="center", fontsize=8, frameon=False)
+    if spare:
+        cells[len(sweeps)].legend(handles=handles, loc="center", fontsize=8, frameon=False)
+    else:
+        fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=150, metadata=NO_STAMP)
     plt.close(fig)
@@ -257,14 +276,15 @@ def draw(rows: list[dict], sweeps: list[str], defaults: dict[str, float], title:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        f"{'sweep':<15}{'value':>8}  {'async x':>8}{'tag x':>7}{'tag waste':>10}{'tag len':>8}"
+        f"{'sweep':<15}{'value':>8}  {'async x':>8}{'tag x':>7}{'strm x':>8}{'tag waste':>10}{'tag len':>8}"
         f"{'coloc gen':>10}{'tag T-pool':>11}"
     ]
     keyed = {(r["sweep"], r["value"], r["policy"]): r for r in rows}
     for sweep, value in dict.fromkeys((r["sweep"], r["value"]) for r in rows):
-        a, t, c = (keyed[(sweep, value, p)] for p in ("async", "tag", BASELINE))
+        a, t, st, c = (keyed[(sweep, value, p)] for p in ("async", "tag", "streaming", BASELINE))
         lines.append(
             f"{sweep:<15}{value:>8g}  {a['ratio_to_colocated']:>7.2f}x{t['ratio_to_colocated']:>6.2f}x"
+            f"{st['ratio_to_colocated']:>7.2f}x"
             f"{t['wasted_share']:>10.1%}{t['length_vs_colocated']:>8.2f}{c['util_rollout'] + c['util_idle']:>10.1%}"
             f"{t['train_pool_training']:>11.1%}"
         )
