@@ -214,15 +214,15 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--levels", default="1,64,256", help="concurrent sessions per level (comma-separated)")
     ap.add_argument("--turns", type=int, default=4, help="requests per session")
     ap.add_argument("--reply-tokens", type=int, default=16)
-    ap.add_argument("--min-requests", type=int, help="requests per level and path, at least (800; quick: 200)")
-    ap.add_argument("--rounds", type=int, help="turns each proxy takes per level, alternating (2; quick: 1)")
+    ap.add_argument("--min-requests", type=int, help="requests per level and path, at least (3000; quick: 200)")
+    ap.add_argument("--rounds", type=int, help="turns each proxy takes per level, alternating (4; quick: 1)")
     ap.add_argument("--quick", action="store_true", help="fewer requests and one round (well under a minute)")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="do not give the proxy a core of its own")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     ap.add_argument("--profile", type=Path, help="run both proxies under cProfile; DIR/manager.prof, DIR/anchor.prof")
     args = ap.parse_args()
-    args.min_requests = args.min_requests or (200 if args.quick else 800)
-    args.rounds = args.rounds or (1 if args.quick else 2)
+    args.min_requests = args.min_requests or (200 if args.quick else 3000)
+    args.rounds = args.rounds or (1 if args.quick else 4)
     return args
 
 
