@@ -131,7 +131,7 @@ serve: $(FULL_STAMP)  ## make serve [PORT=8000] [ENGINES=1] [STORE=file.sqlite]:
 train-math: $(FULL_STAMP)  ## GRPO on the math task from a random start, on CPU: make train-math [POLICY=tag] [SEED=0] [SET=policy.num_steps=300]
 	$(PY) -m reference train --task math --policy $(POLICY) $(if $(SEED),--seed $(SEED),) $(SET_ARGS) $(OUT_ARG)
 
-compare-train: $(FULL_STAMP)  ## the four policies on the runtime, one after another, with ratios to colocated
+compare-train: $(FULL_STAMP)  ## the five policies on the runtime, one after another, with ratios to colocated
 	$(PY) -m reference train --compare $(SET_ARGS) $(OUT_ARG)
 
 train-swe validate:  ## not built yet (see README, "Status")

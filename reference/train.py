@@ -36,7 +36,7 @@ def train(cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = Tr
     checkpoint = last_checkpoint(out, cfg.policy.num_steps) if resume else None
     done = checkpoint.step if checkpoint else 0  # steps trained before this run: the policy counts from here
     pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps - done, cfg.policy.max_staleness,
-                        cfg.policy.window_batches, cfg.policy.fill_idle)  # fmt: skip
+                        cfg.policy.window_batches, cfg.policy.fill_idle, cfg.policy.stale_samples)  # fmt: skip
     policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)
     model_dir = str(version_dir(out / "weights", done)) if checkpoint else initial_weights(cfg, task, out / "weights")
     specs = worker_specs(cfg, policy, model_dir)

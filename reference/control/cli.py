@@ -13,7 +13,7 @@ from core.errors import UserError
 from core.outputs import default_out, interrupted, prepare_out, provenance, source_fingerprint
 from core.policies import POLICIES
 
-COMPARE_ORDER = ("colocated", "disaggregated", "async", "tag")
+COMPARE_ORDER = ("colocated", "disaggregated", "async", "tag", "streaming")
 COMPARE_STEPS = 10  # --compare's default steps per policy: four runs of the throughput workload take minutes
 COMPARE_TASK = "throughput"  # --compare measures the runtime: forced, long-tailed response lengths, as the simulator's
 
@@ -23,7 +23,7 @@ def add_train_parser(sub) -> None:
     t.add_argument("--task", default=None, help=f"task name (default from the config: math; {COMPARE_TASK} "
                                                 "with --compare)")  # fmt: skip
     t.add_argument("--policy", default=None, help=f"one of: {', '.join(POLICIES)} (default from the config: tag)")
-    t.add_argument("--compare", action="store_true", help="run the four policies one after another, same config")
+    t.add_argument("--compare", action="store_true", help="run the five policies one after another, same config")
     t.add_argument("--config", default=None, help="YAML merged over reference/configs/train.yaml")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set policy.num_steps=20 (repeatable)")  # fmt: skip
@@ -119,7 +119,7 @@ def validate(cfg) -> None:
 
         check_ray_address(cfg.run.ray_address)
     pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps, cfg.policy.max_staleness,
-                        cfg.policy.window_batches, cfg.policy.fill_idle)  # fmt: skip
+                        cfg.policy.window_batches, cfg.policy.fill_idle, cfg.policy.stale_samples)  # fmt: skip
     policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)
     if cfg.rollout.prompts_per_step < len(policy.trainers):
         raise UserError(f"rollout.prompts_per_step {cfg.rollout.prompts_per_step} cannot feed {len(policy.trainers)} "

@@ -26,11 +26,12 @@ class TaskSection:
 
 @dataclass(frozen=True)
 class PolicySection:
-    name: str  # colocated | disaggregated | async | tag
+    name: str  # colocated | disaggregated | async | tag | streaming
     num_steps: int  # training steps in the run
-    max_staleness: int  # largest policy-version lag of a trained token (async, tag)
+    max_staleness: int  # largest policy-version lag of a trained token (async, tag, streaming)
     window_batches: int | None  # tag: batches kept in flight (null: 1 + max_staleness)
     fill_idle: bool  # tag: start extra groups when a rollout resource runs dry
+    stale_samples: str = "regenerate"  # streaming: regenerate | drop a finished group that fell out of the bound
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def test_default_folders_never_collide(capsys, tmp_path, monkeypatch, started):
 def test_config_yaml_records_the_policy_the_command_and_the_source(capsys, tmp_path, monkeypatch, started):
     argv = ["train", "--compare", "--out", str(tmp_path / "cmp")]
     monkeypatch.setattr(sys, "argv", ["reference/__main__.py", *argv])
-    assert main(argv) == 130  # stopped in the first policy of the four
+    assert main(argv) == 130  # stopped in the first policy of the five
     saved = yaml.safe_load((tmp_path / "cmp" / "colocated" / "config.yaml").read_text())
     record = saved["provenance"]
     assert record["policy"] == "colocated"

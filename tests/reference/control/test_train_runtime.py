@@ -47,7 +47,9 @@ def run(tmp_path: Path, policy: str, *extra: str):
     return cfg, out, timeline, metrics, summary
 
 
-@pytest.mark.parametrize("policy, bound", [("colocated", 0), ("disaggregated", 0), ("async", 1), ("tag", 1)])
+@pytest.mark.parametrize(
+    "policy, bound", [("colocated", 0), ("disaggregated", 0), ("async", 1), ("tag", 1), ("streaming", 1)]
+)
 def test_each_policy_trains_within_its_staleness_bound(tmp_path, policy, bound):
     cfg, out, timeline, metrics, summary = run(tmp_path, policy)
     assert [s["step"] for s in metrics.steps] == [0, 1, 2]
