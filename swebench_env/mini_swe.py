@@ -8,8 +8,9 @@ is made of and runs them as its own `mini` command would:
 - the agent: `minisweagent.agents.default.DefaultAgent` with the `agent:` section of a mini-swe-agent
   config file (by default the one it ships for SWE-bench, `benchmarks/swebench.yaml`: its system and
   instance prompts, with the task's problem statement as `{{task}}`);
-- the model: `minisweagent.models.litellm_model.LitellmModel` (native tool calls, one `bash` tool) with
-  the config's `model:` section, pointed at the session's base URL `{manager}/s/{session_id}/v1` as
+- the model: `minisweagent.models.litellm_model.LitellmModel` (native tool calls, one `bash` tool; or,
+  with `model_class: litellm_textbased`, its text-based model that reads a bash block) with the
+  config's `model:` section, pointed at the session's base URL `{manager}/s/{session_id}/v1` as
   `openai/<served model>`. The manager records every token behind it; cost tracking is off (a local
   model has no price);
 - the environment: `RunnerEnvironment`, which runs each command in our `CommandRunner` (a Docker sandbox
@@ -34,6 +35,7 @@ on import; both are silenced or harmless here): `pip install -e '.[swe]'` brings
 
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import threading
@@ -50,6 +52,13 @@ from swebench_env.runner import CommandRunner
 from swebench_env.tasks import Task
 
 DEFAULT_CONFIG = "benchmarks/swebench.yaml"  # under mini-swe-agent's shipped config folder
+# mini-swe-agent's model classes that reach any OpenAI-compatible server through litellm's `api_base`: native
+# tool calls (its default) or a bash block in the reply's text (its `mini_textbased.yaml`).
+MODEL_CLASSES = {
+    "": "minisweagent.models.litellm_model.LitellmModel",
+    "litellm": "minisweagent.models.litellm_model.LitellmModel",
+    "litellm_textbased": "minisweagent.models.litellm_textbased_model.LitellmTextbasedModel",
+}
 _ENV_DEFAULTS = {
     "MSWEA_SILENT_STARTUP": "1",  # no banner on import
     "MSWEA_COST_TRACKING": "ignore_errors",  # a local model has no price
@@ -93,6 +102,9 @@ def load_config(path: str | Path | None = None) -> dict[str, Any]:
     model = config.get("model", {})
     if not isinstance(model, dict):
         raise UserError(f"mini-swe-agent config {str(path)!r}: 'model' must be a mapping, got {type(model).__name__}")
+    if model.get("model_class", "") not in MODEL_CLASSES:
+        raise UserError(f"mini-swe-agent config {str(path)!r}: model_class {model['model_class']!r} cannot talk to the "
+                        f"trajectory manager; use one of: {', '.join(c for c in MODEL_CLASSES if c)}")  # fmt: skip
     env = config.get("environment", {})
     return {"agent": agent, "model": model, "environment": env if isinstance(env, dict) else {}}
 
@@ -168,7 +180,8 @@ class MiniSweAgent:
     def run(self, task: Task, runner: CommandRunner, manager_url: str, session_id: str) -> Episode:
         import openai
 
-        _, DefaultAgent, LitellmModel, _, _ = _minisweagent()
+        _, DefaultAgent, _, _, _ = _minisweagent()
+        model_class = self.model_class()
         start = time.monotonic()
         base_url = session_base_url(manager_url, session_id)
         env = RunnerEnvironment(runner, self.config.command_timeout_s, self.config.workdir,
@@ -176,7 +189,7 @@ class MiniSweAgent:
         error: str | None = None
         agent = None
         try:
-            model = LitellmModel(**self._model_config(base_url))
+            model = model_class(**self._model_config(base_url))
             agent_config = {**self.mini_config["agent"], "step_limit": self.config.max_turns, "cost_limit": 0.0,
                             "output_path": None}  # fmt: skip
             agent = DefaultAgent(model, env, **agent_config)
@@ -200,6 +213,11 @@ class MiniSweAgent:
         total_s = time.monotonic() - start
         return Episode(task.instance_id, session_id, reason, turns, format_errors, env.commands, patch,
                        error or diff_error, max(0.0, total_s - commands_s), commands_s, total_s)  # fmt: skip
+
+    def model_class(self) -> type:
+        """The mini-swe-agent model class the config names (`model_class`; its tool-call model by default)."""
+        module, _, name = MODEL_CLASSES[self.mini_config["model"].get("model_class", "")].rpartition(".")
+        return getattr(importlib.import_module(module), name)
 
     def _model_config(self, base_url: str) -> dict[str, Any]:
         served = self.config.model or _first_model(base_url, self.api_key, self.config.request_timeout_s)

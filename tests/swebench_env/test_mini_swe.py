@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 pytest.importorskip("minisweagent")
 
@@ -176,3 +177,18 @@ def test_the_unmodified_agent_works_in_a_docker_sandbox(manager, pairs, base_ima
     [result] = run_rollout([pairs[1][0]], agent, config, grader, workspace)
     assert (result.exit_reason, result.resolved, result.reward, result.reward_stored, result.error) == (
         "submitted", True, 1.0, True, None)  # fmt: skip
+
+
+def test_only_model_classes_that_reach_an_openai_server_are_accepted(tmp_path):
+    from minisweagent.config import builtin_config_dir
+
+    assert MiniSweAgent().model_class().__name__ == "LitellmModel"  # the shipped SWE-bench config: tool calls
+    config = yaml.safe_load((builtin_config_dir / "mini_textbased.yaml").read_text())
+    config["model"]["model_class"] = "litellm_textbased"
+    (tmp_path / "text.yaml").write_text(yaml.safe_dump(config))
+    assert MiniSweAgent(config_file=tmp_path / "text.yaml").model_class().__name__ == "LitellmTextbasedModel"
+    config["model"]["model_class"] = "portkey"
+    (tmp_path / "portkey.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(UserError, match="model_class 'portkey' cannot talk to the trajectory manager; use one of: "
+                                        "litellm, litellm_textbased"):  # fmt: skip
+        load_config(tmp_path / "portkey.yaml")
