@@ -152,13 +152,15 @@ def _rollout_rate(timeline: Timeline, rollout_device_s: float) -> float:
 
 
 def summarize(timeline: Timeline) -> dict:
-    """Every metric of a run, JSON-serialisable with string keys and floats rounded to 6 places."""
+    """Every metric of a run, JSON-serialisable with string keys and floats rounded to 6 places.
+    A timeline whose meta has `price_per_hour` (the whole cluster's) also gets `cost_per_million_tokens`:
+    that price x wall time per million trained tokens (prompts and responses, as `token_throughput`)."""
     check_conservation(timeline)
     wall = timeline.wall_s
     by_phase = device_seconds_by_phase(timeline)
     total = math.fsum(by_phase.values())
     idle = by_phase[Phase.IDLE]
-    return {
+    summary = {
         "policy": timeline.meta.get("policy"),
         "num_steps": len(timeline.steps),
         "wall_s": round(wall, 6),
@@ -177,3 +179,8 @@ def summarize(timeline: Timeline) -> dict:
         "sync_time_s": _sync_time(timeline),
         "counters": {name: round(float(value), 6) for name, value in sorted(timeline.counters.items())},
     }
+    price = timeline.meta.get("price_per_hour")  # the cluster's, when the run was priced (sim: cluster.*price*)
+    if price is not None:
+        trained = sum(s.tokens for s in timeline.steps)
+        summary["cost_per_million_tokens"] = round(_ratio(price * wall / 3600 * 1e6, trained), 6)
+    return summary

@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     names = list(POLICIES) if args.compare else [args.policy]
+    if args.compare and cfg.cluster.rollout_pool is not None:  # colocated cannot use rollout-only GPUs
+        names.remove("colocated")
     sims = {name: Simulation(cfg, name, progress=not args.quiet) for name in names}  # every check, nothing run
     label = "compare" if args.compare else args.policy
     out = prepare_out(args.out, default_out("sim", label, cfg.seed), args.overwrite)
@@ -73,20 +75,18 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(interrupted(out), file=sys.stderr)
         return 130
-    print(
-        f"{cfg.model} | {cfg.workload.kind} | {cfg.cluster.num_gpus} x {cfg.cluster.device} | "
-        f"{cfg.num_steps} steps | seed {cfg.seed}"
-    )
+    print(f"{cfg.model} | {cfg.workload.kind} | {cfg.cluster_label} | {cfg.num_steps} steps | seed {cfg.seed}")
     print(table(summaries))
     if args.compare:
-        r = ratios(summaries)
+        baseline = names[0]  # colocated, or on a mixed cluster disaggregated
+        r = ratios(summaries, baseline)
         (out / "compare.json").write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
         if not args.no_picture:  # every policy's timeline on one shared time axis, read back from its folder
             from core.plot import draw_compare
             from core.timeline import Timeline
 
             draw_compare([Timeline.load(out / name / "intervals.json") for name in names], out / "compare.png")
-        print(ratio_table(r))
+        print(ratio_table(r, baseline))
     print(f"outputs: {out}/")
     return 0
 

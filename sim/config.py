@@ -3,6 +3,10 @@
 `load_config` starts from `configs/default.yaml` (the documented paper-like setup: Qwen3-32B, math,
 64 H800 GPUs), merges a user file on top, then dotted `--set` overrides. Every physical constant
 and efficiency lives in those files.
+
+A cluster is one device type (`cluster.device`), or two: with `cluster.rollout_pool` set,
+`cluster.device` x `cluster.num_gpus` are the train-capable GPUs and the rollout pool's GPUs,
+possibly of another type, only generate (configs/hetero.yaml).
 """
 
 from __future__ import annotations
@@ -34,14 +38,29 @@ class Dist:
 
 
 @dataclass(frozen=True)
+class RolloutPoolConfig:
+    """Rollout-only GPUs beside the train-capable ones, of their own device type (a heterogeneous cluster)."""
+
+    device: str  # as cluster.device
+    num_gpus: int
+    price_per_gpu_hour: float | None  # as cluster.price_per_gpu_hour; set both or neither
+    max_num_seqs: int | None  # requests one of these engines runs at once (null: rollout.max_num_seqs). A slower
+    # device given fewer holds fewer requests back from faster engines that run dry
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     device: str  # a shipped device (core/specs/devices.yaml) or a path to a YAML file with the same fields
-    num_gpus: int
+    num_gpus: int  # with rollout_pool: the train-capable GPUs only
+    price_per_gpu_hour: float | None  # the user's price of one GPU for an hour, any currency (null: no cost figure)
+    rollout_pool: RolloutPoolConfig | None  # null: one device type, split by pools.train_fraction; set: these
+    # GPUs only generate and cluster.device x num_gpus is the train pool (pools.train_fraction unused)
 
 
 @dataclass(frozen=True)
 class PoolsConfig:
-    """How disaggregated policies split resources (colocated ignores it)."""
+    """How disaggregated policies split resources (colocated ignores it, and so does a cluster with a
+    rollout_pool: its devices make the split)."""
 
     train_fraction: float
 
@@ -183,13 +202,22 @@ class SimConfig:
             raise UserError(f"unknown workload {self.workload.kind!r}; valid choices: {', '.join(WORKLOADS)}")
         self._check_positive()
         self.rollout.validate()
-        tp = self.rollout.tensor_parallel
-        if self.cluster.num_gpus % tp:
-            raise UserError(
-                f"cluster.num_gpus={self.cluster.num_gpus} is not a multiple of rollout.tensor_parallel={tp}"
-            )
-        if tp > dev.gpus_per_node or dev.gpus_per_node % tp:
-            raise UserError(f"rollout.tensor_parallel={tp} must divide the {dev.gpus_per_node} GPUs of a node")
+        self._check_pool("cluster", dev, self.cluster.num_gpus, self.cluster.price_per_gpu_hour)
+        pool = self.cluster.rollout_pool
+        if pool is not None:
+            pool_dev = _spec("cluster.rollout_pool.device", specs.device, pool.device)
+            self._check_pool("cluster.rollout_pool", pool_dev, pool.num_gpus, pool.price_per_gpu_hour)
+            seqs, budget = pool.max_num_seqs, self.rollout.max_num_batched_tokens
+            if seqs is not None and not 1 <= seqs <= budget:
+                raise UserError(
+                    f"cluster.rollout_pool.max_num_seqs must be null or in [1, rollout.max_num_batched_tokens={budget}]"
+                    f", got {seqs}"
+                )
+            if (self.cluster.price_per_gpu_hour is None) != (pool.price_per_gpu_hour is None):
+                raise UserError(
+                    "cluster.price_per_gpu_hour and cluster.rollout_pool.price_per_gpu_hour must both be set "
+                    f"or both be null, got {self.cluster.price_per_gpu_hour} and {pool.price_per_gpu_hour}"
+                )
         for name in ("prompt_tokens", "response_tokens", "turns", "tool_output_tokens", "tool_latency_s", "test_run_s"):
             getattr(self.workload, name).validate(f"workload.{name}")
         self.train.validate(dev.gpus_per_node, self.workload.prompts_per_step * self.workload.group_size)
@@ -201,6 +229,19 @@ class SimConfig:
         for key, value in fractions.items():
             if not 0.0 <= value <= 1.0:
                 raise UserError(f"{key} must be a fraction in [0, 1], got {value}")
+
+    def _check_pool(self, key: str, dev: specs.DeviceSpec, num_gpus: int, price: float | None) -> None:
+        """One device type's GPUs: a whole number of engines, engines within a node, a price >= 0."""
+        tp = self.rollout.tensor_parallel
+        if num_gpus < 1:
+            raise UserError(f"{key}.num_gpus must be >= 1, got {num_gpus}")
+        if num_gpus % tp:
+            raise UserError(f"{key}.num_gpus={num_gpus} is not a multiple of rollout.tensor_parallel={tp}")
+        if tp > dev.gpus_per_node or dev.gpus_per_node % tp:
+            where = f" ({key}.device)" if key != "cluster" else ""
+            raise UserError(f"rollout.tensor_parallel={tp} must divide the {dev.gpus_per_node} GPUs of a node{where}")
+        if price is not None and price < 0:
+            raise UserError(f"{key}.price_per_gpu_hour must be >= 0 or null, got {price}")
 
     def _check_positive(self) -> None:
         checks = {
@@ -219,7 +260,35 @@ class SimConfig:
 
     @property
     def num_resources(self) -> int:
-        return self.cluster.num_gpus // self.rollout.tensor_parallel
+        return self.total_gpus // self.rollout.tensor_parallel
+
+    @property
+    def total_gpus(self) -> int:
+        pool = self.cluster.rollout_pool
+        return self.cluster.num_gpus + (pool.num_gpus if pool is not None else 0)
+
+    @property
+    def train_fraction(self) -> float:
+        """The share of resources in the train pool: pools.train_fraction, or with a rollout pool the
+        train-capable GPUs' share (`split_pools` rounds num_resources x this back to their count)."""
+        if self.cluster.rollout_pool is None:
+            return self.pools.train_fraction
+        return self.cluster.num_gpus / self.total_gpus
+
+    @property
+    def cluster_label(self) -> str:
+        """The cluster in words: "64 x h800", or "32 x h800 + 32 x h20" (train-capable first) when mixed."""
+        label = f"{self.cluster.num_gpus} x {self.cluster.device}"
+        pool = self.cluster.rollout_pool
+        return label if pool is None else f"{label} + {pool.num_gpus} x {pool.device}"
+
+    @property
+    def price_per_hour(self) -> float | None:
+        """The whole cluster's price for an hour (None when unpriced)."""
+        c, pool = self.cluster, self.cluster.rollout_pool
+        if c.price_per_gpu_hour is None:
+            return None
+        return c.num_gpus * c.price_per_gpu_hour + (pool.num_gpus * pool.price_per_gpu_hour if pool else 0.0)
 
 
 def _spec(key: str, lookup, name: str):

@@ -189,9 +189,10 @@ class CostModel:
 
     # ---- weight sync and role switches ----
 
-    def sync_s(self, local: bool, targets: int) -> float:
+    def sync_s(self, local: bool, targets: int, receiver: DeviceSpec | None = None) -> float:
         """Load new weights into engines: in-node resharding over NVLink when the resource trained
-        them itself, otherwise a pipelined NCCL broadcast over the network to `targets` resources.
+        them itself, otherwise a pipelined NCCL broadcast over the network from this model's device
+        to `targets` resources of the `receiver` device (this one if None), at the slower NIC of the two.
 
         Every parameter moves, all experts of an MoE model. Expert parallelism is not modelled: each
         engine holds every expert sharded over its tensor_parallel GPUs (vLLM's default), so each GPU
@@ -201,7 +202,8 @@ class CostModel:
         if local:
             return shard / (d.nvlink_gb_s * GB * c.nvlink_efficiency) + c.sync_fixed_s
         hops = math.ceil(math.log2(targets + 1))
-        return shard / (d.network_gb_s * GB * c.network_efficiency) + hops * c.broadcast_hop_s + c.sync_fixed_s
+        network_gb_s = min(d.network_gb_s, (receiver or d).network_gb_s)
+        return shard / (network_gb_s * GB * c.network_efficiency) + hops * c.broadcast_hop_s + c.sync_fixed_s
 
     def switch_s(self, to: Tag, train_gpus: int) -> float:
         """Change a resource's role: move its gradient and optimizer shard across PCIe (offload when
@@ -214,7 +216,14 @@ class CostModel:
     # ---- feasibility ----
 
     def check_fits(self, train_gpus: int, max_request_tokens: int, colocated: bool) -> None:
-        """Raise UserError naming the constraint that fails and by how much."""
+        """Raise UserError naming the constraint that fails and by how much: engines on this device
+        (beside a resident weight shard when `colocated`), then the trainer on it."""
+        self.check_engine_fits(max_request_tokens, train_gpus if colocated else 0)
+        self.check_train_fits(train_gpus, max_request_tokens)
+
+    def check_engine_fits(self, max_request_tokens: int, train_gpus: int = 0) -> None:
+        """An engine on this device holds the weights and the longest request's KV cache (beside the
+        trainer's weight shard of `train_gpus` GPUs on a train-capable resource); UserError if not."""
         d, r = self.device, self.cfg.rollout
         usable = d.hbm_gb * r.gpu_memory_utilization - r.workspace_gb
         weights = self.model.weight_bytes / self.tp / GB
@@ -225,14 +234,18 @@ class CostModel:
                 f"tensor_parallel={self.tp} exceed the {usable:.1f} GB usable on one {d.name} by "
                 f"{weights - usable:.1f} GB; raise rollout.tensor_parallel"
             )
-        capacity = self.kv_capacity_tokens(train_gpus if colocated else 0)
+        capacity = self.kv_capacity_tokens(train_gpus)
         if capacity < max_request_tokens:
-            shard = self.model.weight_bytes / train_gpus / GB if colocated and train_gpus else 0.0
+            shard = self.model.weight_bytes / train_gpus / GB if train_gpus else 0.0
             beside = f" beside the trainer's resident {shard:.1f} GB weight shard per GPU" if shard else ""
+            on = f" on {d.name}" if self.cfg.cluster.rollout_pool is not None else ""  # which of two devices
             raise UserError(
-                f"KV cache of one engine holds {capacity} tokens{beside} but a request can reach "
+                f"KV cache of one engine{on} holds {capacity} tokens{beside} but a request can reach "
                 f"{max_request_tokens} tokens (short by {max_request_tokens - capacity}); raise "
                 f"rollout.tensor_parallel{' or cluster.num_gpus' if shard else ''} or lower the workload's "
                 "maximum lengths"
             )
-        train_layout.check_fits(self.cfg, self.model, d, train_gpus, max_request_tokens)
+
+    def check_train_fits(self, train_gpus: int, longest: int) -> None:
+        """The trainer fits on `train_gpus` GPUs of this device with sequences of `longest` tokens."""
+        train_layout.check_fits(self.cfg, self.model, self.device, train_gpus, longest)

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 from sim.workload import Sample
 
 if TYPE_CHECKING:
+    from sim.cost import CostModel
     from sim.runner import Simulation
 
 NEVER = sys.maxsize
@@ -131,8 +132,12 @@ class Seq:
 
 
 class SimEngine:
-    def __init__(self, sim: Simulation, name: str, index: int, kv_capacity: int, max_seqs: int, state: EngineState):
-        self.sim, self.name, self.index = sim, name, index
+    def __init__(
+        self, sim: Simulation, name: str, index: int, kv_capacity: int, max_seqs: int, state: EngineState,
+        cost: CostModel,
+    ) -> None:  # fmt: skip
+        """`cost`: the cost model of the device this engine runs on (its decode and prefill speed)."""
+        self.sim, self.name, self.index, self.cost = sim, name, index, cost
         self.max_seqs = max_seqs
         self.state = state
         self.version = 0
@@ -204,7 +209,7 @@ class SimEngine:
             steps = (
                 0
                 if elapsed <= 0
-                else self.sim.cost.decode_steps_within(len(self.batch), self.sum_ctx, elapsed, self._planned)
+                else self.cost.decode_steps_within(len(self.batch), self.sum_ctx, elapsed, self._planned)
             )
         if steps:
             self.steps += steps
@@ -225,7 +230,7 @@ class SimEngine:
             self.state, self._sparse = EngineState.RUNNING, sparse
             self.sim.engine_busy(self, now)
         self._planned = self._steps_to_next_event()
-        dt = self.sim.cost.decode_run_s(len(self.batch), self.sum_ctx, self._planned)
+        dt = self.cost.decode_run_s(len(self.batch), self.sum_ctx, self._planned)
         self.sim.wake(self._t0 + dt - now, self._on_wake, self._epoch, self._planned)
 
     def _steps_to_next_event(self) -> int:
@@ -293,10 +298,10 @@ class SimEngine:
             self.kv_reserved += sample.final_context
         if len(self._pending) > 1:
             return  # a boundary wake-up is already scheduled
-        done = self.sim.cost.decode_steps_within(len(self.batch), self.sum_ctx, now - self._t0, self._planned)
+        done = self.cost.decode_steps_within(len(self.batch), self.sum_ctx, now - self._t0, self._planned)
         if done + 1 < self._planned:
             self._epoch += 1
-            dt = self.sim.cost.decode_run_s(len(self.batch), self.sum_ctx, done + 1)
+            dt = self.cost.decode_run_s(len(self.batch), self.sum_ctx, done + 1)
             self.sim.wake(self._t0 + dt - now, self._on_wake, self._epoch, done + 1)
 
     def _admit(self, now: float, samples: list[Sample]) -> None:
@@ -320,7 +325,7 @@ class SimEngine:
     def _prefill(self, now: float, tokens: int, pairs: float) -> None:
         if tokens:
             self.sim.counters["prefill_tokens"] += tokens
-            self._t0 = max(self._t0, now) + self.sim.cost.prefill_s(tokens, pairs)
+            self._t0 = max(self._t0, now) + self.cost.prefill_s(tokens, pairs)
 
     def _start_decoding(self, sample: Sample, seq: Seq) -> None:
         """Add a request whose prefill is done to the batch: it decodes from this step on."""

@@ -30,7 +30,7 @@ def write_run(
     header = provenance_header(provenance) if provenance is not None else ""
     (out / "config.yaml").write_text(header + yaml.safe_dump(config_dict(cfg), sort_keys=False))
     if picture:
-        title = f"{summary['policy']}: {cfg.model}, {cfg.workload.kind}, {cfg.cluster.num_gpus} x {cfg.cluster.device}"
+        title = f"{summary['policy']}: {cfg.model}, {cfg.workload.kind}, {cfg.cluster_label}"
         draw_timeline(timeline, out / "timeline.png", title)
     return summary
 
@@ -50,6 +50,8 @@ ROWS = [
     ("weight sync (mean s, count)", lambda s: f"{s['sync_time_s']['mean']:.2f}, {s['sync_time_s']['count']}"),
     ("wasted tokens (restarted samples)", lambda s: f"{s['counters'].get('wasted_tokens', 0):,.0f}"),
 ]
+# Shown when a run is priced (cluster.price_per_gpu_hour): in the user's currency.
+COST_ROW = ("cost per million trained tokens", lambda s: f"{s['cost_per_million_tokens']:,.2f}")
 
 
 def _staleness(s: dict) -> str:
@@ -61,11 +63,12 @@ def _staleness(s: dict) -> str:
 def table(summaries: list[dict]) -> str:
     """One column per run."""
     names = [s["policy"] for s in summaries]
-    width = max(len(r[0]) for r in ROWS)
-    cells = [[fmt(s) for s in summaries] for _, fmt in ROWS]
+    rows = ROWS + ([COST_ROW] if all("cost_per_million_tokens" in s for s in summaries) else [])
+    width = max(len(r[0]) for r in rows)
+    cells = [[fmt(s) for s in summaries] for _, fmt in rows]
     col = max([len(n) for n in names] + [len(c) for row in cells for c in row])
     lines = [" " * width + "  " + "  ".join(n.rjust(col) for n in names)]
-    for (label, _), row in zip(ROWS, cells, strict=True):
+    for (label, _), row in zip(rows, cells, strict=True):
         lines.append(label.ljust(width) + "  " + "  ".join(c.rjust(col) for c in row))
     return "\n".join(lines)
 

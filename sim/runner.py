@@ -41,7 +41,10 @@ class Simulation:
             raise UserError(f"policy {policy!r} needs at least 2 resources; the cluster has {cfg.num_resources}")
         self.cfg = cfg
         self.progress = show_progress(progress)
-        self.cost = CostModel(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device))
+        model = specs.model(cfg.model)
+        self.cost = CostModel(cfg, model, specs.device(cfg.cluster.device))  # the train-capable resources'
+        pool = cfg.cluster.rollout_pool
+        self.rollout_cost = self.cost if pool is None else CostModel(cfg, model, specs.device(pool.device))
         pcfg = PolicyConfig(
             cfg.workload.prompts_per_step,
             cfg.num_steps,
@@ -50,22 +53,26 @@ class Simulation:
             cfg.policy.fill_idle,
             cfg.policy.stale_samples,
         )
-        self.policy = make_policy(
-            policy, pcfg, cfg.num_resources, cfg.pools.train_fraction, cfg.rollout.tensor_parallel
-        )
+        self.policy = make_policy(policy, pcfg, cfg.num_resources, cfg.train_fraction, cfg.rollout.tensor_parallel)
         self.resources = self.policy.resources
+        self._check_pools()
+        # Each resource runs on its pool's device: rollout-only ones on the rollout pool's (one device
+        # type unless cluster.rollout_pool is set), train-capable ones on cluster.device.
+        self.cost_of = {n: self.rollout_cost if n in self.policy.rollout_only else self.cost for n in self.resources}
         self.train_gpus = sum(self.resources[r].devices for r in self.policy.trainers)
-        shared = any(r.can(Tag.ROLLOUT) and r.can(Tag.TRAIN) for r in self.resources.values())
         self.workload = Workload(cfg.workload, cfg.seed)
-        self.cost.check_fits(self.train_gpus, self.workload.max_request_tokens, shared)
+        self._check_fits()
         self.env = simpy.Environment()
         active = {name: self.policy.initial_active(name).value for name in self.resources}
         self.recorder = TimelineRecorder(list(self.resources.values()), active)
         self.engines: dict[str, SimEngine] = {}
         for i, r in enumerate(r for r in self.resources.values() if r.can(Tag.ROLLOUT)):
-            kv = self.cost.kv_capacity_tokens(self.train_gpus if r.can(Tag.TRAIN) else 0)
+            cost = self.cost_of[r.name]
+            kv = cost.kv_capacity_tokens(self.train_gpus if r.can(Tag.TRAIN) else 0)
             state = EngineState.IDLE if active[r.name] == Tag.ROLLOUT.value else EngineState.OFF
-            self.engines[r.name] = SimEngine(self, r.name, i, kv, cfg.rollout.max_num_seqs, state)
+            own_seqs = pool is not None and pool.max_num_seqs and r.name in self.policy.rollout_only
+            seqs = pool.max_num_seqs if own_seqs else cfg.rollout.max_num_seqs
+            self.engines[r.name] = SimEngine(self, r.name, i, kv, seqs, state, cost)
         self._by_index = list(self.engines.values())
         self._rr = 0
         self.events_scheduled = 0  # simulated events (for the speed benchmark)
@@ -79,6 +86,33 @@ class Simulation:
         self.driver = Driver(self.policy, self, self.recorder, Deadlines.none())
         self._done = self.env.event()
         self._bar: tqdm | None = None
+
+    def _check_pools(self) -> None:
+        """With a rollout pool, the policy's rollout-only resources must be exactly its GPUs."""
+        pool, tp = self.cfg.cluster.rollout_pool, self.cfg.rollout.tensor_parallel
+        if pool is None:
+            return
+        if not self.policy.rollout_only:
+            raise UserError(
+                f"policy {self.policy.name!r} trains on every resource, but the {pool.num_gpus} GPUs of "
+                "cluster.rollout_pool only generate: drop cluster.rollout_pool or choose a policy with a rollout "
+                "pool (disaggregated, async, tag, streaming)"
+            )
+        assert len(self.policy.rollout_only) == pool.num_gpus // tp, (self.policy.rollout_only, pool)
+        assert len(self.policy.trainers) == self.cfg.cluster.num_gpus // tp, (self.policy.trainers, self.cfg.cluster)
+
+    def _check_fits(self) -> None:
+        """Every engine's device holds its weights and the longest request, the trainer fits: UserError
+        naming the device and the constraint that fails. An engine beside the trainer's weight shard
+        is checked first (it has the least room)."""
+        longest = self.workload.max_request_tokens
+        engines = {}  # (cost model, train GPUs whose weight shard stays resident) -> None, in order
+        for r in self.resources.values():
+            if r.can(Tag.ROLLOUT):
+                engines[(self.cost_of[r.name], self.train_gpus if r.can(Tag.TRAIN) else 0)] = None
+        for cost, resident in sorted(engines, key=lambda key: -key[1]):
+            cost.check_engine_fits(longest, resident)
+        self.cost.check_train_fits(self.train_gpus, longest)
 
     # ---- the loop ----
 
@@ -103,16 +137,30 @@ class Simulation:
         finally:
             self._bar.close()
         self._count_dropped()
+        return self.recorder.finish(self.env.now, self._meta(), dict(sorted(self.counters.items())))
+
+    def _meta(self) -> dict:
+        """The timeline's description of the run. A heterogeneous cluster's device reads "h800+h20"
+        (train-capable first) and `pools` gives each pool's device and GPUs; a priced cluster's
+        `price_per_hour` lets `summarize` report a cost per token."""
+        cluster, pool = self.cfg.cluster, self.cfg.cluster.rollout_pool
         meta = {
             "policy": self.policy.name,
             "model": self.cfg.model,
-            "device": self.cfg.cluster.device,
-            "num_gpus": self.cfg.cluster.num_gpus,
+            "device": cluster.device if pool is None else f"{cluster.device}+{pool.device}",
+            "num_gpus": self.cfg.total_gpus,
             "workload": self.cfg.workload.kind,
             "seed": self.cfg.seed,
             "clock": "simulated",
         }
-        return self.recorder.finish(self.env.now, meta, dict(sorted(self.counters.items())))
+        if pool is not None:
+            meta["pools"] = {
+                "train": {"device": cluster.device, "num_gpus": cluster.num_gpus},
+                "rollout": {"device": pool.device, "num_gpus": pool.num_gpus},
+            }
+        if self.cfg.price_per_hour is not None:
+            meta["price_per_hour"] = self.cfg.price_per_hour
+        return meta
 
     def _count_dropped(self) -> None:
         """Groups the policy discarded as stale (`streaming` with `stale_samples: drop`; the contract
@@ -310,7 +358,9 @@ class Simulation:
             engine.start_sync()
         self._restart_stale(d.min_keep_version)
         local = all(self.resources[name].can(Tag.TRAIN) for name in d.resources)
-        self.wake(self.cost.sync_s(local, len(d.resources)), self._sync_done, d)
+        # From the trainer's device to the receivers', at the slowest receiving NIC.
+        receiver = min((self.cost_of[name].device for name in d.resources), key=lambda dev: dev.network_gb_s)
+        self.wake(self.cost.sync_s(local, len(d.resources), receiver), self._sync_done, d)
 
     def _restart_stale(self, floor: int, refreshed: tuple[int, ...] = ()) -> None:
         """Restart samples holding tokens older than `floor` in unfinished groups (and in finished

@@ -21,6 +21,12 @@ trained-token lag: lower is more on-policy), then the fastest others; `search.js
 its overrides, figures or pruning reason), `pareto.png` (throughput against lag, one colour per policy,
 the front joined) and `best.yaml` (the fastest layout as a config: `python -m sim --config
 DIR/best.yaml --policy NAME` reruns it).
+
+Heterogeneous clusters (`cluster.rollout_pool`, e.g. `--config sim/configs/hetero.yaml --space
+cluster.rollout_pool.num_gpus=16,32,64`): the devices make the pool split, so `pools.train_fraction` is
+not varied. Priced clusters (`cluster.price_per_gpu_hour`): the table gains a cost per million trained
+tokens and the front is over three figures, cheaper counting as better too; on one cluster that cost is
+price / throughput and the front is the same as without it.
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ DEFAULT_SPACE: dict[str, list] = {  # 78 candidates with the five policies; add 
 }
 # Keys a policy does not read: not varied for it (one candidate instead of several identical ones).
 IGNORED_BY = {"colocated": {"pools.train_fraction"}}
+IGNORED_BY_MIXED = {"pools.train_fraction"}  # with cluster.rollout_pool the devices split the pools
+COST = "cost_per_million_tokens"  # a priced run's figure (core.metrics.summarize)
 SHOWN = 12  # rows of the table besides the Pareto front
 
 
@@ -76,6 +84,8 @@ class Candidate:
             figures = {"token_throughput": s["token_throughput"], "mean_lag": s["staleness"]["mean_lag"],
                        "max_lag": s["staleness"]["max_lag"], "bubble_fraction": s["bubble_fraction"],
                        "step_time_mean_s": s["step_time_s"]["mean"], "wall_s": s["wall_s"]}  # fmt: skip
+            if COST in s:
+                figures[COST] = s[COST]
         return {"index": self.index, "policy": self.policy, "overrides": self.overrides, "figures": figures,
                 "pareto": self.pareto, "pruned": self.pruned, "run_s": round(self.run_s, 3)}  # fmt: skip
 
@@ -135,23 +145,28 @@ def _run(job: tuple[str, list[str], Candidate, int | None]) -> Candidate:
     return cand
 
 
+def _cost(c: Candidate) -> float:
+    """A priced candidate's cost per million trained tokens (0 unpriced: then cost decides nothing)."""
+    return c.summary.get(COST, 0.0)
+
+
 def pareto(cands: list[Candidate]) -> list[Candidate]:
-    """Candidates no other beats on both throughput (higher) and mean lag (lower), fastest first."""
+    """Candidates no other beats on throughput (higher), mean lag (lower) and, when priced, cost per
+    token (lower): no other at least as good on all and better on one. Fastest first."""
     ran = [c for c in cands if c.summary is not None]
-    ran.sort(key=lambda c: (-c.summary["token_throughput"], c.summary["staleness"]["mean_lag"], c.index))
-    front, best_lag = [], float("inf")
-    for c in ran:  # by falling throughput: on the front iff its lag is below every faster one's
-        lag = c.summary["staleness"]["mean_lag"]
-        if lag < best_lag:
+    ran.sort(key=lambda c: (-c.summary["token_throughput"], c.summary["staleness"]["mean_lag"], _cost(c), c.index))
+    front: list[Candidate] = []
+    for c in ran:  # by falling throughput: on the front iff no faster one on it has lag and cost as low
+        lag, cost = c.summary["staleness"]["mean_lag"], _cost(c)
+        if not any(f.summary["staleness"]["mean_lag"] <= lag and _cost(f) <= cost for f in front):
             front.append(c)
-            best_lag = lag
     for c in front:
         c.pareto = True
     return front
 
 
 _ABBREVIATIONS = {"tensor_parallel": "tp", "pipeline_parallel": "pp", "max_num_seqs": "seqs",
-                  "pools.train_fraction": "train_frac"}  # fmt: skip
+                  "pools.train_fraction": "train_frac", "cluster.rollout_pool.": "rollout_pool."}  # fmt: skip
 
 
 def label(key: str) -> str:
@@ -166,16 +181,18 @@ def table(cands: list[Candidate], keys: list[str]) -> str:
     ran = sorted((c for c in cands if c.summary), key=lambda c: -c.summary["token_throughput"])
     shown = [c for c in ran if c.pareto] + [c for c in ran if not c.pareto][:SHOWN]
     shown.sort(key=lambda c: -c.summary["token_throughput"])
+    priced = bool(shown) and all(COST in c.summary for c in shown)
     head = ["", "policy", *map(label, keys), "tok/s", "mean lag", "max lag", "bubble", "step s"]
+    head += ["cost/Mtok"] if priced else []
     rows = []
     for c in shown:
         s = c.summary
         rows.append(["*" if c.pareto else "", c.policy, *(str(c.overrides.get(k, "-")) for k in keys),
                      f"{s['token_throughput']:,.0f}", f"{s['staleness']['mean_lag']:.2f}",
                      str(s["staleness"]["max_lag"]), f"{s['bubble_fraction']:.1%}",
-                     f"{s['step_time_s']['mean']:.1f}"])  # fmt: skip
+                     f"{s['step_time_s']['mean']:.1f}", *([f"{s[COST]:,.2f}"] if priced else [])])  # fmt: skip
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    numeric = len(head) - 5  # the figures: right-aligned
+    numeric = len(head) - (6 if priced else 5)  # the figures: right-aligned
 
     def line(cells: list[str]) -> str:
         pairs = enumerate(zip(cells, widths, strict=True))
@@ -211,7 +228,8 @@ def draw(cands: list[Candidate], path: Path, title: str, keys: list[str]) -> Non
         for n, (c, x, y) in enumerate(zip(front[::-1], xs[::-1], ys[::-1], strict=True), 1):  # fastest is 1
             ax.annotate(str(n), (x, y), textcoords="offset points", xytext=(7, 4), fontsize=8, fontweight="bold")
             varied = " ".join(f"{label(k)}={v}" for k, v in c.overrides.items() if k in keys)
-            names.append(f"{n}: {c.policy} {varied}".strip())
+            cost = f" ({c.summary[COST]:,.2f}/Mtok)" if COST in c.summary else ""
+            names.append(f"{n}: {c.policy} {varied}".strip() + cost)
         ax.text(0.99, 0.02, "Pareto front (fastest first)\n" + "\n".join(names), transform=ax.transAxes,
                 ha="right", va="bottom", multialignment="left", fontsize=7.5, family="monospace",
                 bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85, "edgecolor": "0.7"})  # fmt: skip
@@ -275,6 +293,8 @@ def _search(args: argparse.Namespace) -> int:
                 choices = ", ".join(node) if isinstance(node, dict) else "none (not a section)"
                 raise UserError(f"--space: unknown config key {key!r}; valid keys in {where}: {choices}")
             node = node[part]
+    if base.cluster.rollout_pool is not None:  # the devices split the pools: nothing to vary there
+        space = {k: v for k, v in space.items() if k not in IGNORED_BY_MIXED}
     cands = candidates(space, policies)
     total = len(cands)
     if total > args.max_candidates:
@@ -299,7 +319,7 @@ def _search(args: argparse.Namespace) -> int:
     keys = [k for k, values in space.items() if len(values) > 1]  # the columns: what varies
     pruned = Counter(_blank_numbers(c.pruned) for c in done if c.pruned)
     ran = [c for c in done if c.summary]
-    print(f"{base.model} | {base.workload.kind} | {base.cluster.num_gpus} x {base.cluster.device} | "
+    print(f"{base.model} | {base.workload.kind} | {base.cluster_label} | "
           f"{args.steps or base.num_steps} steps | seed {base.seed}")  # fmt: skip
     sampled = f" (sampled from {total})" if total > len(done) else ""
     print(f"{len(done)} candidates{sampled}: {len(ran)} ran, {len(done) - len(ran)} pruned; {wall:.1f} s with "
@@ -313,15 +333,15 @@ def _search(args: argparse.Namespace) -> int:
     if not ran:
         print(f"no candidate can run; outputs: {out}/")
         return 1
-    print("\n* = on the Pareto front of throughput against staleness")
+    against = " and cost" if any(COST in c.summary for c in ran) else ""
+    print(f"\n* = on the Pareto front of throughput against staleness{against}")
     print(table(done, keys))
     best = front[0]
     cfg, _ = _prepare(args.config, args.overrides, best, args.steps)
     (out / "best.yaml").write_text(f"# python -m sim --config {out / 'best.yaml'} --policy {best.policy}\n"
                                    + yaml.safe_dump(config_dict(cfg), sort_keys=False))  # fmt: skip
     if not args.no_picture:
-        title = (f"layout search: {base.model}, {base.workload.kind}, {base.cluster.num_gpus} x {base.cluster.device}"
-                 f" ({len(ran)} layouts)")  # fmt: skip
+        title = f"layout search: {base.model}, {base.workload.kind}, {base.cluster_label} ({len(ran)} layouts)"
         draw(done, out / "pareto.png", title, keys)
     varied = " ".join(f"{k}={v}" for k, v in best.overrides.items() if k in keys) or "the config as is"
     figures = best.summary["token_throughput"], best.summary["staleness"]["mean_lag"]
