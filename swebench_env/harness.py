@@ -64,6 +64,8 @@ def load_predictions(path: Path, problems: list[str]) -> list[Prediction]:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"predictions file {path} does not exist") from None
+    except OSError as e:  # a folder, no permission
+        raise ValueError(f"predictions file {path} cannot be read: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"predictions file {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     records: list[tuple[str, Any]] = []

@@ -232,6 +232,8 @@ def load_tasks(path: Path | str, problems: list[str] | None = None) -> list[Task
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"task file {path} does not exist") from None
+    except OSError as e:  # a folder, no permission
+        raise TaskFormatError(f"task file {path} cannot be read: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise TaskFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     return parse_tasks(text, source=str(path), base_dir=path.parent.resolve(), problems=problems)

@@ -57,6 +57,17 @@ def test_validate_missing_file(capsys, tmp_path):
     assert err == f"error: task file {tmp_path / 'none.jsonl'} does not exist\n"
 
 
+def test_a_folder_given_as_a_file_is_one_line(capsys, tmp_path):
+    code, _, err = run(capsys, "validate", str(tmp_path))
+    assert (code, err) == (2, f"error: task file {tmp_path} cannot be read: Is a directory\n")
+    tasks = SUITE_DIR / "held_out.jsonl"
+    code, _, err = run(
+        capsys, "eval", "--tasks", str(tasks), "--predictions", str(tmp_path), "--out", str(tmp_path / "o")
+    )
+    assert (code, err) == (2, f"error: predictions file {tmp_path} cannot be read: Is a directory\n")
+    assert not (tmp_path / "o").exists()
+
+
 def test_check_runs_a_task_file(capsys):
     code, out, _ = run(capsys, "check", str(SUITE_DIR / "held_out.jsonl"), "--ids", "swesuite__statskit-4")
     assert code == 0
