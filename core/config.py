@@ -20,10 +20,14 @@ from core.errors import UserError
 
 def load_yaml(path: str | Path) -> dict:
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"config file {str(p)!r} is a folder; give a YAML file")
     if not p.is_file():
         raise UserError(f"config file {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"config file {str(p)!r} cannot be read: {exc}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):

@@ -229,10 +229,14 @@ def device_from_file(path: str) -> DeviceSpec:
     `description` optional: the file's stem by default)."""
     p = Path(path)
     where = f"device file {path!r}"
+    if p.is_dir():
+        raise UserError(f"{where} is a folder; give a shipped device name or a device YAML file")
     if not p.is_file():
         raise UserError(f"{where} does not exist; give a shipped device name or a device YAML file")
     try:
-        values = yaml.safe_load(p.read_text())
+        values = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{where} cannot be read: {exc}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None
     return from_mapping(DeviceSpec, values, where, {"name": p.stem, "description": p.stem})

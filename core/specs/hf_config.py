@@ -89,9 +89,11 @@ def _read(path: str) -> tuple[dict, str]:
     if not p.is_file():
         raise UserError(f"{where} does not exist; give a shipped model name or a Hugging Face config.json")
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{where} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"{where} cannot be read: {exc}") from None
     if not isinstance(data, dict):
         raise UserError(f"{where} must hold a JSON object, got {type(data).__name__}")
     return data, where

@@ -56,6 +56,7 @@ def fails(capsys, argv: list[str]) -> str:
         (["--set", "num_steps=abc"], "config key 'num_steps' must be an integer, got 'abc'"),
         (["--set", "num_steps"], "override 'num_steps' must look like key.path=value"),
         (["--config", "/no/such/file.yaml"], "config file '/no/such/file.yaml' does not exist"),
+        (["--config", "/"], "config file '/' is a folder; give a YAML file"),
         (["--policy", "tag", "--set", "pools.train_fraction=1.0"], "pools.train_fraction must be in (0, 1), got 1.0"),
         (["--policy", "async", "--set", "cluster.num_gpus=4"], "policy 'async' needs at least 2 resources"),
     ],

@@ -424,3 +424,13 @@ def test_a_layout_that_does_not_fit_names_the_constraint(capsys, tmp_path, monke
     line = cli_error(capsys, tmp_path, monkeypatch, *overrides)
     for part in expected:
         assert part in line
+
+
+def test_a_folder_or_binary_file_as_a_device_is_one_error(capsys, tmp_path, monkeypatch):
+    (tmp_path / "gpus").mkdir()
+    line = cli_error(capsys, tmp_path, monkeypatch, f"cluster.device={tmp_path / 'gpus'}")
+    assert line.startswith(f"error: cluster.device: device file '{tmp_path / 'gpus'}' is a folder")
+    binary = tmp_path / "mine.yaml"
+    binary.write_bytes(b"\xd5\xff\x00peak")
+    line = cli_error(capsys, tmp_path, monkeypatch, f"cluster.device={binary}")
+    assert line.startswith(f"error: cluster.device: device file '{binary}' cannot be read: 'utf-8' codec")
