@@ -59,21 +59,24 @@ from reference.tokenizer import default_tokenizer
 from sim import train_layout
 from sim.config import load_config
 from sim.cost import CostModel
-from sim.profile import DecodePoint, DeviceInfo, ModelProfile, PrefillPoint, Profile, TrainPoint, write_profile
+from sim.profile import (
+    MEASURED_SETUP,
+    DecodePoint,
+    DeviceInfo,
+    ModelProfile,
+    PrefillPoint,
+    Profile,
+    TrainPoint,
+    write_profile,
+)
 
 TINY = "tiny"
 GPU_MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-8b")
 SEED = 0
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-# The simulator's config for the predictions: one GPU an engine, and the trainer measured here.
-PREDICTION = (
-    "rollout.tensor_parallel=1",
-    "train.recompute_logprobs=false",
-    "train.activation_recompute=none",
-    "train.grad_bytes_per_param=2",
-    "train.optimizer_bytes_per_param=4",
-    "costs.train_step_overhead_s=0",
-)
+# The simulator's config for the predictions: one GPU an engine, and the trainer measured here (the setup
+# sim/calibration.py fits a profile's points in).
+PREDICTION = MEASURED_SETUP
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from core import config as cfgio
 from core import specs
 from core.errors import UserError
+from sim import profile as profiles
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -83,6 +84,8 @@ class RolloutConfig:
     # per running sequence) first, then chunks of prefill
     prefix_caching: bool = False  # paged: a GRPO group's samples on one engine share their prompt's
     # KV blocks (default.yaml says why it is off)
+    expert_parallel: int = 1  # MoE: an engine's GPUs its routed experts are spread over, whole experts
+    # each (vLLM --enable-expert-parallel), tokens sent to them by all-to-all; 1: every expert tensor-parallel
 
     def validate(self) -> None:
         if self.kv_allocation not in KV_ALLOCATIONS:
@@ -115,9 +118,19 @@ class TrainConfig:
     micro_batch_tokens: int  # per micro-batch and data-parallel replica; a longer sequence is one on its own
     activation_recompute: str  # none | selective (attention core, norms) | full (each layer from its input)
     activation_gb: float | None  # per GPU: overrides the estimate from the model shape (null: estimate)
+    expert_parallel: int = 1  # MoE: data-parallel replicas the routed experts are sharded over (ZeRO-3
+    # over the rest), tokens sent to them by all-to-all; must divide data parallel (sim/train_layout.py)
 
     def validate(self, gpus_per_node: int, samples_per_step: int) -> None:
-        for key in ("mini_batches", "ppo_epochs", "tensor_parallel", "pipeline_parallel", "micro_batch_tokens"):
+        keys = (
+            "mini_batches",
+            "ppo_epochs",
+            "tensor_parallel",
+            "pipeline_parallel",
+            "micro_batch_tokens",
+            "expert_parallel",
+        )
+        for key in keys:
             if getattr(self, key) < 1:
                 raise UserError(f"train.{key} must be >= 1, got {getattr(self, key)}")
         if self.activation_recompute not in RECOMPUTE:
@@ -180,6 +193,9 @@ class CostConfig:
     sync_fixed_s: float
     broadcast_hop_s: float
     switch_fixed_s: float
+    alltoall_latency_s: float = 2e-5  # MoE expert parallelism: fixed seconds of one all-to-all
+    profile: str | None = None  # a measured profile (sim/profile.py) whose points set the efficiencies
+    # above for the run's model on cluster.device (sim/calibration.py); a shipped name or a path; null: as set
 
 
 @dataclass(frozen=True)
@@ -196,7 +212,7 @@ class SimConfig:
     costs: CostConfig
 
     def __post_init__(self) -> None:
-        _spec("model", specs.model, self.model)
+        model = _spec("model", specs.model, self.model)
         dev = _spec("cluster.device", specs.device, self.cluster.device)
         if self.workload.kind not in WORKLOADS:
             raise UserError(f"unknown workload {self.workload.kind!r}; valid choices: {', '.join(WORKLOADS)}")
@@ -229,6 +245,51 @@ class SimConfig:
         for key, value in fractions.items():
             if not 0.0 <= value <= 1.0:
                 raise UserError(f"{key} must be a fraction in [0, 1], got {value}")
+        if self.costs.alltoall_latency_s < 0:
+            raise UserError(f"costs.alltoall_latency_s must be >= 0, got {self.costs.alltoall_latency_s}")
+        self._check_expert_parallel(model)
+        self._check_profile(model, dev)
+
+    def _check_expert_parallel(self, model: specs.ModelSpec) -> None:
+        """Expert parallelism needs routed experts, whole ones on each GPU, and (rollout) one engine's GPUs."""
+        for key, ep in (
+            ("rollout.expert_parallel", self.rollout.expert_parallel),
+            ("train.expert_parallel", self.train.expert_parallel),
+        ):
+            if ep == 1:
+                continue
+            if not model.is_moe:
+                raise UserError(f"{key}={ep} needs a mixture-of-experts model; {self.model} is dense (set it to 1)")
+            if model.experts % ep:
+                raise UserError(f"{key}={ep} must divide the {model.experts} routed experts of {self.model}")
+        ep, tp = self.rollout.expert_parallel, self.rollout.tensor_parallel
+        if tp % ep:
+            raise UserError(
+                f"rollout.expert_parallel={ep} must divide rollout.tensor_parallel={tp}: an engine's experts are "
+                "spread over its own GPUs"
+            )
+
+    def _check_profile(self, model: specs.ModelSpec, dev: specs.DeviceSpec) -> None:
+        """costs.profile: readable, measured on cluster.device, and holding the run's model."""
+        name = self.costs.profile
+        if name is None:
+            return
+        try:
+            profile = profiles.read_profile(name)
+        except UserError as exc:
+            raise UserError(f"costs.profile: {exc}") from None
+        measured = profile.device.spec
+        if measured is None or measured.lower() != dev.name.lower():
+            on = f"{measured!r} ({profile.device.name})" if measured else f"{profile.device.name!r} (device.spec: null)"
+            raise UserError(
+                f"costs.profile: profile {name!r} was measured on {on}, not on cluster.device {dev.name!r}; "
+                "calibrate from a profile of that device"
+            )
+        if profiles.entry_for(profile, model, self.model) is None:
+            have = ", ".join(m.model for m in profile.models)
+            raise UserError(
+                f"costs.profile: profile {name!r} has no measurements of model {self.model!r}; it has {have}"
+            )
 
     def _check_pool(self, key: str, dev: specs.DeviceSpec, num_gpus: int, price: float | None) -> None:
         """One device type's GPUs: a whole number of engines, engines within a node, a price >= 0."""
@@ -250,6 +311,7 @@ class SimConfig:
             "cluster.num_gpus": (self.cluster.num_gpus, 1),
             "rollout.tensor_parallel": (self.rollout.tensor_parallel, 1),
             "rollout.max_num_seqs": (self.rollout.max_num_seqs, 1),
+            "rollout.expert_parallel": (self.rollout.expert_parallel, 1),
             "workload.prompts_per_step": (self.workload.prompts_per_step, 1),
             "workload.group_size": (self.workload.group_size, 1),
             "workload.max_context_tokens": (self.workload.max_context_tokens, 2),

@@ -15,6 +15,16 @@ Mixture-of-experts models: FLOPs come from the active parameters (`ModelSpec.mat
 and weight sync from all of them, and a forward pass over b tokens reads every dense weight plus, in
 each MoE layer, only the routed experts those tokens use (`expected_experts`). The weight-read term
 then depends on the batch alone, so it is still constant within a stretch and the closed form holds.
+With `rollout.expert_parallel` = ep > 1 an engine spreads whole experts over ep of its GPUs and every
+MoE layer sends each token's hidden state to its experts and back (an all-to-all dispatch and combine
+over NVLink, `train_layout.alltoall_bytes`), added to every decode step and prefill, not overlapped. Its
+weights per GPU and the bytes a step reads stay as they are (both layouts spread the experts over the
+engine's GPUs), and so do the bytes a weight sync moves to each GPU. What expert parallelism saves inside
+an engine (the MoE output's tensor-parallel all-reduce, small per-GPU expert matmuls) is not modelled:
+decode has no tensor-parallel communication term to save.
+
+Calibration (`costs.profile`, sim/calibration.py): the efficiency constants are fitted to a measured
+profile of the run's model on this device, and the model runs on the fitted values (`calibration`).
 """
 
 from __future__ import annotations
@@ -62,6 +72,12 @@ def expected_experts(experts: int, per_token: int, tokens: int) -> float:
 
 class CostModel:
     def __init__(self, cfg: SimConfig, model: ModelSpec, device: DeviceSpec) -> None:
+        self.calibration = None  # sim.calibration.Calibration: constants fitted to costs.profile on this device
+        if cfg.costs.profile is not None:
+            from sim.calibration import calibrate  # here: sim.calibration builds cost models of its own
+
+            self.calibration = calibrate(cfg, model, device)
+            cfg = cfg if self.calibration is None else self.calibration.apply(cfg)
         self.cfg, self.model, self.device = cfg, model, device
         c = cfg.costs
         self.tp = cfg.rollout.tensor_parallel
@@ -78,13 +94,14 @@ class CostModel:
         )
         self._is_moe = model.is_moe
         self._moe_weights_s: dict[int, float] = {}  # MoE: decode batch -> seconds to read its weights
+        self._ep = cfg.rollout.expert_parallel  # > 1: all-to-alls in every forward (MoE only)
 
     # ---- inference ----
 
     def weight_bytes_read(self, tokens: int) -> float:
         """Bytes of weights one forward pass over `tokens` tokens reads: every weight of a dense model;
         of an MoE model every dense weight and, in each MoE layer, the routed experts the tokens use
-        (`expected_experts`). Engines hold all experts, tensor-parallel sharded: no expert parallelism."""
+        (`expected_experts`), spread over the engine's GPUs with or without expert parallelism."""
         m = self.model
         if not m.is_moe:
             return m.weight_bytes
@@ -111,10 +128,20 @@ class CostModel:
             per_gpu -= self.model.weight_bytes / train_gpus
         return max(0, int(per_gpu * self.tp // self.model.kv_bytes_per_token))
 
+    def alltoall_s(self, tokens: int) -> float:
+        """Seconds of the all-to-alls of one forward over `tokens` tokens: a dispatch and a combine per MoE
+        layer, each GPU sending the hidden states of its 1/tp of the tokens over NVLink; 0 at ep = 1."""
+        if self._ep == 1:
+            return 0.0
+        c, d = self.cfg.costs, self.device
+        sent = train_layout.alltoall_bytes(self.model, tokens / self.tp, self._ep)
+        return self.model.moe_layers * 2 * (sent / (d.nvlink_gb_s * GB * c.nvlink_efficiency) + c.alltoall_latency_s)
+
     def decode_lines(self, batch: int, sum_ctx: int) -> DecodeLines:
         k, w = self._decode_k, self._decode_weights_s(batch)
+        overhead = k[4] + self.alltoall_s(batch) if self._ep > 1 else k[4]
         return DecodeLines(
-            p1=w + k[1] * sum_ctx, q1=k[1] * batch, p2=k[2] * batch + k[3] * sum_ctx, q2=k[3] * batch, overhead=k[4]
+            p1=w + k[1] * sum_ctx, q1=k[1] * batch, p2=k[2] * batch + k[3] * sum_ctx, q2=k[3] * batch, overhead=overhead
         )
 
     def decode_step_s(self, batch: int, sum_ctx: int) -> float:
@@ -141,6 +168,8 @@ class CostModel:
         else:
             cross = min(steps, max(0, math.ceil((p1 - p2) / (q2 - q1))))
             first, second = (p1, q1), (p2, q2)
+        if self._ep > 1:  # the batch's all-to-alls, the same every step of the stretch
+            overhead += self.alltoall_s(batch)
         return _sum_line(*first, 0, cross) + _sum_line(*second, cross, steps) + steps * overhead
 
     def decode_steps_within(self, batch: int, sum_ctx: int, budget_s: float, limit: int) -> int:
@@ -172,9 +201,14 @@ class CostModel:
         model computes with its active parameters and reads the experts its `new_tokens` tokens use."""
         if new_tokens <= 0:
             return 0.0
+        seconds = max(self.prefill_terms(new_tokens, attn_pairs))
+        return seconds + self.alltoall_s(new_tokens) if self._ep > 1 else seconds
+
+    def prefill_terms(self, new_tokens: int, attn_pairs: float) -> tuple[float, float]:
+        """(compute, memory) seconds of a prefill: its FLOPs at prefill_mfu, its weight reads at hbm_efficiency."""
         m = self.model
         flops = 2 * m.matmul_params * new_tokens + 4 * m.layers * m.attn_dim * attn_pairs
-        return max(flops / self._prefill_flops, self.weight_bytes_read(new_tokens) / self._hbm)
+        return flops / self._prefill_flops, self.weight_bytes_read(new_tokens) / self._hbm
 
     # ---- training ----
 
@@ -194,9 +228,9 @@ class CostModel:
         them itself, otherwise a pipelined NCCL broadcast over the network from this model's device
         to `targets` resources of the `receiver` device (this one if None), at the slower NIC of the two.
 
-        Every parameter moves, all experts of an MoE model. Expert parallelism is not modelled: each
-        engine holds every expert sharded over its tensor_parallel GPUs (vLLM's default), so each GPU
-        receives weight_bytes / tp, and decode has no expert all-to-all."""
+        Every parameter moves, all experts of an MoE model. Each GPU receives weight_bytes / tp: its
+        slice of every expert (vLLM's default), or with rollout.expert_parallel = ep its E/ep whole experts
+        sliced over tp/ep GPUs, the same bytes."""
         c, d = self.cfg.costs, self.device
         shard = self.model.weight_bytes / self.tp  # bytes each inference GPU receives
         if local:

@@ -7,6 +7,8 @@ measured points: decode (a step of `batch` sequences at `context` tokens each: `
 `seq_len` tokens: `tokens_per_s`, and `mfu` where the device's peak is known). `Profile` owns both
 directions: `load_profile` validates every field, and a `UserError` names the key that is wrong, with
 its path in the file; `Profile.to_dict` / `write_profile` produce what `load_profile` reads.
+`costs.profile` names a shipped profile (configs/profiles/, `read_profile`) or a file; every point is
+measured in `MEASURED_SETUP` (one GPU), which is where sim/calibration.py fits the roofline to it.
 
     version: 1
     device: {name: NVIDIA H100 80GB HBM3, spec: h100, dtype: bfloat16, torch_device: cuda:0, torch: 2.11.0}
@@ -23,13 +25,36 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
+from core import specs
 from core.errors import UserError, unknown_name
 
 PROFILE_VERSION = 1  # the only version this simulator reads
+PROFILE_DIR = Path(__file__).parent / "configs" / "profiles"  # shipped profiles, by name (`costs.profile`)
+# What a profile's points are: the simulator's config overrides under which its roofline predicts them
+# (benchmarks/gpu_calibration.py measures in this setup; sim/calibration.py fits in it). Decode and prefill
+# on one GPU; training of one sequence on one GPU, no recompute, no log-prob pass, no fixed overhead, with
+# weights, gradients and AdamW moments in bf16 (2 + 2 + 4 bytes a parameter).
+MEASURED_SETUP = (
+    "rollout.tensor_parallel=1",
+    "rollout.expert_parallel=1",
+    "train.recompute_logprobs=false",
+    "train.reference_model=false",
+    "train.activation_recompute=none",
+    "train.grad_bytes_per_param=2",
+    "train.optimizer_bytes_per_param=4",
+    "train.mini_batches=1",
+    "train.ppo_epochs=1",
+    "train.tensor_parallel=1",
+    "train.pipeline_parallel=1",
+    "train.expert_parallel=1",
+    "costs.train_step_overhead_s=0",
+    "costs.profile=null",
+)
 
 
 @dataclass(frozen=True)
@@ -88,6 +113,49 @@ class Profile:
     def to_dict(self) -> dict:
         """The mapping `load_profile` reads back (tuples as lists)."""
         return json.loads(json.dumps(asdict(self)))
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def profile_path(name: str) -> Path:
+    """A shipped profile by name (sim/configs/profiles/NAME.yaml), or a profile file by path (relative to
+    the current folder, as model and device files are)."""
+    shipped = PROFILE_DIR / f"{name}.yaml"
+    if "/" not in name and "\\" not in name and shipped.is_file():
+        return shipped
+    if Path(name).is_file():
+        return Path(name)
+    raise UserError(
+        f"profile {name!r} is neither a shipped profile ({', '.join(shipped_profiles()) or 'none'}) nor a file"
+    )
+
+
+def read_profile(name: str) -> Profile:
+    """`load_profile` of `profile_path(name)`, read once per process while the file is unchanged."""
+    path = profile_path(name)
+    stat = path.stat()
+    return _read(str(path.resolve()), stat.st_mtime_ns, stat.st_size, name)
+
+
+@lru_cache(maxsize=8)
+def _read(path: str, mtime_ns: int, size: int, name: str) -> Profile:
+    del mtime_ns, size  # cache keys: a rewritten file is read again
+    try:
+        return load_profile(path)
+    except UserError as exc:  # name the file as the config did
+        raise UserError(str(exc).replace(repr(path), repr(name), 1)) from None
+
+
+def entry_for(profile: Profile, model: specs.ModelSpec, name: str) -> ModelProfile | None:
+    """The profile's measurements of `model` (config name `name`): by name, any case, or else of a shipped
+    model with the same architecture (a config.json of qwen3-8b matches a profile's qwen3-8b)."""
+    names = {name.lower(), model.name.lower()}
+    for entry in profile.models:
+        if entry.model.lower() in names:
+            return entry
+    return next((e for e in profile.models if specs.models().get(e.model.lower()) == model), None)
 
 
 def write_profile(profile: Profile, path: str | Path) -> Path:

@@ -16,7 +16,13 @@ Megatron-LM ranks them: tensor parallel innermost (within a node), pipeline oute
   activations and gradients between stages;
 - data parallel: ZeRO-3 / FSDP: parameters all-gathered and gradients reduce-scattered for every
   micro-batch, overlapped with the compute (prefetch), so only traffic beyond it shows;
-- optimizer: one read and one write of the GPU's shard of the state per optimizer step.
+- optimizer: one read and one write of the GPU's shard of the state per optimizer step;
+- expert parallel (MoE, `train.expert_parallel` = ep): each group of ep data-parallel replicas shards the
+  routed experts, E/ep whole experts a replica (Megatron-LM's expert parallelism). Every MoE layer sends
+  each token's hidden state to its experts and back (an all-to-all dispatch and combine) in the forward,
+  again in the backward and in a recomputed forward, not overlapped; the experts' ZeRO-3 gathers and
+  reduce-scatters run over the dp/ep replicas that hold the same experts, and a gathered MoE layer holds
+  only its E/ep experts. The state per GPU is unchanged (ZeRO-3 shards it over every GPU either way).
 
 Departures from a real trainer: micro-batches and pipeline stages are balanced (no packing loss;
 the embedding and output head are spread over the stages like the layers); no context parallelism,
@@ -57,6 +63,22 @@ def ring_allreduce_factor(n: int) -> float:
     return 2 * (n - 1) / n
 
 
+def alltoall_bytes(model: ModelSpec, tokens: float, ep: int) -> float:
+    """Bytes one GPU sends in one all-to-all of one MoE layer (a dispatch; the combine sends as many back)
+    when it holds `tokens` tokens: each token's bf16 hidden state goes to each of its experts_per_token
+    experts, (ep-1)/ep of them on other GPUs of the ep group under uniform routing. One copy per (token,
+    expert) pair, as Megatron-LM's all-to-all token dispatcher sends; DeepEP sends a token once per GPU
+    (fewer bytes when two of its experts share one). 0 at ep = 1."""
+    if ep == 1:
+        return 0.0
+    return tokens * model.experts_per_token * model.hidden * BF16_BYTES * (ep - 1) / ep
+
+
+def routed_expert_params(model: ModelSpec) -> int:
+    """Every routed expert of every MoE layer (0 for a dense model)."""
+    return model.moe_layers * model.experts * model.expert_params
+
+
 def bubble_fraction(stages: int, micro_batches: int) -> float:
     """Share of a 1F1B pipeline's time a stage idles: (p-1)/(m+p-1), from the bubble of p-1
     micro-batch slots against m slots of work (Narayanan et al. 2021, "Efficient Large-Scale
@@ -75,6 +97,9 @@ class Layout:
     tp_link: float  # NVLink (tp never leaves a node)
     pp_link: float  # NVLink if the whole trainer is one node, else the network
     dp_link: float  # NVLink if a data-parallel group (tp x dp GPUs) is within a node, else the network
+    ep: int = 1  # expert parallel: data-parallel replicas sharing out the routed experts
+    ep_link: float = 0.0  # NVLink if an expert-parallel group (tp x ep GPUs) is within a node, else the network
+    alltoall_latency_s: float = 0.0  # fixed seconds of one all-to-all
 
 
 def layout(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int) -> Layout:
@@ -93,13 +118,18 @@ def layout(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int
             f"costs.train_mfu={c.train_mfu} counts model FLOPs of runs with full recompute, which execute 4/3 "
             f"of them: the hardware would run at {c.train_mfu * HFU_PER_MFU:.2f} of its peak; at most 0.75"
         )
-    dp = train_gpus // (tp * pp)
+    dp, ep = train_gpus // (tp * pp), t.expert_parallel
+    if dp % ep:
+        raise UserError(
+            f"train.expert_parallel={ep} does not divide the data-parallel size {dp} (= {train_gpus} train GPUs / "
+            f"(tensor_parallel={tp} x pipeline_parallel={pp})): experts are sharded over data-parallel replicas"
+        )
     nvlink = device.nvlink_gb_s * GB * c.nvlink_efficiency
     network = device.network_gb_s * GB * c.network_efficiency
     node = device.gpus_per_node
     return Layout(
         tp, pp, dp, -(-model.layers // pp), nvlink, nvlink if train_gpus <= node else network,
-        nvlink if tp * dp <= node else network,
+        nvlink if tp * dp <= node else network, ep, nvlink if tp * ep <= node else network, c.alltoall_latency_s,
     )  # fmt: skip
 
 
@@ -113,6 +143,7 @@ class TrainStep:
     train_compute_s: float  # forward + backward (+ recomputation), every epoch and mini-batch
     forward_compute_s: float  # forward-only passes: behaviour log-probs, reference model
     tp_comm_s: float  # tensor-parallel all-reduces
+    ep_comm_s: float  # expert-parallel all-to-alls (0 without expert parallelism)
     p2p_s: float  # pipeline sends between stages
     bubble_s: float  # 1F1B fill and drain
     dp_exposed_s: float  # ZeRO-3 traffic beyond the compute it overlaps
@@ -132,6 +163,7 @@ class _Pass:
 
     compute: float
     tp_comm: float
+    ep_comm: float
     p2p: float
     bubble: float
     dp_exposed: float
@@ -140,11 +172,12 @@ class _Pass:
 
 def _run_pass(
     lay: Layout, model: ModelSpec, *, tokens: float, flops: float, flops_per_s: float, micro_tokens: int,
-    allreduces: int, sends: int, dp_bytes_per_param: float,
+    allreduces: int, sends: int, dp_bytes_per_param: float, alltoalls: int,
 ) -> _Pass:  # fmt: skip
     """`tokens` and `flops` of the pass over all replicas, at `flops_per_s` per GPU; `allreduces` per
     layer and token (tensor parallel), `sends` per token between stages (activations forward, gradients
-    back), `dp_bytes_per_param` of ZeRO-3 traffic per micro-batch and parameter of a model-parallel shard."""
+    back), `dp_bytes_per_param` of ZeRO-3 traffic per micro-batch and parameter of a model-parallel shard,
+    `alltoalls` per MoE layer and micro-batch (expert parallel)."""
     per_replica = tokens / lay.dp
     m = max(1, math.ceil(per_replica / micro_tokens))
     stage_share = lay.stage_layers / model.layers  # of the model's work, on the slowest stage
@@ -153,11 +186,26 @@ def _run_pass(
     tp_comm = layer_act * lay.stage_layers * allreduces * ring_allreduce_factor(lay.tp) / lay.tp_link
     # Megatron's scatter/gather optimisation sends 1/tp of each activation per GPU (Narayanan et al. 2021, sec. 4.1)
     p2p = layer_act / lay.tp * sends / lay.pp_link if lay.pp > 1 else 0.0
-    busy = compute + tp_comm + p2p
+    ep_comm = _alltoall_s(lay, model, per_replica, m, alltoalls) if lay.ep > 1 else 0.0
+    busy = compute + tp_comm + p2p + ep_comm
     bubble = busy / (1 - bubble_fraction(lay.pp, m)) - busy
-    shard = model.params * stage_share / lay.tp
-    dp_comm = m * dp_bytes_per_param * shard * (lay.dp - 1) / lay.dp / lay.dp_link
-    return _Pass(compute, tp_comm, p2p, bubble, max(0.0, dp_comm - busy - bubble), m)
+    if lay.ep == 1:
+        shard = model.params * stage_share / lay.tp
+        dp_comm = m * dp_bytes_per_param * shard * (lay.dp - 1) / lay.dp / lay.dp_link
+    else:  # the experts' shards travel among the dp/ep replicas that hold the same experts
+        experts = routed_expert_params(model) * stage_share / lay.tp
+        edp = lay.dp // lay.ep
+        dense = ((model.params * stage_share / lay.tp) - experts) * (lay.dp - 1) / lay.dp
+        dp_comm = m * dp_bytes_per_param * (dense + experts / lay.ep * (edp - 1) / edp) / lay.dp_link
+    return _Pass(compute, tp_comm, ep_comm, p2p, bubble, max(0.0, dp_comm - busy - bubble), m)
+
+
+def _alltoall_s(lay: Layout, model: ModelSpec, per_replica: float, micro_batches: int, alltoalls: int) -> float:
+    """Seconds of a pass's all-to-alls on the slowest stage: `alltoalls` per MoE layer and micro-batch,
+    each GPU sending its tokens (a replica's, split over tp by sequence parallelism) to their experts."""
+    moe_layers = lay.stage_layers * model.moe_layers / model.layers  # on the slowest stage, balanced
+    sent = alltoall_bytes(model, per_replica / lay.tp, lay.ep)
+    return moe_layers * alltoalls * (sent / lay.ep_link + micro_batches * lay.alltoall_latency_s)
 
 
 def forward_flops(model: ModelSpec, seq_lens: list[int]) -> float:
@@ -190,17 +238,19 @@ def step(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, seq_lens: list[in
         flops_per_s=peak * c.train_mfu * HFU_PER_MFU, micro_tokens=micro_tokens,
         allreduces=TP_ALLREDUCES_FORWARD * (2 if recompute == "full" else 1) + TP_ALLREDUCES_BACKWARD,
         sends=2, dp_bytes_per_param=2 * BF16_BYTES + t.grad_bytes_per_param,  # gather twice, reduce-scatter once
+        alltoalls=2 * (2 if recompute == "full" else 1) + 2,  # dispatch + combine: forward (again), backward
     )  # fmt: skip
     forwards = int(t.recompute_logprobs) + int(t.reference_model)
     fwd_pass = _run_pass(
         lay, model, tokens=tokens, flops=fwd, flops_per_s=peak * c.logprob_mfu, micro_tokens=micro_tokens,
-        allreduces=TP_ALLREDUCES_FORWARD, sends=1, dp_bytes_per_param=BF16_BYTES,
+        allreduces=TP_ALLREDUCES_FORWARD, sends=1, dp_bytes_per_param=BF16_BYTES, alltoalls=2,
     )  # fmt: skip
     state = (BF16_BYTES + t.grad_bytes_per_param + t.optimizer_bytes_per_param) * model.params / train_gpus
     return TrainStep(
         train_compute_s=steps * train.compute,
         forward_compute_s=forwards * fwd_pass.compute,
         tp_comm_s=steps * train.tp_comm + forwards * fwd_pass.tp_comm,
+        ep_comm_s=steps * train.ep_comm + forwards * fwd_pass.ep_comm,
         p2p_s=steps * train.p2p + forwards * fwd_pass.p2p,
         bubble_s=steps * train.bubble + forwards * fwd_pass.bubble,
         dp_exposed_s=steps * train.dp_exposed + forwards * fwd_pass.dp_exposed,
@@ -268,13 +318,23 @@ def memory(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int
     per_param += BF16_BYTES if t.reference_model else 0  # the frozen reference, sharded the same way (assumption)
     # PyTorch FSDP holds the unit in use and the one it prefetches unsharded (Zhao et al. 2023, "PyTorch
     # FSDP", sec. 3.3-4.1); a unit is one layer here, its gradient unsharded until reduce-scattered.
-    buffers = (2 * BF16_BYTES + t.grad_bytes_per_param) * model.layer_params / lay.tp if lay.dp > 1 else 0.0
+    buffers = (2 * BF16_BYTES + t.grad_bytes_per_param) * gathered_layer_params(model, lay.ep) / lay.tp
+    buffers = buffers if lay.dp > 1 else 0.0
     tokens = max(t.micro_batch_tokens, longest)
     if t.activation_gb is None:
         act, estimated = activation_bytes(model, lay, t.activation_recompute, tokens) / GB, True
     else:
         act, estimated = t.activation_gb, False
     return TrainMemory(per_param * model.params / train_gpus / GB, buffers / GB, act, tokens, estimated)
+
+
+def gathered_layer_params(model: ModelSpec, ep: int) -> int:
+    """Parameters of the largest layer one GPU gathers: a dense layer, or an MoE layer with the experts
+    of its expert-parallel rank (all of them at ep = 1)."""
+    if ep == 1:
+        return model.layer_params
+    moe = model.moe_layer_params - model.experts * model.expert_params * (ep - 1) // ep
+    return max(model.dense_layer_params if model.dense_layers else 0, moe)
 
 
 def check_fits(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int, longest: int) -> None:

@@ -1,0 +1,272 @@
+"""Calibrated costs: the roofline's efficiency constants fitted to what one device measured.
+
+A profile (sim/profile.py; benchmarks/gpu_calibration.py writes one) holds decode step times, prefill
+times and training throughput of models on one device. `costs.profile` names one; for the run's model
+on `cluster.device`, `calibrate` fits the constants of sim/cost.py's roofline to the points by least
+squares on relative error, in the setup the points were measured in (`profile.MEASURED_SETUP`: one
+GPU), and the cost model then runs on the fitted values:
+
+- decode: hbm_efficiency, decode_mfu and decode_step_overhead_s, from
+  step = max(memory / hbm_efficiency, compute / decode_mfu) + overhead at every (batch, context);
+- prefill: prefill_mfu, from seconds = max(compute / prefill_mfu, weight reads / hbm_efficiency);
+- training: train_mfu, from the trainer's step on one GPU (sim/train_layout.py; the points are measured
+  without recompute, so model FLOPs run at 4/3 of train_mfu, the convention of HFU_PER_MFU).
+
+Why fit constants rather than interpolate the points: a run asks for batches, contexts and layouts that
+no profile measured (engines of 4 GPUs at 200 sequences of 3,000 tokens, ZeRO-3 over 32 GPUs); the
+roofline with fitted efficiencies extrapolates along bytes and FLOPs, where an interpolation of a
+one-GPU grid has nothing to say outside it. The price is the roofline's shape: what it cannot express
+(a launch-bound prefill, attention kernels that slow at long context) remains as fit error, reported
+per part (`rms_error`).
+
+A constant no point constrains keeps the config's value, with the reason (`kept`): every constant of
+a part with too few points; decode_mfu when every decode point is memory-bound (only a lower bound is
+known, and the kept value is raised to it so the fit still holds); prefill_mfu likewise. logprob_mfu,
+the overheads of training and the communication efficiencies are never calibrated: a profile measures
+one GPU and no forward-only training pass. A rollout pool of another device keeps the config's constants.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from core import config as cfgio
+from core.specs import DeviceSpec, ModelSpec
+from sim import profile as profiles
+from sim import train_layout
+from sim.config import SimConfig, config_dict
+from sim.cost import CostModel
+
+FLOOR = 1e-3  # the lowest efficiency a fit considers
+GRID = 41  # points a side of each search grid
+ROUNDS = 14  # each round narrows the grid to 4 of its steps: about 1e-14 of the range at the end
+MIN_DECODE_POINTS = 3  # one per decode constant
+MAX_RELATIVE_SE = 0.1  # a decode efficiency fitted with a larger standard error (relative) is not trusted
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The constants a profile set for one model on one device, and how well the roofline fits it."""
+
+    profile: str  # costs.profile as given
+    device: str  # the device the profile names
+    model: str  # the profile's entry for the run's model
+    constants: dict[str, float]  # costs.<key> -> the value the cost model uses
+    fitted: tuple[str, ...]  # keys of `constants` fitted to points; the others are `kept`
+    kept: dict[str, str]  # costs.<key> -> why the profile did not set it
+    rms_error: dict[str, float]  # part -> root-mean-square relative error of the fitted roofline
+    points: dict[str, int]  # part -> points measured
+
+    def apply(self, cfg: SimConfig) -> SimConfig:
+        return dataclasses.replace(cfg, costs=dataclasses.replace(cfg.costs, **self.constants))
+
+    def to_dict(self) -> dict:
+        """For a run's provenance: fitted values, kept ones with their reason, fit errors."""
+        return {
+            "profile": self.profile,
+            "device": self.device,
+            "model": self.model,
+            "fitted": {k: float(f"{self.constants[k]:.6g}") for k in self.fitted},
+            "kept": {k: {"value": float(f"{self.constants[k]:.6g}"), "why": why} for k, why in self.kept.items()},
+            "rms_relative_error": self.rms_error,
+            "points": self.points,
+        }
+
+
+def calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec) -> Calibration | None:
+    """The constants `cfg.costs.profile` sets for `model` on `device`; None when there is no profile or
+    the profile is of another device (a rollout pool's). SimConfig has checked the device and model."""
+    name = cfg.costs.profile
+    if name is None:
+        return None
+    profile = profiles.read_profile(name)
+    if (profile.device.spec or "").lower() != device.name.lower():
+        return None
+    return _calibrate(cfg, model, device, profile)
+
+
+@lru_cache(maxsize=16)
+def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: profiles.Profile) -> Calibration:
+    name = cfg.costs.profile
+    entry = profiles.entry_for(profile, model, cfg.model)
+    c = cfg.costs
+    values = {k: getattr(c, k) for k in ("hbm_efficiency", "decode_mfu", "decode_step_overhead_s")}
+    values |= {"prefill_mfu": c.prefill_mfu, "train_mfu": c.train_mfu}
+    kept: dict[str, str] = {}
+    fitted: list[str] = []
+    setup = measured_setup(cfg, hbm_efficiency=1.0, decode_mfu=1.0, prefill_mfu=1.0, decode_step_overhead_s=0.0)
+    unit = CostModel(setup, model, device)  # every efficiency 1, no overhead: the bare roofline terms
+    if len(entry.decode) >= MIN_DECODE_POINTS:
+        decode = _fit_decode(unit, entry.decode, c)
+        values.update(decode.values)
+        fitted += decode.fitted
+        kept |= decode.kept
+    else:
+        why = f"{len(entry.decode)} decode point(s); the three decode constants need at least {MIN_DECODE_POINTS}"
+        kept |= dict.fromkeys(("hbm_efficiency", "decode_mfu", "decode_step_overhead_s"), why)
+    if entry.prefill:
+        prefill = _fit_prefill(unit, entry.prefill, values["hbm_efficiency"], c.prefill_mfu)
+        values.update(prefill.values)
+        fitted += prefill.fitted
+        kept |= prefill.kept
+    else:
+        kept["prefill_mfu"] = "no prefill points"
+    if entry.train:
+        values["train_mfu"] = _fit_train(cfg, model, device, entry.train, values["hbm_efficiency"])
+        fitted.append("train_mfu")
+    else:
+        skipped = [why for why in entry.skipped if why.startswith("train")]
+        kept["train_mfu"] = "no training points" + (f" ({'; '.join(skipped)})" if skipped else "")
+    calibrated = measured_setup(cfg, **values)
+    return Calibration(
+        profile=name,
+        device=profile.device.spec or profile.device.name,
+        model=entry.model,
+        constants=values,
+        fitted=tuple(fitted),
+        kept=kept,
+        rms_error=_errors(CostModel(calibrated, model, device), calibrated, entry),
+        points={"decode": len(entry.decode), "prefill": len(entry.prefill), "train": len(entry.train)},
+    )
+
+
+def measured_setup(cfg: SimConfig, **costs: float) -> SimConfig:
+    """`cfg` in the setup a profile was measured in (one GPU, ...), with these costs.* values."""
+    data = cfgio.apply_overrides(config_dict(cfg), list(profiles.MEASURED_SETUP))
+    data["costs"].update(costs)
+    return cfgio.from_dict(SimConfig, data)
+
+
+# ---- the fits ----
+
+
+@dataclass(frozen=True)
+class _Part:
+    values: dict[str, float]
+    fitted: tuple[str, ...]
+    kept: dict[str, str]
+
+
+def _fit_decode(unit: CostModel, points: tuple[profiles.DecodePoint, ...], c) -> _Part:
+    """hbm_efficiency e, decode_mfu u, overhead o minimising the relative error of max(M/e, C/u) + o."""
+    lines = [unit.decode_lines(p.batch, p.batch * p.context) for p in points]
+    memory, compute = np.array([d.p1 for d in lines]), np.array([d.p2 for d in lines])
+    t = np.array([p.step_s for p in points])
+    e, u = _search(lambda es, us: _decode_loss(memory, compute, t, es, us)[0], 2)
+    overhead = float(_decode_loss(memory, compute, t, np.array([e]), np.array([u]))[1][0])
+    values = {"hbm_efficiency": e, "decode_mfu": u, "decode_step_overhead_s": overhead}
+    fitted, kept = ["hbm_efficiency", "decode_mfu", "decode_step_overhead_s"], {}
+    bound = compute / u > memory / e
+    worst = _worst_relative_se(memory, compute, t, e, u, overhead)
+    if worst > MAX_RELATIVE_SE:  # e.g. every point reads about the same bytes: e and overhead trade off
+        e, u = c.hbm_efficiency, c.decode_mfu
+        overhead = float(_decode_loss(memory, compute, t, np.array([e]), np.array([u]))[1][0])
+        why = (
+            f"the decode points do not pin the efficiencies down (standard error {worst:.0%} of the value): "
+            "kept, and only decode_step_overhead_s fitted"
+        )
+        values = {"hbm_efficiency": e, "decode_mfu": u, "decode_step_overhead_s": overhead}
+        return _Part(values, ("decode_step_overhead_s",), dict.fromkeys(("hbm_efficiency", "decode_mfu"), why))
+    if not bound.any():  # u only has a floor: the one above which every point stays memory-bound
+        floor = float(np.max(compute * e / memory))
+        values["decode_mfu"] = min(1.0, max(c.decode_mfu, floor))
+        fitted.remove("decode_mfu")
+        kept["decode_mfu"] = f"every decode point is memory-bound: only decode_mfu >= {floor:.3g} is known"
+    elif bound.all():
+        floor = float(np.max(memory * u / compute))
+        values["hbm_efficiency"] = min(1.0, max(c.hbm_efficiency, floor))
+        fitted.remove("hbm_efficiency")
+        kept["hbm_efficiency"] = f"every decode point is compute-bound: only hbm_efficiency >= {floor:.3g} is known"
+    return _Part(values, tuple(fitted), kept)
+
+
+def _worst_relative_se(memory, compute, t, e: float, u: float, overhead: float) -> float:
+    """The larger relative standard error of e and u (of those some point binds), from the residuals and
+    the Jacobian of the relative residuals in (1/e, 1/u, overhead) at the fit (linearised least squares)."""
+    mem_bound = memory / e >= compute / u
+    columns = {"e": np.where(mem_bound, memory, 0.0) / t, "u": np.where(mem_bound, 0.0, compute) / t}
+    columns = {k: v for k, v in columns.items() if v.any()}
+    jac = np.column_stack([*columns.values(), *([1.0 / t] if overhead > 0 else [])])
+    n, k = jac.shape
+    residual = (np.maximum(memory / e, compute / u) + overhead - t) / t
+    scale = float((residual**2).sum()) / max(1, n - k)
+    if scale == 0.0:
+        return 0.0
+    gram = jac.T @ jac
+    if np.linalg.cond(gram) > 1e12:
+        return float("inf")
+    se = np.sqrt(np.diag(np.linalg.inv(gram)) * scale)
+    inverse = {"e": 1 / e, "u": 1 / u}
+    return max(se[i] / inverse[key] for i, key in enumerate(columns))
+
+
+def _decode_loss(memory, compute, t, es, us):
+    """Loss and best overhead (>= 0, closed form) of each (e, u) pair; arrays of the pairs' shape."""
+    w = 1.0 / t
+    r = (np.maximum(memory / es[..., None], compute / us[..., None]) - t) * w  # relative residual, no overhead
+    overhead = np.clip(-(r * w).sum(-1) / (w * w).sum(-1), 0.0, None)
+    return ((r + overhead[..., None] * w) ** 2).sum(-1), overhead
+
+
+def _fit_prefill(unit: CostModel, points: tuple[profiles.PrefillPoint, ...], hbm: float, default: float) -> _Part:
+    terms = np.array([unit.prefill_terms(p.tokens, p.tokens * p.tokens / 2) for p in points])
+    compute, memory = terms[:, 0], terms[:, 1] / hbm
+    t = np.array([p.seconds for p in points])
+    (u,) = _search(lambda us: (((np.maximum(compute / us[..., None], memory) - t) / t) ** 2).sum(-1), 1)
+    if (compute / u > memory).any():
+        return _Part({"prefill_mfu": u}, ("prefill_mfu",), {})
+    floor = float(np.max(compute / memory))
+    why = f"every prefill point is bound by weight reads: only prefill_mfu >= {floor:.3g} is known"
+    return _Part({"prefill_mfu": min(1.0, max(default, floor))}, (), {"prefill_mfu": why})
+
+
+def _fit_train(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, points, hbm: float) -> float:
+    """train_mfu m of seconds = A / m + R (A: the passes' compute at m = 1; R: the optimizer), closed form
+    in 1/m, within (0, 0.75] (train_layout: MFU counted with full recompute runs at 4/3 of it)."""
+    setup = measured_setup(cfg, hbm_efficiency=hbm, train_mfu=0.75)
+    a, rest = [], []
+    for p in points:
+        parts = train_layout.step(setup, model, device, [p.seq_len], 1)
+        a.append(parts.train_compute_s * 0.75)
+        rest.append(parts.total_s - parts.train_compute_s)
+    a, rest = np.array(a), np.array(rest)
+    t = np.array([p.seq_len / p.tokens_per_s for p in points])
+    inverse = float((a * (t - rest) / t**2).sum() / (a * a / t**2).sum())
+    return 0.75 if inverse <= 1 / 0.75 else 1.0 / inverse
+
+
+def _search(loss, dims: int) -> tuple[float, ...]:
+    """The point of [FLOOR, 1]^dims with the least `loss`, by a log-spaced grid narrowed round by round
+    around its best point (deterministic; the losses here are smooth and have one basin)."""
+    lo, hi = np.full(dims, np.log(FLOOR)), np.zeros(dims)
+    best = hi
+    for _ in range(ROUNDS):
+        axes = [np.linspace(lo[i], hi[i], GRID) for i in range(dims)]
+        mesh = np.meshgrid(*axes, indexing="ij")
+        values = loss(*(np.exp(m) for m in mesh))
+        at = np.unravel_index(np.argmin(values), values.shape)
+        best = np.array([m[at] for m in mesh])
+        step = (hi - lo) / (GRID - 1)
+        lo, hi = np.maximum(best - 2 * step, np.log(FLOOR)), np.minimum(best + 2 * step, 0.0)
+    return tuple(float(v) for v in np.exp(best))
+
+
+def _errors(cm: CostModel, setup: SimConfig, entry: profiles.ModelProfile) -> dict[str, float]:
+    """Root-mean-square relative error of the calibrated roofline at each part's measured points."""
+    pairs = {
+        "decode": [(cm.decode_step_s(p.batch, p.batch * p.context), p.step_s) for p in entry.decode],
+        "prefill": [(cm.prefill_s(p.tokens, p.tokens * p.tokens / 2), p.seconds) for p in entry.prefill],
+        "train": [
+            (train_layout.step(setup, cm.model, cm.device, [p.seq_len], 1).total_s, p.seq_len / p.tokens_per_s)
+            for p in entry.train
+        ],
+    }
+    return {
+        part: round(float(np.sqrt(np.mean([(s / m - 1) ** 2 for s, m in got]))), 6)
+        for part, got in pairs.items()
+        if got
+    }
