@@ -25,7 +25,7 @@ from pathlib import Path
 from core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root in a checkout, site-packages when installed
-SHIPPED_CONFIGS = ("core/specs/*.yaml", "reference/configs/*.yaml", "sim/configs/*.yaml")
+SHIPPED_CONFIGS = ("core/specs/*.yaml", "reference/configs/*.yaml", "sim/configs/*.yaml", "sim/configs/profiles/*.yaml")
 PACKAGE = "seamlessflow-testbed"
 GIT_TIMEOUT_S = 10.0
 
