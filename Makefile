@@ -134,7 +134,10 @@ train-math: $(FULL_STAMP)  ## GRPO on the math task from a random start, on CPU:
 compare-train: $(FULL_STAMP)  ## the five policies on the runtime, one after another, with ratios to colocated
 	$(PY) -m reference train --compare $(SET_ARGS) $(OUT_ARG)
 
-train-swe validate:  ## not built yet (see README, "Status")
+validate: $(FULL_STAMP)  ## the simulator against the runtime: parts measured alone, then both run the five policies (about 8 minutes)
+	$(PY) -m experiments.validate --overwrite $(if $(STEPS),--steps $(STEPS),) $(OUT_ARG)
+
+train-swe:  ## not built yet (see README, "Status")
 	@echo "make $@: not built yet (see README, 'Status')." >&2; exit 1
 
 clean:  ## remove .venv, results/ and caches

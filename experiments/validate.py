@@ -1,0 +1,541 @@
+"""Does the simulator predict the runtime? (`make validate`)
+
+The runtime (`reference/`) and the simulator (`sim/`) run the same `core/policies` objects; this asks
+whether, given the costs of the runtime's parts measured one by one on this machine, the simulator
+predicts what the whole runtime does. Three stages:
+
+1. **Parts, measured alone** (no whole run is used to tune anything), each on one core with one torch
+   thread, as one runtime resource has:
+   - the device: an fp32 matmul's FLOP/s (the best of several 1024 x 1024 products) and a memory
+     copy's bandwidth, written as a device file (`cpu-core.yaml`);
+   - the built-in engine (in this process, no HTTP): decode steps of `batch` sequences at `context`
+     tokens and prefills of one prompt, written as a profile (sim/profile.py) from which
+     sim/calibration.py fits `hbm_efficiency`, `decode_mfu`, `decode_step_overhead_s` and `prefill_mfu`;
+   - the GRPO trainer (`Trainer.train_step`, the runtime's own): steps on batches of the workload's
+     shape at three sizes; `train_mfu` and `train_step_overhead_s` are the least-squares line through
+     them in the simulator's own cost terms (sim/train_layout.py);
+   - a weight sync (the trainer publishing a version, an engine pausing, loading it and resuming):
+     `sync_fixed_s`; and a role switch (an engine paused and resumed): `switch_fixed_s`.
+2. **The whole runtime**: `python -m reference train --compare` (the five policies, the throughput
+   workload, `--steps` steps each), as `make compare-train` runs it.
+3. **The simulator** on a config that mirrors the runtime's (the runtime's model as a config.json, two
+   resources of one core, the throughput task's length distributions, the engine's batch limit, no
+   logprob recompute, no activation recompute) with the measured costs.
+
+Printed and written: per policy, measured against predicted trained tokens/s, step time, bubble and the
+shares of device time in rollout, training and sync, with the relative error, and the ratio to
+colocated of each. What the simulator leaves out shows up here as error: the HTTP hops between the
+trajectory manager and the engines, the rollout manager's grading and Ray calls, and the run's start.
+
+    python -m experiments.validate [--steps 10] [--policies all] [--out DIR] [--overwrite] [--quick]
+
+Writes, in `--out` (default experiments/out/validate): validate.json (the measured parts, both sides'
+summaries and the errors), cpu-core.yaml, model/config.json, profile.yaml, sim_config.yaml (what the
+simulator ran), runtime/ (the runtime's outputs) and validate.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from core.errors import UserError
+from core.outputs import prepare_out
+from experiments._common import NO_STAMP, save_json, source_fingerprint
+
+POLICIES = ("colocated", "disaggregated", "async", "tag", "streaming")
+DEFAULT_OUT = Path("experiments/out/validate")
+DEVICE_NAME = "cpu-core"
+PHASES = ("rollout", "train", "sync", "idle")  # device time, per step, in both summaries' utilisation
+
+
+def per_step_s(summary: dict, phase: str) -> float:
+    """Device-seconds a step spends in `phase` (over every resource)."""
+    total = summary["device_seconds"]["total"]
+    return summary["utilisation"].get(phase, 0.0) * total / max(1, summary["num_steps"])
+
+
+# Compared: (label, value of a summary, format, error kind: relative or percentage points).
+METRICS = (
+    ("trained tok/s", lambda s: s["token_throughput"], "{:,.0f}", "relative"),
+    ("step (s)", lambda s: s["step_time_s"]["mean"], "{:.2f}", "relative"),
+    ("bubble", lambda s: s["bubble_fraction"], "{:.1%}", "points"),
+    *((f"{phase} dev-s/step", lambda s, p=phase: per_step_s(s, p), "{:.2f}", "relative") for phase in PHASES),
+)
+
+
+@dataclass(frozen=True)
+class Grid:
+    batches: tuple[int, ...]  # decode: sequences a step
+    contexts: tuple[int, ...]  # decode: prompt tokens of each sequence
+    decode_tokens: int  # decode: tokens generated a point (after the first)
+    prefill_tokens: tuple[int, ...]
+    train_sequences: tuple[int, ...]  # trainer: batch sizes, at the workload's mean lengths
+    repeats: int
+
+
+FULL = Grid((1, 8, 32, 64, 128), (8, 64, 192), 24, (8, 32, 128, 512), (64, 128, 256), 3)
+QUICK = Grid((1, 8, 32), (8, 64), 8, (8, 64), (16, 32), 1)
+
+
+# ---- stage 1: the parts, measured alone ----
+
+
+@contextmanager
+def one_core():
+    """This process on one core with one torch thread (a runtime resource's share), restored after."""
+    import torch
+
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    os.sched_setaffinity(0, {min(cores)})
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        os.sched_setaffinity(0, cores)
+
+
+def measure_device(repeats: int = 10) -> dict:
+    """One core's fp32 matmul FLOP/s and memory-copy bandwidth, as a device file's fields."""
+    import torch
+
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(repeats))
+    src = torch.ones(1 << 24)  # 64 MiB
+    dst = torch.empty_like(src)
+    copy = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
+    bandwidth = 2 * src.numel() * 4 / copy / 1e9  # read + write
+    return {
+        "name": DEVICE_NAME,
+        "description": "one core of the machine that ran the validation (measured: fp32 matmul, memory copy)",
+        "peak_tflops": round(2 * n**3 / best / 1e12, 6),
+        "hbm_gb": 1000.0,  # the built-in engine's cache grows with its batch: memory is not a limit here
+        "hbm_bandwidth_gb_s": round(bandwidth, 3),
+        # Weights move between processes through memory (a published file, read back): copy speed.
+        "nvlink_gb_s": round(bandwidth, 3),
+        "network_gb_s": round(bandwidth, 3),
+        "pcie_gb_s": round(bandwidth, 3),
+        "gpus_per_node": 64,
+    }
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure_engine(model_config, grid: Grid) -> tuple[list, list]:
+    """(decode points, prefill points) of the built-in engine in this process (sim/profile.py records)."""
+    from reference.engine.base import GenerateRequest, SamplingParams, generate
+    from reference.engine.builtin import BuiltinEngine
+    from reference.model import build_model
+    from sim.profile import DecodePoint, PrefillPoint
+
+    rng, vocab = random.Random(0), model_config.vocab_size
+    ids = iter(range(1 << 30))
+
+    async def batch_s(engine, batch: int, context: int, tokens: int) -> float:
+        prompts = [tuple(rng.randrange(vocab) for _ in range(context)) for _ in range(batch)]
+        params = SamplingParams(max_tokens=tokens, temperature=1.0)
+        start = time.perf_counter()
+        await asyncio.gather(*(generate(engine, GenerateRequest(f"v{next(ids)}", p, params)) for p in prompts))
+        return time.perf_counter() - start
+
+    async def go() -> tuple[list, list]:
+        decode, prefill = [], []
+        with BuiltinEngine(build_model(model_config), max_batch=max(grid.batches), seed=0, prefix_cache_mb=0) as e:
+            await batch_s(e, 4, 8, 4)  # warm-up
+            for batch in grid.batches:
+                for context in grid.contexts:
+                    # one step more than prefill + 1 token, per generated token: decode alone
+                    longer = statistics.median(
+                        [await batch_s(e, batch, context, grid.decode_tokens + 1) for _ in range(grid.repeats)]
+                    )
+                    shorter = statistics.median([await batch_s(e, batch, context, 1) for _ in range(grid.repeats)])
+                    step = max(longer - shorter, 1e-9) / grid.decode_tokens
+                    decode.append(DecodePoint(batch, context + grid.decode_tokens // 2, step))
+            for tokens in grid.prefill_tokens:
+                seconds = statistics.median([await batch_s(e, 1, tokens, 1) for _ in range(grid.repeats)])
+                prefill.append(PrefillPoint(tokens, seconds))
+        return decode, prefill
+
+    return asyncio.run(go())
+
+
+def measure_trainer(model_config, pad_id: int, lengths: tuple[int, int], grid: Grid) -> list[tuple[int, float]]:
+    """(sequences, median seconds) of the runtime's `Trainer.train_step` on batches of `lengths` = (prompt,
+    response) tokens a sequence, groups of 16."""
+    from reference.model import build_model
+    from reference.trainer.batch import Trajectory
+    from reference.trainer.config import TrainerConfig
+    from reference.trainer.trainer import Trainer
+
+    prompt, response = lengths
+    rng = random.Random(0)
+    trainer = Trainer(build_model(model_config), TrainerConfig(), pad_id=pad_id)
+    points = []
+    for n in grid.train_sequences:
+        tokens = [[rng.randrange(model_config.vocab_size) for _ in range(prompt + response)] for _ in range(n)]
+        times = []
+        for _ in range(grid.repeats + 1):  # the first warms up
+            batch = [
+                Trajectory(t, [0] * prompt + [1] * response, [-rng.uniform(0.5, 6) for _ in range(response)],
+                           [trainer.version] * response, i // 16, rng.random())
+                for i, t in enumerate(tokens)
+            ]  # fmt: skip
+            times.append(_timed(lambda b=batch: trainer.train_step(b)))
+        points.append((n, statistics.median(times[1:])))
+    return points
+
+
+def measure_sync_and_switch(model_config, repeats: int) -> dict:
+    """Seconds of one weight sync (publish a version, then an engine pauses, loads it and resumes) and of
+    one role switch (an engine paused and resumed), medians."""
+    from reference.engine.builtin import BuiltinEngine
+    from reference.model import build_model
+    from reference.trainer.config import TrainerConfig
+    from reference.trainer.handoff import version_dir
+    from reference.trainer.trainer import Trainer
+
+    trainer = Trainer(build_model(model_config), TrainerConfig(), pad_id=0)
+
+    async def go(root: str) -> tuple[list[float], list[float]]:
+        syncs, switches = [], []
+        with BuiltinEngine(build_model(model_config), max_batch=8, seed=0) as engine:
+            for version in range(1, repeats + 2):
+                start = time.perf_counter()
+                trainer.publish(f"{root}/{version}")  # a new folder each time: what a new version costs
+                await engine.pause()
+                await engine.update_weights(version, str(version_dir(f"{root}/{version}", trainer.version)))
+                await engine.resume()
+                syncs.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                await engine.pause()
+                await engine.resume()
+                switches.append(time.perf_counter() - start)
+        return syncs[1:], switches[1:]
+
+    with tempfile.TemporaryDirectory() as root:
+        syncs, switches = asyncio.run(go(root))
+    return {"sync_s": statistics.median(syncs), "switch_s": statistics.median(switches)}
+
+
+def fit_trainer(cfg, model, device, points: list[tuple[int, float]], lengths: tuple[int, int]) -> dict:
+    """train_mfu m and train_step_overhead_s o of seconds = o + A / m + R, least squares over the points
+    (A: the passes' compute at m = 1, R: the rest of sim/train_layout.py's step, both the simulator's)."""
+    from sim import train_layout
+    from sim.calibration import measured_setup
+
+    setup = measured_setup(cfg, train_mfu=0.75)
+    seq = sum(lengths)
+    a, rest, t = [], [], []
+    for n, seconds in points:
+        parts = train_layout.step(setup, model, device, [seq] * n, 1)
+        a.append(parts.train_compute_s * 0.75)
+        rest.append(parts.total_s - parts.train_compute_s)
+        t.append(seconds)
+    x = np.column_stack([np.ones(len(a)), a])
+    (overhead, inverse), *_ = np.linalg.lstsq(x, np.array(t) - np.array(rest), rcond=None)
+    mfu = min(0.75, 1.0 / inverse) if inverse > 0 else 0.75
+    return {"train_mfu": float(mfu), "train_step_overhead_s": float(max(overhead, 0.0))}
+
+
+# ---- what the runtime runs, and the simulator's mirror of it ----
+
+
+def runtime_setup(steps: int):
+    """(the runtime's train config for `--compare`, its task, its model's transformers config)."""
+    from reference.control.config import load_train_config
+    from reference.control.layout import task_context
+    from reference.model import tiny_config
+    from reference.tasks import make_task
+
+    cfg = load_train_config(None, ["task.name=throughput", f"policy.num_steps={steps}", "run.eval_every_steps=0"])
+    task = make_task(cfg.task.name, **cfg.task.options)
+    m = cfg.model
+    model_config = tiny_config(task.tokenizer.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+                               num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
+                               head_dim=m.head_dim, intermediate_size=m.intermediate_size,
+                               max_position_embeddings=task_context(task))  # fmt: skip
+    return cfg, task, model_config
+
+
+def mean_lengths(task) -> tuple[int, int]:
+    """(prompt, response) tokens of the workload's mean sequence, from its length distributions."""
+    from sim.config import Dist
+    from sim.workload import draw_int
+
+    rng = random.Random(0)
+    dists = {k: Dist(**v) for k, v in task.simulator_workload().items() if k in ("prompt_tokens", "response_tokens")}
+    means = [
+        statistics.fmean(draw_int(dists[k], rng) for _ in range(4000)) for k in ("prompt_tokens", "response_tokens")
+    ]
+    return round(means[0]), round(means[1])
+
+
+def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
+    """The simulator's config for the runtime's `--compare` run (see the module docstring)."""
+    workload = {**task.simulator_workload(), "prompts_per_step": rt.rollout.prompts_per_step,
+                "group_size": rt.rollout.group_size}  # fmt: skip
+    return {
+        "seed": rt.run.seed,
+        "num_steps": steps,
+        "model": str((out / "model" / "config.json").resolve()),
+        "cluster": {"device": str((out / "cpu-core.yaml").resolve()), "num_gpus": rt.resources.count},
+        "pools": {"train_fraction": rt.resources.train_fraction},
+        "rollout": {
+            "tensor_parallel": rt.resources.cores_per_resource,
+            "max_num_seqs": rt.engine.max_batch,
+            "gpu_memory_utilization": 1.0,
+            "workspace_gb": 0.0,
+            "prefix_caching": True,
+        },  # fmt: skip
+        "train": {
+            "recompute_logprobs": False,
+            "reference_model": False,
+            "activation_recompute": "none",
+            "grad_bytes_per_param": 4,
+            "optimizer_bytes_per_param": 8,
+        },  # fmt: skip
+        "workload": workload,
+        "policy": {
+            "max_staleness": rt.policy.max_staleness,
+            "window_batches": rt.policy.window_batches,
+            "fill_idle": rt.policy.fill_idle,
+            "stale_samples": rt.policy.stale_samples,
+        },  # fmt: skip
+        "costs": {
+            "profile": str((out / "profile.yaml").resolve()),
+            "broadcast_hop_s": 0.0,
+            "nvlink_efficiency": 1.0,
+            "network_efficiency": 1.0,
+            "pcie_efficiency": 1.0,
+            **costs,
+        },  # fmt: skip
+    }
+
+
+# ---- stages 2 and 3 ----
+
+
+def run_runtime(steps: int, policies: tuple[str, ...], out: Path) -> dict[str, dict]:
+    """One `python -m reference train` per policy, as `train --compare` runs them; each one's summary."""
+    import json
+
+    summaries = {}
+    for policy in policies:
+        argv = [sys.executable, "-m", "reference", "train", "--task", "throughput", "--policy", policy, "--steps",
+                str(steps), "--set", "run.eval_every_steps=0", "--out", str(out / policy), "--quiet"]  # fmt: skip
+        print(f"runtime: {policy}, {steps} steps ...", flush=True)
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"the runtime's {policy} run failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        summaries[policy] = json.loads((out / policy / "summary.json").read_text())
+    return summaries
+
+
+def run_sim(config_path: Path, policies: tuple[str, ...]) -> tuple[dict[str, dict], dict | None]:
+    """Each policy's simulated summary, and what the profile calibrated (sim/calibration.py)."""
+    from core import specs
+    from core.metrics import summarize
+    from sim.calibration import calibrate
+    from sim.config import load_config
+    from sim.runner import simulate
+
+    cfg = load_config(config_path)
+    calibration = calibrate(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device))
+    return {p: summarize(simulate(cfg, p)) for p in policies}, (calibration.to_dict() if calibration else None)
+
+
+# ---- the comparison ----
+
+
+def compare(measured: dict[str, dict], predicted: dict[str, dict]) -> dict[str, dict]:
+    """Per policy and metric: measured, predicted, and the error (relative for rates and times, in
+    percentage points for shares); ratios to colocated when it ran."""
+    rows = {}
+    for policy in measured:
+        row = {}
+        for label, get, _, kind in METRICS:
+            m, p = get(measured[policy]), get(predicted[policy])
+            error = p - m if kind == "points" else (p / m - 1 if m else math.nan)
+            row[label] = {"measured": m, "predicted": p, "error": error, "error_kind": kind}
+        rows[policy] = row
+    if "colocated" in measured:
+        base = rows["colocated"]["trained tok/s"]
+        for row in rows.values():
+            row["ratio to colocated"] = {
+                "measured": row["trained tok/s"]["measured"] / base["measured"],
+                "predicted": row["trained tok/s"]["predicted"] / base["predicted"],
+            }
+    return rows
+
+
+def table(rows: dict[str, dict]) -> str:
+    lines = [f"{'policy':<14} {'metric':<19} {'measured':>10} {'simulated':>10} {'error':>8}"]
+    formats = {label: fmt for label, _, fmt, _ in METRICS}
+    for policy, row in rows.items():
+        for label, cell in row.items():
+            fmt = formats.get(label, "{:.2f}x")
+            err = cell.get("error")
+            shown = "" if err is None else (f"{100 * err:+.1f} pt" if cell["error_kind"] == "points" else f"{err:+.0%}")
+            lines.append(f"{policy:<14} {label:<19} {fmt.format(cell['measured']):>10} "
+                         f"{fmt.format(cell['predicted']):>10} {shown:>8}")  # fmt: skip
+            policy = ""
+    return "\n".join(lines)
+
+
+def draw(rows: dict[str, dict], path: Path, note: str) -> None:
+    """Measured against simulated, per policy: trained tokens/s, and how each policy spends device time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = list(rows)
+    x = np.arange(len(policies))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    for k, (side, colour) in enumerate((("measured", "#4c72b0"), ("predicted", "#dd8452"))):
+        values = [rows[p]["trained tok/s"][side] for p in policies]
+        bars = ax1.bar(x + (k - 0.5) * 0.38, values, 0.38, color=colour,
+                       label="runtime (measured)" if side == "measured" else "simulator (predicted)")  # fmt: skip
+        ax1.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7, padding=2)
+    ax1.set_xticks(x, policies)
+    ax1.set_ylabel("trained tokens / s")
+    ax1.set_title("Throughput")
+    ax1.legend(loc="lower right", fontsize=8)
+    colours = {"rollout": "#55a868", "train": "#4c72b0", "sync": "#c44e52", "idle": "#cccccc"}
+    for k, side in enumerate(("measured", "predicted")):
+        bottom = np.zeros(len(policies))
+        for phase, colour in colours.items():
+            values = np.array([rows[p][f"{phase} dev-s/step"][side] for p in policies])
+            ax2.bar(x + (k - 0.5) * 0.38, values, 0.36, bottom=bottom, color=colour, hatch="" if k == 0 else "//",
+                    edgecolor="white", label=phase if k == 0 else None)  # fmt: skip
+            bottom += values
+    ax2.set_xticks(x, policies)
+    ax2.set_ylabel("device-seconds per step (all resources)")
+    ax2.set_title("Where a step's device time goes: runtime left, simulator right (hatched)", fontsize=10)
+    ax2.legend(loc="upper right", fontsize=7, ncols=4)
+    fig.suptitle(f"Simulator against runtime, costs measured part by part ({note})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130, metadata=NO_STAMP)
+    plt.close(fig)
+
+
+# ---- main ----
+
+
+def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
+    """Stage 1: writes cpu-core.yaml, model/config.json and profile.yaml; returns the measured parts."""
+    import platform
+
+    import torch
+    import yaml
+
+    from sim.profile import DeviceInfo, ModelProfile, Profile, write_profile
+
+    (out / "model").mkdir(parents=True, exist_ok=True)
+    model_config.to_json_file(str(out / "model" / "config.json"))
+    with one_core():
+        print("measuring: the device (matmul, memory copy) ...", flush=True)
+        device = measure_device()
+        (out / "cpu-core.yaml").write_text(yaml.safe_dump(device, sort_keys=False))
+        print("measuring: the built-in engine (decode, prefill) ...", flush=True)
+        decode, prefill = measure_engine(model_config, grid)
+        lengths = mean_lengths(task)
+        print(f"measuring: the trainer ({lengths[0]} + {lengths[1]} tokens a sequence) ...", flush=True)
+        trainer = measure_trainer(model_config, task.tokenizer.pad_token_id, lengths, grid)
+        print("measuring: a weight sync and a role switch ...", flush=True)
+        sync = measure_sync_and_switch(model_config, max(3, grid.repeats))
+    model_name = str((out / "model" / "config.json").resolve())
+    info = DeviceInfo(name=platform.processor() or platform.machine(), dtype="float32", spec=DEVICE_NAME,
+                      torch_device="cpu", torch=torch.__version__)  # fmt: skip
+    profile = Profile(version=1, device=info,
+                      models=(ModelProfile(model_name, tuple(decode), tuple(prefill), (), ()),))  # fmt: skip
+    write_profile(profile, out / "profile.yaml")
+    return {"device": device, "decode": [asdict(p) for p in decode], "prefill": [asdict(p) for p in prefill],
+            "trainer": {"lengths": lengths, "points": trainer}, **sync, "model": model_name}  # fmt: skip
+
+
+def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
+    """The costs.* values the measured trainer, sync and switch give (the profile gives the engine's)."""
+    from core import specs
+    from sim.config import load_config
+
+    config = sim_config_dict(rt, task, steps, out, {})
+    (out / "sim_config.yaml").write_text(_yaml(config))
+    cfg = load_config(out / "sim_config.yaml")
+    trainer = parts["trainer"]
+    fitted = fit_trainer(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device),
+                         [tuple(p) for p in trainer["points"]], tuple(trainer["lengths"]))  # fmt: skip
+    return {**fitted, "sync_fixed_s": parts["sync_s"], "switch_fixed_s": parts["switch_s"]}
+
+
+def _yaml(data: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=10, help="training steps of each run, runtime and simulator (10)")
+    ap.add_argument("--policies", default="all", help=f"comma-separated, or all ({', '.join(POLICIES)})")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder ({DEFAULT_OUT})")
+    ap.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
+    ap.add_argument("--quick", action="store_true", help="fewer points measured (a smoke test, not a result)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        policies = POLICIES if args.policies == "all" else tuple(args.policies.split(","))
+        unknown = [p for p in policies if p not in POLICIES]
+        if unknown:
+            raise UserError(f"--policies: unknown policy {unknown[0]!r}; valid choices: {', '.join(POLICIES)}, all")
+        if args.steps < 2:
+            raise UserError(f"--steps must be >= 2, got {args.steps}")
+        out = prepare_out(args.out, args.out, args.overwrite)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    grid = QUICK if args.quick else FULL
+    rt, task, model_config = runtime_setup(args.steps)
+    started = time.time()
+    parts = measure_parts(model_config, task, out, grid, rt)
+    costs = costs_from_parts(parts, rt, task, args.steps, out)
+    config = sim_config_dict(rt, task, args.steps, out, costs)
+    (out / "sim_config.yaml").write_text(_yaml(config))
+    predicted, calibration = run_sim(out / "sim_config.yaml", policies)
+    measured = run_runtime(args.steps, policies, out / "runtime")
+    rows = compare(measured, predicted)
+    print(table(rows))
+    note = f"{args.steps} steps, {rt.resources.count} one-core resources, throughput workload"
+    draw(rows, out / "validate.png", note)
+    save_json({"parts": parts, "costs": costs, "calibration": calibration, "measured": measured,
+               "predicted": predicted, "comparison": rows, "quick": args.quick, "steps": args.steps,
+               "seconds": round(time.time() - started, 1), "sim_sources": source_fingerprint()},
+              out / "validate.json")  # fmt: skip
+    print(f"outputs: {out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

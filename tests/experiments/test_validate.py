@@ -1,0 +1,114 @@
+"""The sim-versus-runtime validation: its fits recover what they should, its config mirrors the runtime's,
+and a short run goes end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from experiments import validate as v
+
+
+def _device(tmp_path) -> dict:
+    device = {**v.measure_device(repeats=2), "peak_tflops": 0.1, "hbm_bandwidth_gb_s": 20.0}
+    (tmp_path / "cpu-core.yaml").write_text(yaml.safe_dump(device))
+    return device
+
+
+def _mirror(tmp_path, costs: dict | None = None):
+    """The simulator's mirror of a 3-step runtime run, with an empty profile of the runtime's model."""
+    from sim.profile import DeviceInfo, ModelProfile, Profile, write_profile
+
+    rt, task, model_config = v.runtime_setup(3)
+    (tmp_path / "model").mkdir()
+    model_config.to_json_file(str(tmp_path / "model" / "config.json"))
+    _device(tmp_path)
+    name = str((tmp_path / "model" / "config.json").resolve())
+    write_profile(Profile(1, DeviceInfo("cpu", "float32", spec=v.DEVICE_NAME), (ModelProfile(name),)),
+                  tmp_path / "profile.yaml")  # fmt: skip
+    config = v.sim_config_dict(rt, task, 3, tmp_path, costs or {})
+    (tmp_path / "sim_config.yaml").write_text(yaml.safe_dump(config))
+    return rt, task, config
+
+
+def test_the_simulator_mirrors_the_runtime_config(tmp_path):
+    from sim.config import load_config
+
+    rt, task, _ = _mirror(tmp_path)
+    cfg = load_config(tmp_path / "sim_config.yaml")
+    assert cfg.num_steps == 3 and cfg.cluster.num_gpus == rt.resources.count
+    assert cfg.pools.train_fraction == rt.resources.train_fraction
+    assert cfg.rollout.max_num_seqs == rt.engine.max_batch and cfg.rollout.tensor_parallel == 1
+    assert cfg.workload.prompts_per_step == rt.rollout.prompts_per_step
+    assert cfg.workload.group_size == rt.rollout.group_size and cfg.workload.shared_response
+    assert cfg.workload.response_tokens.max == task.simulator_workload()["response_tokens"]["max"]
+    assert not cfg.train.recompute_logprobs and cfg.train.activation_recompute == "none"
+    assert cfg.policy.max_staleness == rt.policy.max_staleness
+
+
+def test_the_trainer_fit_recovers_known_costs(tmp_path):
+    """Points made by the simulator's own train step at a known MFU and overhead give them back."""
+    from core import specs
+    from sim import train_layout
+    from sim.calibration import measured_setup
+    from sim.config import load_config
+
+    _mirror(tmp_path)
+    cfg = load_config(tmp_path / "sim_config.yaml")
+    model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
+    truth = measured_setup(cfg, train_mfu=0.3, train_step_overhead_s=0.05)
+    lengths = (7, 53)
+    points = [(n, train_layout.step(truth, model, device, [60] * n, 1).total_s) for n in (64, 128, 256)]
+    fitted = v.fit_trainer(cfg, model, device, points, lengths)
+    assert fitted["train_mfu"] == pytest.approx(0.3, rel=1e-6)
+    assert fitted["train_step_overhead_s"] == pytest.approx(0.05, rel=1e-6)
+
+
+def _summary(tokens_s: float, step_s: float, bubble: float, util: dict, steps: int = 4) -> dict:
+    return {"token_throughput": tokens_s, "step_time_s": {"mean": step_s}, "bubble_fraction": bubble,
+            "utilisation": util, "device_seconds": {"total": 10.0}, "num_steps": steps}  # fmt: skip
+
+
+def test_compare_gives_relative_errors_points_and_ratios():
+    measured = {"colocated": _summary(1000, 2.0, 0.1, {"rollout": 0.5, "train": 0.4, "idle": 0.1}),
+                "tag": _summary(1500, 1.0, 0.2, {"rollout": 0.6, "train": 0.2, "sync": 0.0, "idle": 0.2})}  # fmt: skip
+    predicted = {"colocated": _summary(2000, 1.0, 0.05, {"rollout": 0.5, "train": 0.5}),
+                 "tag": _summary(1500, 1.5, 0.25, {"rollout": 0.5, "train": 0.25, "idle": 0.25})}  # fmt: skip
+    rows = v.compare(measured, predicted)
+    assert rows["colocated"]["trained tok/s"]["error"] == pytest.approx(1.0)  # +100%
+    assert rows["colocated"]["step (s)"]["error"] == pytest.approx(-0.5)
+    assert rows["tag"]["bubble"]["error"] == pytest.approx(0.05) and rows["tag"]["bubble"]["error_kind"] == "points"
+    assert rows["colocated"]["train dev-s/step"]["measured"] == pytest.approx(0.4 * 10 / 4)
+    assert rows["tag"]["sync dev-s/step"]["predicted"] == 0.0 and math.isnan(rows["tag"]["sync dev-s/step"]["error"])
+    assert rows["tag"]["ratio to colocated"] == {"measured": 1.5, "predicted": 0.75}
+    text = v.table(rows)
+    assert "+100%" in text and "+5.0 pt" in text and "0.75x" in text
+
+
+def test_bad_arguments_are_one_line(capsys, tmp_path):
+    assert v.main(["--policies", "tag,teleport", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (
+        "error: --policies: unknown policy 'teleport'; valid choices: colocated, disaggregated, async, tag, "
+        "streaming, all\n"
+    )
+    assert v.main(["--steps", "1", "--out", str(tmp_path / "o")]) == 2
+    assert "--steps must be >= 2" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_a_short_validation_runs_end_to_end(tmp_path):
+    assert v.main(["--quick", "--steps", "2", "--policies", "colocated", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "validate.json").read_text())
+    row = data["comparison"]["colocated"]
+    for label, *_ in v.METRICS:
+        assert math.isfinite(row[label]["measured"]) and math.isfinite(row[label]["predicted"])
+    assert row["trained tok/s"]["measured"] > 0 and row["trained tok/s"]["predicted"] > 0
+    assert data["calibration"]["device"] == v.DEVICE_NAME and data["calibration"]["points"]["decode"] >= 3
+    assert 0 < data["costs"]["train_mfu"] <= 0.75 and data["costs"]["sync_fixed_s"] > 0
+    for name in ("validate.png", "cpu-core.yaml", "profile.yaml", "sim_config.yaml", "model/config.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert (tmp_path / "runtime" / "colocated" / "summary.json").is_file()
