@@ -15,9 +15,11 @@ predicts what the whole runtime does. Three stages:
      shape at three sizes; `train_mfu` and `train_step_overhead_s` are the least-squares line through
      them in the simulator's own cost terms (sim/train_layout.py);
    - a weight sync (the trainer publishing a version, an engine pausing, loading it and resuming):
-     `sync_fixed_s`; and a role switch (an engine paused and resumed): `switch_fixed_s`.
-2. **The whole runtime**: `python -m reference train --compare` (the five policies, the throughput
-   workload, `--steps` steps each), as `make compare-train` runs it.
+     publishing goes into `train_step_overhead_s` (the runtime publishes inside its training step), the
+     engine's pause, load and resume are `sync_fixed_s`; a role switch (an engine paused and resumed) is
+     `switch_fixed_s`.
+2. **The whole runtime**: `python -m reference train` on the throughput workload for each policy, `--steps`
+   steps each, as `make compare-train` runs them.
 3. **The simulator** on a config that mirrors the runtime's (the runtime's model as a config.json, two
    resources of one core, the throughput task's length distributions, the engine's batch limit, no
    logprob recompute, no activation recompute) with the measured costs.
@@ -205,8 +207,9 @@ def measure_trainer(model_config, pad_id: int, lengths: tuple[int, int], grid: G
 
 
 def measure_sync_and_switch(model_config, repeats: int) -> dict:
-    """Seconds of one weight sync (publish a version, then an engine pauses, loads it and resumes) and of
-    one role switch (an engine paused and resumed), medians."""
+    """Medians, in seconds, of the trainer publishing a version (`publish_s`: in the runtime part of a
+    training step), an engine pausing, loading it and resuming (`load_s`: the weight sync) and an engine
+    paused and resumed (`switch_s`: a role switch)."""
     from reference.engine.builtin import BuiltinEngine
     from reference.model import build_model
     from reference.trainer.config import TrainerConfig
@@ -214,26 +217,26 @@ def measure_sync_and_switch(model_config, repeats: int) -> dict:
     from reference.trainer.trainer import Trainer
 
     trainer = Trainer(build_model(model_config), TrainerConfig(), pad_id=0)
+    times: dict[str, list[float]] = {"publish_s": [], "load_s": [], "switch_s": []}
 
-    async def go(root: str) -> tuple[list[float], list[float]]:
-        syncs, switches = [], []
+    async def go(root: str) -> None:
         with BuiltinEngine(build_model(model_config), max_batch=8, seed=0) as engine:
             for version in range(1, repeats + 2):
-                start = time.perf_counter()
-                trainer.publish(f"{root}/{version}")  # a new folder each time: what a new version costs
-                await engine.pause()
-                await engine.update_weights(version, str(version_dir(f"{root}/{version}", trainer.version)))
-                await engine.resume()
-                syncs.append(time.perf_counter() - start)
+                folder = f"{root}/{version}"  # a new folder each time: what a new version costs
+                times["publish_s"].append(_timed(lambda f=folder: trainer.publish(f)))
                 start = time.perf_counter()
                 await engine.pause()
+                await engine.update_weights(version, str(version_dir(folder, trainer.version)))
                 await engine.resume()
-                switches.append(time.perf_counter() - start)
-        return syncs[1:], switches[1:]
+                times["load_s"].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                await engine.pause()
+                await engine.resume()
+                times["switch_s"].append(time.perf_counter() - start)
 
     with tempfile.TemporaryDirectory() as root:
-        syncs, switches = asyncio.run(go(root))
-    return {"sync_s": statistics.median(syncs), "switch_s": statistics.median(switches)}
+        asyncio.run(go(root))
+    return {k: statistics.median(v[1:]) for k, v in times.items()}  # the first of each warms up
 
 
 def fit_trainer(cfg, model, device, points: list[tuple[int, float]], lengths: tuple[int, int]) -> dict:
@@ -484,7 +487,13 @@ def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
     trainer = parts["trainer"]
     fitted = fit_trainer(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device),
                          [tuple(p) for p in trainer["points"]], tuple(trainer["lengths"]))  # fmt: skip
-    return {**fitted, "sync_fixed_s": parts["sync_s"], "switch_fixed_s": parts["switch_s"]}
+    # The runtime publishes the new weights inside its training step; the engines load them in the sync.
+    return {
+        "train_mfu": fitted["train_mfu"],
+        "train_step_overhead_s": fitted["train_step_overhead_s"] + parts["publish_s"],
+        "sync_fixed_s": parts["load_s"],
+        "switch_fixed_s": parts["switch_s"],
+    }
 
 
 def _yaml(data: dict) -> str:
