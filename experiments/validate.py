@@ -13,7 +13,8 @@ predicts what the whole runtime does. Three stages:
      sim/calibration.py fits `hbm_efficiency`, `decode_mfu`, `decode_step_overhead_s` and `prefill_mfu`;
    - the GRPO trainer (`Trainer.train_step`, the runtime's own): steps on batches of the workload's
      shape at three sizes; `train_mfu` and `train_step_overhead_s` are the least-squares line through
-     them in the simulator's own cost terms (sim/train_layout.py);
+     them in the simulator's own cost terms (sim/train_layout.py), and the overhead also gets the time to
+     read a step's batch from a trajectory store;
    - a weight sync (the trainer publishing a version, an engine pausing, loading it and resuming):
      publishing goes into `train_step_overhead_s` (the runtime publishes inside its training step), the
      engine's pause, load and resume are `sync_fixed_s`; a role switch (an engine paused and resumed) is
@@ -237,6 +238,31 @@ def measure_sync_and_switch(model_config, repeats: int) -> dict:
     with tempfile.TemporaryDirectory() as root:
         asyncio.run(go(root))
     return {k: statistics.median(v[1:]) for k, v in times.items()}  # the first of each warms up
+
+
+def measure_batch_read(lengths: tuple[int, int], prompts: int, group_size: int, repeats: int) -> float:
+    """Median seconds to read one step's batch (`prompts` groups of `group_size` samples of `lengths` tokens)
+    from a trajectory store, as the runtime does at the start of each training step."""
+    from reference.manager.store import TrajectoryStore
+    from reference.rollout.groups import GroupResult, SampleResult, training_batch
+    from reference.tasks.base import Problem
+
+    prompt, response = lengths
+    groups = []
+    with tempfile.TemporaryDirectory() as root:
+        store = TrajectoryStore(Path(root) / "store.sqlite")
+        for g in range(prompts):
+            key, samples = f"g{g}", []
+            for i in range(group_size):
+                rid = f"g{g}.{i}"
+                store.append(key, rid, None, 0, list(range(prompt)), [1] * response, [-1.0] * response,
+                             [0] * response, "length", "x" * response)  # fmt: skip
+                samples.append(SampleResult(rid, i, 1.0, True, 0, 0, response))
+            store.annotate(key, {"reward": 1.0})
+            groups.append(GroupResult(g, key, Problem(key, "p", "a"), tuple(samples)))
+        times = [_timed(lambda: training_batch(store, groups)) for _ in range(repeats + 1)]
+        store.close()
+    return statistics.median(times[1:])
 
 
 def fit_trainer(cfg, model, device, points: list[tuple[int, float]], lengths: tuple[int, int]) -> dict:
@@ -466,6 +492,8 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
         trainer = measure_trainer(model_config, task.tokenizer.pad_token_id, lengths, grid)
         print("measuring: a weight sync and a role switch ...", flush=True)
         sync = measure_sync_and_switch(model_config, max(3, grid.repeats))
+        sync["batch_read_s"] = measure_batch_read(lengths, rt_cfg.rollout.prompts_per_step, rt_cfg.rollout.group_size,
+                                                  max(3, grid.repeats))  # fmt: skip
     model_name = str((out / "model" / "config.json").resolve())
     info = DeviceInfo(name=platform.processor() or platform.machine(), dtype="float32", spec=DEVICE_NAME,
                       torch_device="cpu", torch=torch.__version__)  # fmt: skip
@@ -487,10 +515,11 @@ def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
     trainer = parts["trainer"]
     fitted = fit_trainer(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device),
                          [tuple(p) for p in trainer["points"]], tuple(trainer["lengths"]))  # fmt: skip
-    # The runtime publishes the new weights inside its training step; the engines load them in the sync.
+    # The runtime reads its batch from the store and publishes the new weights inside its training step;
+    # the engines load them in the sync.
     return {
         "train_mfu": fitted["train_mfu"],
-        "train_step_overhead_s": fitted["train_step_overhead_s"] + parts["publish_s"],
+        "train_step_overhead_s": fitted["train_step_overhead_s"] + parts["publish_s"] + parts["batch_read_s"],
         "sync_fixed_s": parts["load_s"],
         "switch_fixed_s": parts["switch_s"],
     }
