@@ -148,7 +148,6 @@ class SimEngine:
         self._pending: list[Sample] = []  # joins waiting for the next step boundary
         self.held: list[Sample] = []  # paused requests awaiting resume
         self._t0 = 0.0  # when decoding of the current stretch starts (after its prefill)
-        self._s0 = 0  # steps at the start of the stretch
         self._planned = 0  # steps until the next event
         self._epoch = 0  # invalidates stale wake-ups
         self._tiebreak = count()
@@ -178,7 +177,8 @@ class SimEngine:
 
     @property
     def accepting(self) -> bool:
-        return self.state in (EngineState.IDLE, EngineState.RUNNING)
+        state = self.state
+        return state is EngineState.IDLE or state is EngineState.RUNNING
 
     @property
     def active(self) -> dict[Sample, Seq] | list[Sample]:
@@ -188,8 +188,13 @@ class SimEngine:
             return self.batch
         return [*self.batch, *self.prefilling, *self.waiting]
 
+    @property
+    def num_active(self) -> int:
+        """len(self.active), without building the list."""
+        return len(self.batch) + len(self.prefilling) + len(self.waiting)
+
     def fits(self, sample: Sample) -> bool:
-        seqs = len(self.active) + len(self._pending)
+        seqs = len(self.batch) + len(self.prefilling) + len(self.waiting) + len(self._pending)
         if self.paged:
             return seqs < self.max_seqs
         return seqs < self.max_seqs and self.kv_reserved + sample.final_context <= self.kv_capacity
@@ -214,7 +219,8 @@ class SimEngine:
         if steps:
             self.steps += steps
             self.sim.recorder.add_tokens(self.name, steps * len(self.batch))
-        self._s0, self._t0 = self.steps, max(now, self._t0)
+        if now > self._t0:
+            self._t0 = now
 
     def _plan(self, now: float) -> None:
         self._epoch += 1
@@ -223,28 +229,30 @@ class SimEngine:
             self.state = EngineState.IDLE
             self.sim.engine_idle(self, now)
             return
-        sparse = len(self.batch) < self._sparse_below
+        batch = len(self.batch)
+        sparse = batch < self._sparse_below
         if self.state is not EngineState.RUNNING or sparse != self._sparse:
             # A new timeline interval whenever the batch thins out or fills up again, so the picture
             # and the metrics can tell a full engine from one decoding a few stragglers.
             self.state, self._sparse = EngineState.RUNNING, sparse
             self.sim.engine_busy(self, now)
-        self._planned = self._steps_to_next_event()
-        dt = self.cost.decode_run_s(len(self.batch), self.sum_ctx, self._planned)
-        self.sim.wake(self._t0 + dt - now, self._on_wake, self._epoch, self._planned)
+        planned = self._planned = self._steps_to_next_event()
+        dt = self.cost.decode_run_s(batch, self._ctx_base + batch * self.steps, planned)
+        self.sim.wake(self._t0 + dt - now, self._on_wake, self._epoch, planned)
 
     def _steps_to_next_event(self) -> int:
         """Decode steps until a completion, a step short of blocks, or (while prompts are being
         prefilled) the end of this step; 0 for a step that only prefills."""
-        finish = self._next_finish()
-        steps = finish - self.steps
+        finish, step = self._next_finish(), self.steps
+        steps = finish - step
         if self.paged:
             blocks = self.kv_blocks
-            self._short_at = blocks.first_overflow(self.steps, finish)
-            steps = min(steps, self._short_at - self.steps)
-            if self.prefilling:
-                steps = min(steps, 1 if self.batch else 0)
-            last = self.steps + max(steps, 1) - 1  # blocks only grow within a stretch: its last step
+            self._short_at = short = blocks.first_overflow(step, finish)
+            if short - step < steps:
+                steps = short - step
+            if self.prefilling and steps > (1 if self.batch else 0):
+                steps = 1 if self.batch else 0
+            last = step + steps - 1 if steps > 1 else step  # blocks only grow within a stretch: its last step
             if blocks.base + blocks.decoding * (last // blocks.bs + 1) > self.kv_peak_blocks:  # (a bound)
                 self.kv_peak_blocks = max(self.kv_peak_blocks, blocks.needed(last))
                 assert self.kv_peak_blocks <= blocks.capacity, (self.name, self.kv_peak_blocks, blocks.capacity)
@@ -253,30 +261,45 @@ class SimEngine:
     def _next_finish(self) -> int:
         """Step at which the next decoding request finishes (dropping entries of preempted ones)."""
         heap = self._heap
-        while self.paged and heap and not self._live(heap[0]):
-            heapq.heappop(heap)
+        if self.paged:
+            batch = self.batch
+            while heap:
+                at, ticket, sample = heap[0]
+                seq = batch.get(sample)
+                if seq is not None and seq.ticket == ticket:
+                    return at
+                heapq.heappop(heap)
         return heap[0][0] if heap else NEVER
 
-    def _live(self, entry: tuple[int, int, Sample]) -> bool:
-        seq = self.batch.get(entry[2])
-        return seq is not None and seq.ticket == entry[1]
+    def _pop_finished(self) -> list[Sample]:
+        """Remove the requests that finish at this step, dropping the entries of preempted ones (no
+        live entry finishes before this step)."""
+        heap, batch, step, finished = self._heap, self.batch, self.steps, []
+        while heap:
+            at, ticket, sample = heap[0]
+            if self.paged:
+                seq = batch.get(sample)
+                if seq is None or seq.ticket != ticket:  # preempted since
+                    heapq.heappop(heap)
+                    continue
+            if at != step:
+                break
+            heapq.heappop(heap)
+            finished.append(self._remove(sample))
+        return finished
 
     def _on_wake(self, epoch: int, steps: int) -> None:
         if epoch != self._epoch:
             return
         now = self.sim.env.now
         self._advance(now, steps)
-        finished = []
-        heap = self._heap
-        self._next_finish()  # drops preempted entries off the top: none left finishes before now
-        while heap and heap[0][0] == self.steps:
-            entry = heapq.heappop(heap)
-            if not self.paged or self._live(entry):
-                finished.append(self._remove(entry[2]))
+        finished = self._pop_finished() if self._heap else ()
         if self.paged:
             self._open_step()
-        self._admit(now, self._pending + self.sim.take_for(self))
-        self._pending = []
+        taken = self.sim.take_for(self)
+        if taken or self._pending or self.prefilling or self.waiting:  # else there is nothing to admit
+            self._admit(now, self._pending + taken if taken else self._pending)
+            self._pending = []
         self._plan(now)
         for sample in finished:
             self.sim.turn_done(self, sample)
@@ -292,16 +315,19 @@ class SimEngine:
             self._admit(now, [sample])
             self._plan(now)
             return
-        self._pending.append(sample)
+        pending = self._pending
+        pending.append(sample)
         sample.where = "engine"
         if not self.paged:
             self.kv_reserved += sample.final_context
-        if len(self._pending) > 1:
+        if len(pending) > 1:
             return  # a boundary wake-up is already scheduled
-        done = self.cost.decode_steps_within(len(self.batch), self.sum_ctx, now - self._t0, self._planned)
+        batch = len(self.batch)
+        ctx = self._ctx_base + batch * self.steps
+        done = self.cost.decode_steps_within(batch, ctx, now - self._t0, self._planned)
         if done + 1 < self._planned:
             self._epoch += 1
-            dt = self.cost.decode_run_s(len(self.batch), self.sum_ctx, done + 1)
+            dt = self.cost.decode_run_s(batch, ctx, done + 1)
             self.sim.wake(self._t0 + dt - now, self._on_wake, self._epoch, done + 1)
 
     def _admit(self, now: float, samples: list[Sample]) -> None:
@@ -329,10 +355,11 @@ class SimEngine:
 
     def _start_decoding(self, sample: Sample, seq: Seq) -> None:
         """Add a request whose prefill is done to the batch: it decodes from this step on."""
-        seq.mark, seq.offset, seq.ticket = self.steps, sample.prefix_tokens - self.steps, next(self._tiebreak)
+        step = self.steps
+        seq.mark, seq.offset, seq.ticket = step, sample.prefix_tokens - step, next(self._tiebreak)
         self.batch[sample] = seq
         self._ctx_base += seq.offset
-        heapq.heappush(self._heap, (self.steps + sample.remaining, seq.ticket, sample))
+        heapq.heappush(self._heap, (step + sample.remaining, seq.ticket, sample))
         if self.paged:
             self.kv_blocks.base -= seq.blocks
             self.kv_blocks.add_decoding(seq.offset, seq.shared)
@@ -381,31 +408,30 @@ class SimEngine:
     def _schedule(self, now: float, samples: list[Sample]) -> None:
         """Fill the step's token budget: continue prefills, then admit waiting requests in order while
         the budget, max_num_seqs and free blocks allow (none after a preemption), as vLLM V1 does."""
-        for sample in samples:
-            sample.where = "engine"
-        self.waiting.extend(samples)
+        waiting = self.waiting
+        if samples:
+            for sample in samples:
+                sample.where = "engine"
+            waiting.extend(samples)
         tokens, pairs = 0, 0.0
         for sample, seq in list(self.prefilling.items()) if self.prefilling else ():
             if self._room <= 0:
                 break
             t, p = self._chunk(sample, seq)
             tokens, pairs = tokens + t, pairs + p
-        used = self.kv_blocks.needed(self.steps) if self.waiting else 0
-        while (
-            self.waiting
-            and self._room > 0
-            and not self._preempted_now
-            and len(self.batch) + len(self.prefilling) < self.max_seqs
-        ):
-            seq, blocks = self._lookup(self.waiting[0])
-            if used + blocks > self.kv_blocks.capacity:
-                break
-            used += blocks
-            sample = self.waiting.popleft()
-            self._hold(sample, seq)
-            t, p = self._chunk(sample, seq)
-            tokens, pairs = tokens + t, pairs + p
-        self._prefill(now, tokens, pairs)
+        if waiting and self._room > 0 and not self._preempted_now:
+            used, capacity = self.kv_blocks.needed(self.steps), self.kv_blocks.capacity
+            while waiting and self._room > 0 and len(self.batch) + len(self.prefilling) < self.max_seqs:
+                seq, blocks = self._lookup(waiting[0])
+                if used + blocks > capacity:
+                    break
+                used += blocks
+                sample = waiting.popleft()
+                self._hold(sample, seq)
+                t, p = self._chunk(sample, seq)
+                tokens, pairs = tokens + t, pairs + p
+        if tokens:
+            self._prefill(now, tokens, pairs)
 
     def _lookup(self, sample: Sample) -> tuple[Seq, int]:
         """The request's state if admitted now, and the blocks admitting it takes: its prompt and
@@ -415,10 +441,11 @@ class SimEngine:
         hit, shared = self.sim.cached_prefix(self, sample), 0
         if self.prefix_caching:
             shared = (sample.turns[0].input_tokens - 1) // bs  # full blocks before the prompt's last token
-        own = -(-(sample.prefix_tokens + 1) // bs) - shared
+        prefix = sample.prefix_tokens
+        own = -(-(prefix + 1) // bs) - shared
         if shared and self._groups.get(sample.group_id):
-            return Seq(max(hit, shared * bs), sample.prefix_tokens, own, shared), own
-        return Seq(hit, sample.prefix_tokens, own, shared), own + shared
+            return Seq(max(hit, shared * bs), prefix, own, shared), own
+        return Seq(hit, prefix, own, shared), own + shared
 
     def _hold(self, sample: Sample, seq: Seq) -> None:
         """Admit: the request takes its blocks (its group's prompt blocks if it is the first) and

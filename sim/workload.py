@@ -18,12 +18,16 @@ from sim.config import Dist, WorkloadConfig
 
 
 def draw(dist: Dist, rng: random.Random) -> float:
+    """min(dist.max, max(dist.min, value)), written out (it runs millions of times a large run)."""
     value = dist.median * math.exp(dist.sigma * rng.gauss(0.0, 1.0)) if dist.sigma else dist.median
-    return min(dist.max, max(dist.min, value))
+    if not value > dist.min:
+        value = dist.min
+    return value if value < dist.max else dist.max
 
 
 def draw_int(dist: Dist, rng: random.Random) -> int:
-    return max(1, round(draw(dist, rng)))
+    value = round(draw(dist, rng))
+    return value if value > 1 else 1  # max(1, value)
 
 
 @dataclass(frozen=True)
@@ -54,17 +58,18 @@ class Sample:
 
     @property
     def remaining(self) -> int:
-        return self.current.output_tokens - self.generated
+        return self.turns[self.turn].output_tokens - self.generated
 
     @property
     def prefix_tokens(self) -> int:
         """Tokens the engine must hold to continue this turn (input so far plus generated)."""
-        return self.context + self.current.input_tokens + self.generated
+        return self.context + self.turns[self.turn].input_tokens + self.generated
 
     @property
     def final_context(self) -> int:
         """Context length when the current turn finishes (what KV admission reserves)."""
-        return self.context + self.current.input_tokens + self.current.output_tokens
+        turn = self.turns[self.turn]
+        return self.context + turn.input_tokens + turn.output_tokens
 
     @property
     def total_tokens(self) -> int:
@@ -85,7 +90,8 @@ class Sample:
 
     def finish_turn(self) -> bool:
         """Close the current turn; True when the episode is over."""
-        self.context += self.current.input_tokens + self.current.output_tokens
+        turn = self.turns[self.turn]
+        self.context += turn.input_tokens + turn.output_tokens
         self.generated = 0
         self.turn += 1
         return self.turn >= len(self.turns)
