@@ -11,10 +11,11 @@ predicts what the whole runtime does. Three stages:
    - the built-in engine (in this process, no HTTP): decode steps of `batch` sequences at `context`
      tokens and prefills of one prompt, written as a profile (sim/profile.py) from which
      sim/calibration.py fits `hbm_efficiency`, `decode_mfu`, `decode_step_overhead_s` and `prefill_mfu`;
-   - the GRPO trainer (`Trainer.train_step`, the runtime's own): steps on batches of the workload's
-     shape at three sizes; `train_mfu` and `train_step_overhead_s` are the least-squares line through
-     them in the simulator's own cost terms (sim/train_layout.py), and the overhead also gets the time to
-     read a step's batch from a trajectory store;
+   - the GRPO trainer (`Trainer.train_step`, the runtime's own): steps on batches drawn from the
+     workload (groups sharing a length, as the runtime's), three at each of three sizes; `train_mfu`
+     and `train_step_overhead_s` are the least-squares line through them in the simulator's own cost
+     terms (sim/train_layout.py), and the overhead also gets the time to read a step's batch from a
+     trajectory store;
    - a weight sync (the trainer publishing a version, an engine pausing, loading it and resuming):
      publishing goes into `train_step_overhead_s` (the runtime publishes inside its training step), the
      engine's pause, load and resume are `sync_fixed_s`; a role switch (an engine paused and resumed) is
@@ -86,7 +87,7 @@ class Grid:
     contexts: tuple[int, ...]  # decode: prompt tokens of each sequence
     decode_tokens: int  # decode: tokens generated a point (after the first)
     prefill_tokens: tuple[int, ...]
-    train_sequences: tuple[int, ...]  # trainer: batch sizes, at the workload's mean lengths
+    train_sequences: tuple[int, ...]  # trainer: batch sizes, lengths drawn from the workload
     repeats: int
 
 
@@ -181,29 +182,47 @@ def measure_engine(model_config, grid: Grid) -> tuple[list, list]:
     return asyncio.run(go())
 
 
-def measure_trainer(model_config, pad_id: int, lengths: tuple[int, int], grid: Grid) -> list[tuple[int, float]]:
-    """(sequences, median seconds) of the runtime's `Trainer.train_step` on batches of `lengths` = (prompt,
-    response) tokens a sequence, groups of 16."""
+def draw_batch_lengths(task, sequences: int, group_size: int, rng: random.Random) -> list[tuple[int, int]]:
+    """(prompt, response) tokens of `sequences` samples drawn as the workload draws them: groups of
+    `group_size` share a prompt and (the throughput task forces it) a response length."""
+    from sim.config import Dist
+    from sim.workload import draw_int
+
+    w = task.simulator_workload()
+    prompt, response = Dist(**w["prompt_tokens"]), Dist(**w["response_tokens"])
+    out: list[tuple[int, int]] = []
+    while len(out) < sequences:
+        p, r = draw_int(prompt, rng), draw_int(response, rng)
+        out += [(p, r)] * min(group_size, sequences - len(out))
+    return out
+
+
+def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid) -> list[dict]:
+    """The runtime's `Trainer.train_step` on batches drawn from the workload (`repeats` batches at each size
+    in `grid.train_sequences`): each one's sequence lengths and seconds."""
     from reference.model import build_model
     from reference.trainer.batch import Trajectory
     from reference.trainer.config import TrainerConfig
     from reference.trainer.trainer import Trainer
 
-    prompt, response = lengths
     rng = random.Random(0)
     trainer = Trainer(build_model(model_config), TrainerConfig(), pad_id=pad_id)
+
+    def batch(n: int) -> list[Trajectory]:
+        out = []
+        for i, (prompt, response) in enumerate(draw_batch_lengths(task, n, group_size, rng)):
+            ids = [rng.randrange(model_config.vocab_size) for _ in range(prompt + response)]
+            out.append(Trajectory(ids, [0] * prompt + [1] * response, [-rng.uniform(0.5, 6) for _ in range(response)],
+                                  [trainer.version] * response, i // group_size, rng.random()))  # fmt: skip
+        return out
+
+    trainer.train_step(batch(min(grid.train_sequences)))  # warm-up
     points = []
     for n in grid.train_sequences:
-        tokens = [[rng.randrange(model_config.vocab_size) for _ in range(prompt + response)] for _ in range(n)]
-        times = []
-        for _ in range(grid.repeats + 1):  # the first warms up
-            batch = [
-                Trajectory(t, [0] * prompt + [1] * response, [-rng.uniform(0.5, 6) for _ in range(response)],
-                           [trainer.version] * response, i // 16, rng.random())
-                for i, t in enumerate(tokens)
-            ]  # fmt: skip
-            times.append(_timed(lambda b=batch: trainer.train_step(b)))
-        points.append((n, statistics.median(times[1:])))
+        for _ in range(grid.repeats):
+            b = batch(n)
+            seconds = _timed(lambda b=b: trainer.train_step(b))
+            points.append({"seq_lens": [len(t.token_ids) for t in b], "seconds": seconds})
     return points
 
 
@@ -265,20 +284,20 @@ def measure_batch_read(lengths: tuple[int, int], prompts: int, group_size: int, 
     return statistics.median(times[1:])
 
 
-def fit_trainer(cfg, model, device, points: list[tuple[int, float]], lengths: tuple[int, int]) -> dict:
+def fit_trainer(cfg, model, device, points: list[dict]) -> dict:
     """train_mfu m and train_step_overhead_s o of seconds = o + A / m + R, least squares over the points
-    (A: the passes' compute at m = 1, R: the rest of sim/train_layout.py's step, both the simulator's)."""
+    (A: the passes' compute at m = 1, R: the rest of sim/train_layout.py's step, both the simulator's, for
+    each point's sequence lengths)."""
     from sim import train_layout
     from sim.calibration import measured_setup
 
     setup = measured_setup(cfg, train_mfu=0.75)
-    seq = sum(lengths)
     a, rest, t = [], [], []
-    for n, seconds in points:
-        parts = train_layout.step(setup, model, device, [seq] * n, 1)
+    for point in points:
+        parts = train_layout.step(setup, model, device, point["seq_lens"], 1)
         a.append(parts.train_compute_s * 0.75)
         rest.append(parts.total_s - parts.train_compute_s)
-        t.append(seconds)
+        t.append(point["seconds"])
     x = np.column_stack([np.ones(len(a)), a])
     (overhead, inverse), *_ = np.linalg.lstsq(x, np.array(t) - np.array(rest), rcond=None)
     mfu = min(0.75, 1.0 / inverse) if inverse > 0 else 0.75
@@ -488,8 +507,8 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
         print("measuring: the built-in engine (decode, prefill) ...", flush=True)
         decode, prefill = measure_engine(model_config, grid)
         lengths = mean_lengths(task)
-        print(f"measuring: the trainer ({lengths[0]} + {lengths[1]} tokens a sequence) ...", flush=True)
-        trainer = measure_trainer(model_config, task.tokenizer.pad_token_id, lengths, grid)
+        print("measuring: the trainer (batches drawn from the workload) ...", flush=True)
+        trainer = measure_trainer(model_config, task, task.tokenizer.pad_token_id, rt_cfg.rollout.group_size, grid)
         print("measuring: a weight sync and a role switch ...", flush=True)
         sync = measure_sync_and_switch(model_config, max(3, grid.repeats))
         sync["batch_read_s"] = measure_batch_read(lengths, rt_cfg.rollout.prompts_per_step, rt_cfg.rollout.group_size,
@@ -501,7 +520,7 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
                       models=(ModelProfile(model_name, tuple(decode), tuple(prefill), (), ()),))  # fmt: skip
     write_profile(profile, out / "profile.yaml")
     return {"device": device, "decode": [asdict(p) for p in decode], "prefill": [asdict(p) for p in prefill],
-            "trainer": {"lengths": lengths, "points": trainer}, **sync, "model": model_name}  # fmt: skip
+            "trainer": {"points": trainer}, **sync, "model": model_name}  # fmt: skip
 
 
 def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
@@ -512,9 +531,7 @@ def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
     config = sim_config_dict(rt, task, steps, out, {})
     (out / "sim_config.yaml").write_text(_yaml(config))
     cfg = load_config(out / "sim_config.yaml")
-    trainer = parts["trainer"]
-    fitted = fit_trainer(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device),
-                         [tuple(p) for p in trainer["points"]], tuple(trainer["lengths"]))  # fmt: skip
+    fitted = fit_trainer(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device), parts["trainer"]["points"])
     # The runtime reads its batch from the store and publishes the new weights inside its training step;
     # the engines load them in the sync.
     return {

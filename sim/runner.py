@@ -162,7 +162,8 @@ class Simulation:
     def _meta(self) -> dict:
         """The timeline's description of the run. A heterogeneous cluster's device reads "h800+h20"
         (train-capable first) and `pools` gives each pool's device and GPUs; a priced cluster's
-        `price_per_hour` lets `summarize` report a cost per token."""
+        `price_per_hour` lets `summarize` report a cost per token; a calibrated run's `calibration`
+        holds the constants its profile set (sim/calibration.py)."""
         cluster, pool = self.cfg.cluster, self.cfg.cluster.rollout_pool
         meta = {
             "policy": self.policy.name,
@@ -180,6 +181,8 @@ class Simulation:
             }
         if self.cfg.price_per_hour is not None:
             meta["price_per_hour"] = self.cfg.price_per_hour
+        if self.cost.calibration is not None:  # costs.profile: what it set, what it kept and why, fit errors
+            meta["calibration"] = self.cost.calibration.to_dict()
         return meta
 
     def _count_dropped(self) -> None:

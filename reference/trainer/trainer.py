@@ -1,7 +1,9 @@
 """The GRPO trainer: one optimiser step per batch of rewarded trajectories, then a new policy version.
 
 `Trainer.train_step(trajectories)` computes group-normalised advantages, splits the batch into
-micro-batches, accumulates the gradient of the step's global token-mean loss (`reference.trainer.loss`),
+micro-batches of sequences of similar length (sorted by length: each micro-batch is padded to its
+longest, so with long-tailed lengths unsorted slices would spend most of their compute on padding),
+accumulates the gradient of the step's global token-mean loss (`reference.trainer.loss`),
 sums gradients over data-parallel ranks (`reference.trainer.parallel`), clips the global gradient
 norm, takes one AdamW step and returns the step's metrics. The policy version equals the number of
 steps taken: step k trains version k and produces version k + 1, which `publish` hands to engines.
@@ -111,6 +113,10 @@ class Trainer:
             [t.reward for t in trajectories], [t.group_id for t in trajectories],
             self.config.normalize_std, self.config.std_eps,
         )  # fmt: skip
+        # Shortest first (stable, so deterministic): micro-batches of similar lengths pad little. The loss is
+        # the step's global token mean, so the order changes only the order of the gradient sums.
+        order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].token_ids))
+        trajectories, advantages = [trajectories[i] for i in order], [advantages[i] for i in order]
         local_tokens = sum(t.num_generated for t in trajectories)
         total = int(self.parallel.all_reduce(torch.tensor([local_tokens], dtype=torch.float64))[0])
         if total == 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 import yaml
@@ -56,13 +57,16 @@ def test_the_trainer_fit_recovers_known_costs(tmp_path):
     from sim.calibration import measured_setup
     from sim.config import load_config
 
-    _mirror(tmp_path)
+    _, task, _ = _mirror(tmp_path)
     cfg = load_config(tmp_path / "sim_config.yaml")
     model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
     truth = measured_setup(cfg, train_mfu=0.3, train_step_overhead_s=0.05)
-    lengths = (7, 53)
-    points = [(n, train_layout.step(truth, model, device, [60] * n, 1).total_s) for n in (64, 128, 256)]
-    fitted = v.fit_trainer(cfg, model, device, points, lengths)
+    rng = random.Random(0)
+    batches = [[length for _, length in v.draw_batch_lengths(task, n, 16, rng)] for n in (64, 128, 256)]
+    points = [
+        {"seq_lens": lens, "seconds": train_layout.step(truth, model, device, lens, 1).total_s} for lens in batches
+    ]
+    fitted = v.fit_trainer(cfg, model, device, points)
     assert fitted["train_mfu"] == pytest.approx(0.3, rel=1e-6)
     assert fitted["train_step_overhead_s"] == pytest.approx(0.05, rel=1e-6)
 
@@ -70,6 +74,15 @@ def test_the_trainer_fit_recovers_known_costs(tmp_path):
 def _summary(tokens_s: float, step_s: float, bubble: float, util: dict, steps: int = 4) -> dict:
     return {"token_throughput": tokens_s, "step_time_s": {"mean": step_s}, "bubble_fraction": bubble,
             "utilisation": util, "device_seconds": {"total": 10.0}, "num_steps": steps}  # fmt: skip
+
+
+def test_batches_are_drawn_in_groups_that_share_a_length():
+    _, task, _ = v.runtime_setup(3)
+    lengths = v.draw_batch_lengths(task, 40, 16, random.Random(0))
+    assert len(lengths) == 40 and len(set(lengths[:16])) == 1 and len(set(lengths[16:32])) == 1
+    assert len(set(lengths)) > 1  # the groups differ
+    cap = task.simulator_workload()["response_tokens"]["max"]
+    assert all(1 <= r <= cap for _, r in lengths)
 
 
 def test_compare_gives_relative_errors_points_and_ratios():

@@ -87,6 +87,16 @@ def test_provenance_names_fitted_and_kept_constants():
     assert record["points"] == {"decode": 11, "prefill": 3, "train": 2}
 
 
+def test_a_calibrated_run_records_its_calibration_in_the_timeline():
+    from sim.runner import simulate
+
+    overrides = [f"model={MODEL}", "costs.profile=example-h800", "num_steps=1", "cluster.num_gpus=8",
+                 "rollout.tensor_parallel=1", "workload.prompts_per_step=8"]  # fmt: skip
+    timeline = simulate(load_config(overrides=overrides), "colocated")
+    assert timeline.meta["calibration"] == calibrated("example-h800").calibration.to_dict()
+    assert "calibration" not in simulate(load_config(overrides=overrides[:1] + overrides[2:]), "colocated").meta
+
+
 def test_points_that_cannot_separate_bandwidth_from_overhead_fit_the_overhead_alone():
     """qwen3-32b on one GPU: every decode point reads about the same 65 GB of weights."""
     cal = calibrated("example-h800", "model=qwen3-32b").calibration
