@@ -8,9 +8,10 @@ predicts what the whole runtime does. Three stages:
    thread, as one runtime resource has:
    - the device: an fp32 matmul's FLOP/s (the best of several 1024 x 1024 products) and a memory
      copy's bandwidth, written as a device file (`cpu-core.yaml`);
-   - the built-in engine (in this process, no HTTP): decode steps of `batch` sequences at `context`
-     tokens and prefills of one prompt, written as a profile (sim/profile.py) from which
-     sim/calibration.py fits `hbm_efficiency`, `decode_mfu`, `decode_step_overhead_s` and `prefill_mfu`;
+   - the built-in engine as the runtime deploys it (a process of its own on one core, called over HTTP
+     from another): decode steps of `batch` sequences at `context` tokens and prefills of one prompt,
+     written as a profile (sim/profile.py) from which sim/calibration.py fits `hbm_efficiency`,
+     `decode_mfu`, `decode_step_overhead_s` and `prefill_mfu`;
    - the GRPO trainer (`Trainer.train_step`, the runtime's own): steps on batches drawn from the
      workload (groups sharing a length, as the runtime's), three at each of three sizes; `train_mfu`
      and `train_step_overhead_s` are the least-squares line through them in the simulator's own cost
@@ -144,11 +145,14 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def measure_engine(model_config, grid: Grid) -> tuple[list, list]:
-    """(decode points, prefill points) of the built-in engine in this process (sim/profile.py records)."""
+def measure_engine(model_config, tokenizer, grid: Grid, engine_cores: set[int], client_cores: set[int]) -> tuple:
+    """(decode points, prefill points) of the built-in engine as the runtime deploys it: a process of its
+    own on `engine_cores` with one torch thread, called over HTTP from this process on `client_cores`
+    (sim/profile.py records)."""
     from reference.engine.base import GenerateRequest, SamplingParams, generate
-    from reference.engine.builtin import BuiltinEngine
+    from reference.engine.process import EngineProcess, EngineSpec
     from reference.model import build_model
+    from reference.trainer.handoff import publish_weights
     from sim.profile import DecodePoint, PrefillPoint
 
     rng, vocab = random.Random(0), model_config.vocab_size
@@ -161,25 +165,39 @@ def measure_engine(model_config, grid: Grid) -> tuple[list, list]:
         await asyncio.gather(*(generate(engine, GenerateRequest(f"v{next(ids)}", p, params)) for p in prompts))
         return time.perf_counter() - start
 
-    async def go() -> tuple[list, list]:
+    async def go(client) -> tuple[list, list]:
         decode, prefill = [], []
-        with BuiltinEngine(build_model(model_config), max_batch=max(grid.batches), seed=0, prefix_cache_mb=0) as e:
-            await batch_s(e, 4, 8, 4)  # warm-up
+        try:
+            await batch_s(client, 4, 8, 4)  # warm-up
             for batch in grid.batches:
                 for context in grid.contexts:
-                    # one step more than prefill + 1 token, per generated token: decode alone
+                    # prefill + 1 token, and prefill + 1 + n: the difference is n decode steps
                     longer = statistics.median(
-                        [await batch_s(e, batch, context, grid.decode_tokens + 1) for _ in range(grid.repeats)]
+                        [await batch_s(client, batch, context, grid.decode_tokens + 1) for _ in range(grid.repeats)]
                     )
-                    shorter = statistics.median([await batch_s(e, batch, context, 1) for _ in range(grid.repeats)])
+                    shorter = statistics.median([await batch_s(client, batch, context, 1) for _ in range(grid.repeats)])
                     step = max(longer - shorter, 1e-9) / grid.decode_tokens
                     decode.append(DecodePoint(batch, context + grid.decode_tokens // 2, step))
             for tokens in grid.prefill_tokens:
-                seconds = statistics.median([await batch_s(e, 1, tokens, 1) for _ in range(grid.repeats)])
+                seconds = statistics.median([await batch_s(client, 1, tokens, 1) for _ in range(grid.repeats)])
                 prefill.append(PrefillPoint(tokens, seconds))
+        finally:
+            await client.close()
         return decode, prefill
 
-    return asyncio.run(go())
+    with tempfile.TemporaryDirectory() as root:
+        weights = publish_weights(build_model(model_config).state_dict(), model_config, root, 0, tokenizer).path
+        mask = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, engine_cores)  # the engine process inherits it
+        try:
+            engine = EngineProcess(EngineSpec(model=str(weights), max_batch=max(grid.batches), torch_threads=1))
+        finally:
+            os.sched_setaffinity(0, client_cores)
+        try:
+            return asyncio.run(go(engine.client()))
+        finally:
+            engine.close()
+            os.sched_setaffinity(0, mask)
 
 
 def draw_batch_lengths(task, sequences: int, group_size: int, rng: random.Random) -> list[tuple[int, int]]:
@@ -500,12 +518,13 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
 
     (out / "model").mkdir(parents=True, exist_ok=True)
     model_config.to_json_file(str(out / "model" / "config.json"))
+    cores = os.sched_getaffinity(0)
+    print("measuring: the built-in engine (decode, prefill; its own process, over HTTP) ...", flush=True)
+    decode, prefill = measure_engine(model_config, task.tokenizer, grid, {min(cores)}, (cores - {min(cores)}) or cores)
     with one_core():
         print("measuring: the device (matmul, memory copy) ...", flush=True)
         device = measure_device()
         (out / "cpu-core.yaml").write_text(yaml.safe_dump(device, sort_keys=False))
-        print("measuring: the built-in engine (decode, prefill) ...", flush=True)
-        decode, prefill = measure_engine(model_config, grid)
         lengths = mean_lengths(task)
         print("measuring: the trainer (batches drawn from the workload) ...", flush=True)
         trainer = measure_trainer(model_config, task, task.tokenizer.pad_token_id, rt_cfg.rollout.group_size, grid)
