@@ -355,6 +355,13 @@ def mean_lengths(task) -> tuple[int, int]:
     return round(means[0]), round(means[1])
 
 
+def config_path(path: Path) -> str:
+    """A file the simulator's config names: relative to the current folder when inside it (so that the
+    written sim_config.yaml runs from the repository, as `python -m sim --config ...`), else absolute."""
+    path = path.resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
 def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
     """The simulator's config for the runtime's `--compare` run (see the module docstring)."""
     workload = {**task.simulator_workload(), "prompts_per_step": rt.rollout.prompts_per_step,
@@ -362,8 +369,8 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
     return {
         "seed": rt.run.seed,
         "num_steps": steps,
-        "model": str((out / "model" / "config.json").resolve()),
-        "cluster": {"device": str((out / "cpu-core.yaml").resolve()), "num_gpus": rt.resources.count},
+        "model": config_path(out / "model" / "config.json"),
+        "cluster": {"device": config_path(out / "cpu-core.yaml"), "num_gpus": rt.resources.count},
         "pools": {"train_fraction": rt.resources.train_fraction},
         "rollout": {
             "tensor_parallel": rt.resources.cores_per_resource,
@@ -387,7 +394,7 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
             "stale_samples": rt.policy.stale_samples,
         },  # fmt: skip
         "costs": {
-            "profile": str((out / "profile.yaml").resolve()),
+            "profile": config_path(out / "profile.yaml"),
             "broadcast_hop_s": 0.0,
             "nvlink_efficiency": 1.0,
             "network_efficiency": 1.0,
@@ -456,7 +463,7 @@ def compare(measured: dict[str, dict], predicted: dict[str, dict]) -> dict[str, 
 def table(rows: dict[str, dict]) -> str:
     lines = [f"{'policy':<14} {'metric':<19} {'measured':>10} {'simulated':>10} {'error':>8}"]
     formats = {label: fmt for label, _, fmt, _ in METRICS}
-    for policy, row in rows.items():
+    for policy, row in sorted(rows.items(), key=lambda item: POLICIES.index(item[0])):
         for label, cell in row.items():
             fmt = formats.get(label, "{:.2f}x")
             err = cell.get("error")
@@ -474,7 +481,7 @@ def draw(rows: dict[str, dict], path: Path, note: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    policies = list(rows)
+    policies = [p for p in POLICIES if p in rows]
     x = np.arange(len(policies))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     for k, (side, colour) in enumerate((("measured", "#4c72b0"), ("predicted", "#dd8452"))):
@@ -482,10 +489,12 @@ def draw(rows: dict[str, dict], path: Path, note: str) -> None:
         bars = ax1.bar(x + (k - 0.5) * 0.38, values, 0.38, color=colour,
                        label="runtime (measured)" if side == "measured" else "simulator (predicted)")  # fmt: skip
         ax1.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7, padding=2)
+    top = max(rows[p]["trained tok/s"][side] for p in policies for side in ("measured", "predicted"))
+    ax1.set_ylim(0, 1.3 * top)  # room for the legend above the bars
     ax1.set_xticks(x, policies)
     ax1.set_ylabel("trained tokens / s")
     ax1.set_title("Throughput")
-    ax1.legend(loc="lower right", fontsize=8)
+    ax1.legend(loc="upper center", fontsize=8, ncols=2)
     colours = {"rollout": "#55a868", "train": "#4c72b0", "sync": "#c44e52", "idle": "#cccccc"}
     for k, side in enumerate(("measured", "predicted")):
         bottom = np.zeros(len(policies))
@@ -494,6 +503,7 @@ def draw(rows: dict[str, dict], path: Path, note: str) -> None:
             ax2.bar(x + (k - 0.5) * 0.38, values, 0.36, bottom=bottom, color=colour, hatch="" if k == 0 else "//",
                     edgecolor="white", label=phase if k == 0 else None)  # fmt: skip
             bottom += values
+    ax2.set_ylim(0, 1.2 * ax2.get_ylim()[1])
     ax2.set_xticks(x, policies)
     ax2.set_ylabel("device-seconds per step (all resources)")
     ax2.set_title("Where a step's device time goes: runtime left, simulator right (hatched)", fontsize=10)
@@ -532,7 +542,7 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
         sync = measure_sync_and_switch(model_config, max(3, grid.repeats))
         sync["batch_read_s"] = measure_batch_read(lengths, rt_cfg.rollout.prompts_per_step, rt_cfg.rollout.group_size,
                                                   max(3, grid.repeats))  # fmt: skip
-    model_name = str((out / "model" / "config.json").resolve())
+    model_name = config_path(out / "model" / "config.json")  # the profile's entry: named as the config names it
     info = DeviceInfo(name=platform.processor() or platform.machine(), dtype="float32", spec=DEVICE_NAME,
                       torch_device="cpu", torch=torch.__version__)  # fmt: skip
     profile = Profile(version=1, device=info,
