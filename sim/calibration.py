@@ -6,8 +6,10 @@ on `cluster.device`, `calibrate` fits the constants of sim/cost.py's roofline to
 squares on relative error, in the setup the points were measured in (`profile.MEASURED_SETUP`: one
 GPU), and the cost model then runs on the fitted values:
 
-- decode: hbm_efficiency, decode_mfu and decode_step_overhead_s, from
-  step = max(memory / hbm_efficiency, compute / decode_mfu) + overhead at every (batch, context);
+- decode: hbm_efficiency, decode_mfu, decode_step_overhead_s o and decode_seq_overhead_s s, from
+  step = max(memory / hbm_efficiency, compute / decode_mfu) + o + s x batch at every (batch, context)
+  (s only when the points span several batch sizes; it is the host's work per sequence: sampling,
+  scheduling, streaming);
 - prefill: prefill_mfu, from seconds = max(compute / prefill_mfu, weight reads / hbm_efficiency);
 - training: train_mfu, from the trainer's step on one GPU (sim/train_layout.py; the points are measured
   without recompute, so model FLOPs run at 4/3 of train_mfu, the convention of HFU_PER_MFU).
@@ -46,6 +48,7 @@ GRID = 41  # points a side of each search grid
 ROUNDS = 14  # each round narrows the grid to 4 of its steps: about 1e-14 of the range at the end
 MIN_DECODE_POINTS = 3  # one per decode constant
 MAX_RELATIVE_SE = 0.1  # a decode efficiency fitted with a larger standard error (relative) is not trusted
+DECODE_OVERHEADS = ("decode_step_overhead_s", "decode_seq_overhead_s")  # a step's, and a sequence's in it
 
 
 @dataclass(frozen=True)
@@ -94,11 +97,12 @@ def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: pr
     name = cfg.costs.profile
     entry = profiles.entry_for(profile, model, cfg.model)
     c = cfg.costs
-    values = {k: getattr(c, k) for k in ("hbm_efficiency", "decode_mfu", "decode_step_overhead_s")}
+    values = {k: getattr(c, k) for k in ("hbm_efficiency", "decode_mfu", *DECODE_OVERHEADS)}
     values |= {"prefill_mfu": c.prefill_mfu, "train_mfu": c.train_mfu}
     kept: dict[str, str] = {}
     fitted: list[str] = []
-    setup = measured_setup(cfg, hbm_efficiency=1.0, decode_mfu=1.0, prefill_mfu=1.0, decode_step_overhead_s=0.0)
+    setup = measured_setup(cfg, hbm_efficiency=1.0, decode_mfu=1.0, prefill_mfu=1.0, decode_step_overhead_s=0.0,
+                           decode_seq_overhead_s=0.0)  # fmt: skip
     unit = CostModel(setup, model, device)  # every efficiency 1, no overhead: the bare roofline terms
     if len(entry.decode) >= MIN_DECODE_POINTS:
         decode = _fit_decode(unit, entry.decode, c)
@@ -107,7 +111,7 @@ def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: pr
         kept |= decode.kept
     else:
         why = f"{len(entry.decode)} decode point(s); the three decode constants need at least {MIN_DECODE_POINTS}"
-        kept |= dict.fromkeys(("hbm_efficiency", "decode_mfu", "decode_step_overhead_s"), why)
+        kept |= dict.fromkeys(("hbm_efficiency", "decode_mfu", *DECODE_OVERHEADS), why)
     if entry.prefill:
         prefill = _fit_prefill(unit, entry.prefill, values["hbm_efficiency"], c.prefill_mfu)
         values.update(prefill.values)
@@ -152,25 +156,31 @@ class _Part:
 
 
 def _fit_decode(unit: CostModel, points: tuple[profiles.DecodePoint, ...], c) -> _Part:
-    """hbm_efficiency e, decode_mfu u, overhead o minimising the relative error of max(M/e, C/u) + o."""
+    """hbm_efficiency e, decode_mfu u and the overheads o (a step) and s (a sequence) minimising the relative
+    error of max(M/e, C/u) + o + s b. s is fitted only when the points span several batch sizes."""
     lines = [unit.decode_lines(p.batch, p.batch * p.context) for p in points]
     memory, compute = np.array([d.p1 for d in lines]), np.array([d.p2 for d in lines])
     t = np.array([p.step_s for p in points])
-    e, u = _search(lambda es, us: _decode_loss(memory, compute, t, es, us)[0], 2)
-    overhead = float(_decode_loss(memory, compute, t, np.array([e]), np.array([u]))[1][0])
-    values = {"hbm_efficiency": e, "decode_mfu": u, "decode_step_overhead_s": overhead}
-    fitted, kept = ["hbm_efficiency", "decode_mfu", "decode_step_overhead_s"], {}
+    batch = np.array([float(p.batch) for p in points]) if len({p.batch for p in points}) > 1 else None
+    e, u = _search(lambda es, us: _decode_loss(memory, compute, t, es, us, batch)[0], 2)
+    overheads = [DECODE_OVERHEADS[0], *([DECODE_OVERHEADS[1]] if batch is not None else [])]
+
+    def fixed(e: float, u: float) -> dict[str, float]:
+        _, o, per_seq = _decode_loss(memory, compute, t, np.array([e]), np.array([u]), batch)
+        return {"decode_step_overhead_s": float(o[0]), "decode_seq_overhead_s": float(per_seq[0])}
+
+    values = {"hbm_efficiency": e, "decode_mfu": u, **fixed(e, u)}
+    fitted, kept = ["hbm_efficiency", "decode_mfu", *overheads], {}
     bound = compute / u > memory / e
-    worst = _worst_relative_se(memory, compute, t, e, u, overhead)
+    worst = _worst_relative_se(memory, compute, t, e, u, values, batch)
     if worst > MAX_RELATIVE_SE:  # e.g. every point reads about the same bytes: e and overhead trade off
         e, u = c.hbm_efficiency, c.decode_mfu
-        overhead = float(_decode_loss(memory, compute, t, np.array([e]), np.array([u]))[1][0])
         why = (
             f"the decode points do not pin the efficiencies down (standard error {worst:.0%} of the value): "
-            "kept, and only decode_step_overhead_s fitted"
+            f"kept, and only {' and '.join(overheads)} fitted"
         )
-        values = {"hbm_efficiency": e, "decode_mfu": u, "decode_step_overhead_s": overhead}
-        return _Part(values, ("decode_step_overhead_s",), dict.fromkeys(("hbm_efficiency", "decode_mfu"), why))
+        values = {"hbm_efficiency": e, "decode_mfu": u, **fixed(e, u)}
+        return _Part(values, tuple(overheads), dict.fromkeys(("hbm_efficiency", "decode_mfu"), why))
     if not bound.any():  # u only has a floor: the one above which every point stays memory-bound
         floor = float(np.max(compute * e / memory))
         values["decode_mfu"] = min(1.0, max(c.decode_mfu, floor))
@@ -184,15 +194,17 @@ def _fit_decode(unit: CostModel, points: tuple[profiles.DecodePoint, ...], c) ->
     return _Part(values, tuple(fitted), kept)
 
 
-def _worst_relative_se(memory, compute, t, e: float, u: float, overhead: float) -> float:
+def _worst_relative_se(memory, compute, t, e: float, u: float, values: dict, batch) -> float:
     """The larger relative standard error of e and u (of those some point binds), from the residuals and
-    the Jacobian of the relative residuals in (1/e, 1/u, overhead) at the fit (linearised least squares)."""
+    the Jacobian of the relative residuals in (1/e, 1/u, o, s) at the fit (linearised least squares)."""
+    overhead, per_seq = values["decode_step_overhead_s"], values["decode_seq_overhead_s"]
     mem_bound = memory / e >= compute / u
     columns = {"e": np.where(mem_bound, memory, 0.0) / t, "u": np.where(mem_bound, 0.0, compute) / t}
     columns = {k: v for k, v in columns.items() if v.any()}
-    jac = np.column_stack([*columns.values(), *([1.0 / t] if overhead > 0 else [])])
+    extra = [*([1.0 / t] if overhead > 0 else []), *([batch / t] if batch is not None and per_seq > 0 else [])]
+    jac = np.column_stack([*columns.values(), *extra])
     n, k = jac.shape
-    residual = (np.maximum(memory / e, compute / u) + overhead - t) / t
+    residual = (np.maximum(memory / e, compute / u) + overhead + per_seq * (0 if batch is None else batch) - t) / t
     scale = float((residual**2).sum()) / max(1, n - k)
     if scale == 0.0:
         return 0.0
@@ -204,12 +216,34 @@ def _worst_relative_se(memory, compute, t, e: float, u: float, overhead: float) 
     return max(se[i] / inverse[key] for i, key in enumerate(columns))
 
 
-def _decode_loss(memory, compute, t, es, us):
-    """Loss and best overhead (>= 0, closed form) of each (e, u) pair; arrays of the pairs' shape."""
+def _decode_loss(memory, compute, t, es, us, batch=None):
+    """Loss and the best overheads (each >= 0, closed form) of each (e, u) pair: (loss, o, s), arrays of the
+    pairs' shape; s is 0 when `batch` is None (one batch size: it would only repeat o)."""
     w = 1.0 / t
     r = (np.maximum(memory / es[..., None], compute / us[..., None]) - t) * w  # relative residual, no overhead
-    overhead = np.clip(-(r * w).sum(-1) / (w * w).sum(-1), 0.0, None)
-    return ((r + overhead[..., None] * w) ** 2).sum(-1), overhead
+    if batch is None:
+        overhead = np.clip(-(r * w).sum(-1) / (w * w).sum(-1), 0.0, None)
+        return ((r + overhead[..., None] * w) ** 2).sum(-1), overhead, np.zeros_like(overhead)
+    # Least squares of r + o w + s (b w) in (o, s) >= 0: the 2x2 normal equations, then each bound alone.
+    x = batch * w
+    aa, ab, bb = (w * w).sum(), (w * x).sum(), (x * x).sum()
+    ra, rb = -(r * w).sum(-1), -(r * x).sum(-1)
+    det = aa * bb - ab * ab
+    o = (ra * bb - rb * ab) / det
+    per_seq = (rb * aa - ra * ab) / det
+    only_o = np.clip(ra / aa, 0.0, None)  # s = 0
+    only_s = np.clip(rb / bb, 0.0, None)  # o = 0
+
+    def loss(o_, s_):
+        return ((r + o_[..., None] * w + s_[..., None] * x) ** 2).sum(-1)
+
+    candidates = [(np.where((o >= 0) & (per_seq >= 0), o, only_o), np.where((o >= 0) & (per_seq >= 0), per_seq, 0.0)),
+                  (only_o, np.zeros_like(only_o)), (np.zeros_like(only_s), only_s)]  # fmt: skip
+    losses = np.stack([loss(o_, s_) for o_, s_ in candidates])
+    best = np.argmin(losses, axis=0)
+    o_best = np.choose(best, [c[0] for c in candidates])
+    s_best = np.choose(best, [c[1] for c in candidates])
+    return losses.min(axis=0), o_best, s_best
 
 
 def _fit_prefill(unit: CostModel, points: tuple[profiles.PrefillPoint, ...], hbm: float, default: float) -> _Part:

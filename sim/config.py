@@ -11,6 +11,7 @@ possibly of another type, only generate (configs/hetero.yaml).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,6 +195,7 @@ class CostConfig:
     broadcast_hop_s: float
     switch_fixed_s: float
     alltoall_latency_s: float = 2e-5  # MoE expert parallelism: fixed seconds of one all-to-all
+    decode_seq_overhead_s: float = 0.0  # per sequence in a decode step (sampling, scheduling, streaming)
     profile: str | None = None  # a measured profile (sim/profile.py) whose points set the efficiencies
     # above for the run's model on cluster.device (sim/calibration.py); a shipped name or a path; null: as set
 
@@ -245,8 +247,9 @@ class SimConfig:
         for key, value in fractions.items():
             if not 0.0 <= value <= 1.0:
                 raise UserError(f"{key} must be a fraction in [0, 1], got {value}")
-        if self.costs.alltoall_latency_s < 0:
-            raise UserError(f"costs.alltoall_latency_s must be >= 0, got {self.costs.alltoall_latency_s}")
+        for key, value in vars(self.costs).items():
+            if key.endswith("_s") and not (math.isfinite(value) and value >= 0):
+                raise UserError(f"costs.{key} must be a finite number of seconds >= 0, got {value}")
         self._check_expert_parallel(model)
         self._check_profile(model, dev)
 

@@ -85,12 +85,14 @@ class CostModel:
         self._decode_flops = self.tp * device.peak_tflops * TFLOP * c.decode_mfu
         self._prefill_flops = self.tp * device.peak_tflops * TFLOP * c.prefill_mfu
         attn_flops_per_ctx = 4 * model.layers * model.attn_dim
-        self._decode_k = (  # seconds per step: weights, per ctx token (KV), per sequence, per ctx token (attn)
+        self._decode_k = (  # seconds per step: weights, per ctx token (KV), per sequence, per ctx token (attn),
+            # the fixed overhead, and the host's overhead per sequence
             model.weight_bytes / self._hbm,  # a dense model's; an MoE model's depend on the batch
             model.kv_bytes_per_token / self._hbm,
             2 * model.matmul_params / self._decode_flops,  # active parameters for an MoE model
             attn_flops_per_ctx / self._decode_flops,
             c.decode_step_overhead_s,
+            c.decode_seq_overhead_s,
         )
         self._is_moe = model.is_moe
         self._moe_weights_s: dict[int, float] = {}  # MoE: decode batch -> seconds to read its weights
@@ -139,7 +141,9 @@ class CostModel:
 
     def decode_lines(self, batch: int, sum_ctx: int) -> DecodeLines:
         k, w = self._decode_k, self._decode_weights_s(batch)
-        overhead = k[4] + self.alltoall_s(batch) if self._ep > 1 else k[4]
+        overhead = k[4] + k[5] * batch
+        if self._ep > 1:
+            overhead += self.alltoall_s(batch)
         return DecodeLines(
             p1=w + k[1] * sum_ctx, q1=k[1] * batch, p2=k[2] * batch + k[3] * sum_ctx, q2=k[3] * batch, overhead=overhead
         )
@@ -153,7 +157,9 @@ class CostModel:
         Hot path (called at every engine event): the lines of `decode_lines` are inlined."""
         if steps <= 0:
             return 0.0
-        w, kv, mm, att, overhead = self._decode_k
+        w, kv, mm, att, overhead, per_seq = self._decode_k
+        if per_seq:
+            overhead += per_seq * batch
         if self._is_moe:  # the experts a step reads depend on the batch, fixed within the stretch
             w = self._decode_weights_s(batch)
         p1, q1 = w + kv * sum_ctx, kv * batch  # memory: weights + every KV cache, per step

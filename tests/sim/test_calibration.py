@@ -31,6 +31,7 @@ TRUTH = {
     "hbm_efficiency": 0.62,
     "decode_mfu": 0.21,  # low enough for the largest batches to be compute-bound
     "decode_step_overhead_s": 0.0023,
+    "decode_seq_overhead_s": 2e-5,  # the host's work per sequence of a step
     "prefill_mfu": 0.47,
     "train_mfu": 0.33,
 }
@@ -81,7 +82,9 @@ def test_the_cost_model_runs_on_the_fitted_constants(truth_profile):
 def test_provenance_names_fitted_and_kept_constants():
     record = calibrated("example-h800").calibration.to_dict()
     assert (record["profile"], record["device"], record["model"]) == ("example-h800", "h800", "qwen3-8b")
-    assert set(record["fitted"]) == {"hbm_efficiency", "decode_step_overhead_s", "prefill_mfu", "train_mfu"}
+    assert set(record["fitted"]) == {"hbm_efficiency", "decode_step_overhead_s", "decode_seq_overhead_s", "prefill_mfu",
+                                     "train_mfu"}  # fmt: skip
+    assert record["fitted"]["decode_seq_overhead_s"] == 0.0  # the example's points have no cost per sequence
     assert record["kept"]["decode_mfu"]["why"].startswith("every decode point is memory-bound")
     assert record["kept"]["decode_mfu"]["value"] == 0.45  # the config's, above the bound the points set
     assert record["points"] == {"decode": 11, "prefill": 3, "train": 2}
@@ -100,7 +103,7 @@ def test_a_calibrated_run_records_its_calibration_in_the_timeline():
 def test_points_that_cannot_separate_bandwidth_from_overhead_fit_the_overhead_alone():
     """qwen3-32b on one GPU: every decode point reads about the same 65 GB of weights."""
     cal = calibrated("example-h800", "model=qwen3-32b").calibration
-    assert cal.fitted == ("decode_step_overhead_s", "prefill_mfu")
+    assert cal.fitted == ("decode_step_overhead_s", "decode_seq_overhead_s", "prefill_mfu")
     assert "do not pin the efficiencies down" in cal.kept["hbm_efficiency"]
     assert cal.constants["hbm_efficiency"] == 0.8  # the config's
     assert cal.kept["train_mfu"].startswith("no training points (train seq_len=512: out of memory")

@@ -57,6 +57,7 @@ def fails(capsys, argv: list[str]) -> str:
         (["--set", "num_steps"], "override 'num_steps' must look like key.path=value"),
         (["--config", "/no/such/file.yaml"], "config file '/no/such/file.yaml' does not exist"),
         (["--config", "/"], "config file '/' is a folder; give a YAML file"),
+        (["--set", "costs.sync_fixed_s=-1"], "costs.sync_fixed_s must be a finite number of seconds >= 0, got -1"),
         (["--policy", "tag", "--set", "pools.train_fraction=1.0"], "pools.train_fraction must be in (0, 1), got 1.0"),
         (["--policy", "async", "--set", "cluster.num_gpus=4"], "policy 'async' needs at least 2 resources"),
     ],
