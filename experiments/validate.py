@@ -584,7 +584,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder ({DEFAULT_OUT})")
     ap.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
     ap.add_argument("--quick", action="store_true", help="fewer points measured (a smoke test, not a result)")
+    ap.add_argument("--resimulate", action="store_true",
+                    help="measure nothing: the simulator side again, from the parts and runtime summaries already "
+                         "in --out (after a change to the cost model)")  # fmt: skip
     return ap.parse_args(argv)
+
+
+def resimulate(out: Path) -> int:
+    """The simulator side of an earlier run again (same parts, same runtime summaries), rewritten in place."""
+    import json
+
+    data = json.loads((out / "validate.json").read_text())
+    rt, task, _ = runtime_setup(data["steps"])
+    policies = tuple(p for p in POLICIES if p in data["measured"])
+    costs = costs_from_parts(data["parts"], rt, task, data["steps"], out)
+    (out / "sim_config.yaml").write_text(_yaml(sim_config_dict(rt, task, data["steps"], out, costs)))
+    predicted, calibration = run_sim(out / "sim_config.yaml", policies)
+    rows = compare(data["measured"], predicted)
+    print(table(rows))
+    note = f"{data['steps']} steps, {rt.resources.count} one-core resources, throughput workload"
+    draw(rows, out / "validate.png", note)
+    data.update(costs=costs, calibration=calibration, predicted=predicted, comparison=rows,
+                sim_sources=source_fingerprint())  # fmt: skip
+    save_json(data, out / "validate.json")
+    print(f"outputs: {out}/")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -596,6 +620,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--policies: unknown policy {unknown[0]!r}; valid choices: {', '.join(POLICIES)}, all")
         if args.steps < 2:
             raise UserError(f"--steps must be >= 2, got {args.steps}")
+        if args.resimulate:
+            if not (args.out / "validate.json").is_file():
+                raise UserError(f"--resimulate: no validate.json in {str(args.out)!r} (run without it first)")
+            return resimulate(args.out)
         out = prepare_out(args.out, args.out, args.overwrite)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -31,6 +31,7 @@ one GPU and no forward-only training pass. A rollout pool of another device keep
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -175,10 +176,9 @@ def _fit_decode(unit: CostModel, points: tuple[profiles.DecodePoint, ...], c) ->
     worst = _worst_relative_se(memory, compute, t, e, u, values, batch)
     if worst > MAX_RELATIVE_SE:  # e.g. every point reads about the same bytes: e and overhead trade off
         e, u = c.hbm_efficiency, c.decode_mfu
-        why = (
-            f"the decode points do not pin the efficiencies down (standard error {worst:.0%} of the value): "
-            f"kept, and only {' and '.join(overheads)} fitted"
-        )
+        spread = "they trade off exactly" if math.isinf(worst) else f"standard error {worst:.0%} of the value"
+        why = f"the decode points do not pin the efficiencies down ({spread}): kept, and only "
+        why += f"{' and '.join(overheads)} fitted"
         values = {"hbm_efficiency": e, "decode_mfu": u, **fixed(e, u)}
         return _Part(values, tuple(overheads), dict.fromkeys(("hbm_efficiency", "decode_mfu"), why))
     if not bound.any():  # u only has a floor: the one above which every point stays memory-bound

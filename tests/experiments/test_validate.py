@@ -109,6 +109,8 @@ def test_bad_arguments_are_one_line(capsys, tmp_path):
     )
     assert v.main(["--steps", "1", "--out", str(tmp_path / "o")]) == 2
     assert "--steps must be >= 2" in capsys.readouterr().err
+    assert v.main(["--resimulate", "--out", str(tmp_path / "o")]) == 2
+    assert "--resimulate: no validate.json in" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
@@ -125,3 +127,7 @@ def test_a_short_validation_runs_end_to_end(tmp_path):
     for name in ("validate.png", "cpu-core.yaml", "profile.yaml", "sim_config.yaml", "model/config.json"):
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "runtime" / "colocated" / "summary.json").is_file()
+    # The simulator side again from what was measured: the same prediction (nothing changed in between).
+    assert v.main(["--resimulate", "--out", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "validate.json").read_text())
+    assert again["predicted"] == data["predicted"] and again["measured"] == data["measured"]
