@@ -7,6 +7,7 @@ missing keys and values of the wrong type raise `UserError` naming the dotted ke
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -16,6 +17,8 @@ from typing import Any
 import yaml
 
 from core.errors import UserError
+
+_EXPONENT_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -112,6 +115,8 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             raise UserError(f"config key {path!r} must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+            value = float(value)  # 1e-4: YAML 1.1 reads an exponent without a dot as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"config key {path!r} must be a number, got {value!r}")
         return float(value)

@@ -10,8 +10,8 @@ predicts what the whole runtime does. Three stages:
      copy's bandwidth, written as a device file (`cpu-core.yaml`);
    - the built-in engine as the runtime deploys it (a process of its own on one core, called over HTTP
      from another): decode steps of `batch` sequences at `context` tokens and prefills of one prompt,
-     written as a profile (sim/profile.py) from which sim/calibration.py fits `hbm_efficiency`,
-     `decode_mfu`, `decode_step_overhead_s` and `prefill_mfu`;
+     written as a profile (sim/profile.py) from which sim/calibration.py fits the decode and prefill
+     constants (efficiencies, the step's and each sequence's decode overhead, a prefill's fixed cost);
    - the GRPO trainer (`Trainer.train_step`, the runtime's own): steps on batches drawn from the
      workload (groups sharing a length, as the runtime's), three at each of three sizes; `train_mfu`
      and `train_step_overhead_s` are the least-squares line through them in the simulator's own cost

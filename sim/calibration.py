@@ -10,7 +10,9 @@ GPU), and the cost model then runs on the fitted values:
   step = max(memory / hbm_efficiency, compute / decode_mfu) + o + s x batch at every (batch, context)
   (s only when the points span several batch sizes; it is the host's work per sequence: sampling,
   scheduling, streaming);
-- prefill: prefill_mfu, from seconds = max(compute / prefill_mfu, weight reads / hbm_efficiency);
+- prefill: prefill_mfu and prefill_overhead_s f, from seconds = max(compute / prefill_mfu, weight reads /
+  hbm_efficiency) + f (one prefill a point; f, an engine's fixed cost of a step that prefills, only
+  with two or more points);
 - training: train_mfu, from the trainer's step on one GPU (sim/train_layout.py; the points are measured
   without recompute, so model FLOPs run at 4/3 of train_mfu, the convention of HFU_PER_MFU).
 
@@ -99,7 +101,7 @@ def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: pr
     entry = profiles.entry_for(profile, model, cfg.model)
     c = cfg.costs
     values = {k: getattr(c, k) for k in ("hbm_efficiency", "decode_mfu", *DECODE_OVERHEADS)}
-    values |= {"prefill_mfu": c.prefill_mfu, "train_mfu": c.train_mfu}
+    values |= {"prefill_mfu": c.prefill_mfu, "prefill_overhead_s": c.prefill_overhead_s, "train_mfu": c.train_mfu}
     kept: dict[str, str] = {}
     fitted: list[str] = []
     setup = measured_setup(cfg, hbm_efficiency=1.0, decode_mfu=1.0, prefill_mfu=1.0, decode_step_overhead_s=0.0,
@@ -119,7 +121,7 @@ def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: pr
         fitted += prefill.fitted
         kept |= prefill.kept
     else:
-        kept["prefill_mfu"] = "no prefill points"
+        kept |= dict.fromkeys(("prefill_mfu", "prefill_overhead_s"), "no prefill points")
     if entry.train:
         values["train_mfu"] = _fit_train(cfg, model, device, entry.train, values["hbm_efficiency"])
         fitted.append("train_mfu")
@@ -247,15 +249,30 @@ def _decode_loss(memory, compute, t, es, us, batch=None):
 
 
 def _fit_prefill(unit: CostModel, points: tuple[profiles.PrefillPoint, ...], hbm: float, default: float) -> _Part:
+    """prefill_mfu u and prefill_overhead_s f minimising the relative error of max(C/u, M) + f (one prefill a
+    point); f only with two or more points."""
     terms = np.array([unit.prefill_terms(p.tokens, p.tokens * p.tokens / 2) for p in points])
     compute, memory = terms[:, 0], terms[:, 1] / hbm
     t = np.array([p.seconds for p in points])
-    (u,) = _search(lambda us: (((np.maximum(compute / us[..., None], memory) - t) / t) ** 2).sum(-1), 1)
+    w = 1.0 / t
+
+    def loss(us):
+        r = (np.maximum(compute / us[..., None], memory) - t) * w
+        f = np.clip(-(r * w).sum(-1) / (w * w).sum(-1), 0.0, None) if len(points) > 1 else np.zeros(us.shape)
+        return ((r + f[..., None] * w) ** 2).sum(-1), f
+
+    (u,) = _search(lambda us: loss(us)[0], 1)
+    overhead = float(loss(np.array([u]))[1][0])
+    values = {"prefill_mfu": u, "prefill_overhead_s": overhead}
+    fitted = ["prefill_mfu", *(["prefill_overhead_s"] if len(points) > 1 else [])]
+    kept = {} if len(points) > 1 else {"prefill_overhead_s": "one prefill point: no fixed cost can be told apart"}
     if (compute / u > memory).any():
-        return _Part({"prefill_mfu": u}, ("prefill_mfu",), {})
+        return _Part(values, tuple(fitted), kept)
     floor = float(np.max(compute / memory))
-    why = f"every prefill point is bound by weight reads: only prefill_mfu >= {floor:.3g} is known"
-    return _Part({"prefill_mfu": min(1.0, max(default, floor))}, (), {"prefill_mfu": why})
+    values["prefill_mfu"] = min(1.0, max(default, floor))
+    fitted.remove("prefill_mfu")
+    kept["prefill_mfu"] = f"every prefill point is bound by weight reads: only prefill_mfu >= {floor:.3g} is known"
+    return _Part(values, tuple(fitted), kept)
 
 
 def _fit_train(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, points, hbm: float) -> float:
@@ -293,7 +310,9 @@ def _errors(cm: CostModel, setup: SimConfig, entry: profiles.ModelProfile) -> di
     """Root-mean-square relative error of the calibrated roofline at each part's measured points."""
     pairs = {
         "decode": [(cm.decode_step_s(p.batch, p.batch * p.context), p.step_s) for p in entry.decode],
-        "prefill": [(cm.prefill_s(p.tokens, p.tokens * p.tokens / 2), p.seconds) for p in entry.prefill],
+        "prefill": [
+            (cm.prefill_s(p.tokens, p.tokens * p.tokens / 2) + cm.prefill_overhead_s, p.seconds) for p in entry.prefill
+        ],
         "train": [
             (train_layout.step(setup, cm.model, cm.device, [p.seq_len], 1).total_s, p.seq_len / p.tokens_per_s)
             for p in entry.train

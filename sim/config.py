@@ -196,6 +196,7 @@ class CostConfig:
     switch_fixed_s: float
     alltoall_latency_s: float = 2e-5  # MoE expert parallelism: fixed seconds of one all-to-all
     decode_seq_overhead_s: float = 0.0  # per sequence in a decode step (sampling, scheduling, streaming)
+    prefill_overhead_s: float = 0.0  # an engine's fixed time of a step that prefills (set-up, first tokens out)
     profile: str | None = None  # a measured profile (sim/profile.py) whose points set the efficiencies
     # above for the run's model on cluster.device (sim/calibration.py); a shipped name or a path; null: as set
 

@@ -94,6 +94,7 @@ class CostModel:
             c.decode_step_overhead_s,
             c.decode_seq_overhead_s,
         )
+        self.prefill_overhead_s = c.prefill_overhead_s  # an engine's fixed cost of a step that prefills
         self._is_moe = model.is_moe
         self._moe_weights_s: dict[int, float] = {}  # MoE: decode batch -> seconds to read its weights
         self._ep = cfg.rollout.expert_parallel  # > 1: all-to-alls in every forward (MoE only)

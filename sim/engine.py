@@ -349,9 +349,14 @@ class SimEngine:
         self._prefill(now, new_tokens, pairs)
 
     def _prefill(self, now: float, tokens: int, pairs: float) -> None:
+        """A prefill of `tokens` tokens (one forward, whatever the requests): its compute or weight reads,
+        and its fixed cost (`costs.prefill_overhead_s`)."""
         if tokens:
             self.sim.counters["prefill_tokens"] += tokens
-            self._t0 = max(self._t0, now) + self.cost.prefill_s(tokens, pairs)
+            seconds = self.cost.prefill_s(tokens, pairs)
+            if self.cost.prefill_overhead_s:
+                seconds += self.cost.prefill_overhead_s
+            self._t0 = max(self._t0, now) + seconds
 
     def _start_decoding(self, sample: Sample, seq: Seq) -> None:
         """Add a request whose prefill is done to the batch: it decodes from this step on."""

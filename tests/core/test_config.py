@@ -207,3 +207,15 @@ def test_sim_config_rejects_bad_values_by_name(overrides, message):
 def test_device_and_model_names_are_case_insensitive():
     cfg = load_config(overrides=["model=Qwen3-8B", "cluster.device=H20"])
     assert specs.model(cfg.model).name == "qwen3-8b" and specs.device(cfg.cluster.device).name == "h20"
+
+
+@pytest.mark.parametrize(("text", "expected"), [("1e-4", 1e-4), ("2E3", 2000.0), ("-1.5e+2", -150.0), (".5e1", 5.0)])
+def test_a_number_with_an_exponent_is_a_number(text, expected):
+    """YAML 1.1 reads 1e-4 (an exponent without a dot) as a string; a float field takes it as the number."""
+    built = cfgio.from_dict(Outer, cfgio.apply_overrides(GOOD, [f"inner.rate={text}"]))
+    assert built.inner.rate == expected
+    for bad in ("1e", "e5", "1e-4x", "nan", "inf"):
+        with pytest.raises(UserError, match="must be a number"):
+            cfgio.from_dict(Outer, with_value("inner.rate", bad))
+    with pytest.raises(UserError, match="must be an integer"):
+        cfgio.from_dict(Outer, with_value("inner.count", "1e3"))

@@ -33,6 +33,7 @@ TRUTH = {
     "decode_step_overhead_s": 0.0023,
     "decode_seq_overhead_s": 2e-5,  # the host's work per sequence of a step
     "prefill_mfu": 0.47,
+    "prefill_overhead_s": 0.004,  # an engine's fixed cost of a step that prefills
     "train_mfu": 0.33,
 }
 MODEL, DEVICE = "qwen3-8b", "h800"
@@ -45,7 +46,7 @@ def roofline_profile(constants: dict, model: str = MODEL, device: str = DEVICE) 
     m, d = specs.model(model), specs.device(device)
     cm = CostModel(setup, m, d)
     decode = tuple(DecodePoint(b, c, cm.decode_step_s(b, b * c)) for b in (1, 8, 64, 512) for c in (512, 4096))
-    prefill = tuple(PrefillPoint(n, cm.prefill_s(n, n * n / 2)) for n in (512, 2048, 8192))
+    prefill = tuple(PrefillPoint(n, cm.prefill_s(n, n * n / 2) + cm.prefill_overhead_s) for n in (512, 2048, 8192))
     train = tuple(TrainPoint(n, n / train_layout.step(setup, m, d, [n], 1).total_s) for n in (512, 2048))
     return Profile(1, DeviceInfo("roofline", "bfloat16", spec=device), (ModelProfile(model, decode, prefill, train),))
 
@@ -83,7 +84,7 @@ def test_provenance_names_fitted_and_kept_constants():
     record = calibrated("example-h800").calibration.to_dict()
     assert (record["profile"], record["device"], record["model"]) == ("example-h800", "h800", "qwen3-8b")
     assert set(record["fitted"]) == {"hbm_efficiency", "decode_step_overhead_s", "decode_seq_overhead_s", "prefill_mfu",
-                                     "train_mfu"}  # fmt: skip
+                                     "prefill_overhead_s", "train_mfu"}  # fmt: skip
     assert record["fitted"]["decode_seq_overhead_s"] == 0.0  # the example's points have no cost per sequence
     assert record["kept"]["decode_mfu"]["why"].startswith("every decode point is memory-bound")
     assert record["kept"]["decode_mfu"]["value"] == 0.45  # the config's, above the bound the points set
@@ -103,7 +104,7 @@ def test_a_calibrated_run_records_its_calibration_in_the_timeline():
 def test_points_that_cannot_separate_bandwidth_from_overhead_fit_the_overhead_alone():
     """qwen3-32b on one GPU: every decode point reads about the same 65 GB of weights."""
     cal = calibrated("example-h800", "model=qwen3-32b").calibration
-    assert cal.fitted == ("decode_step_overhead_s", "decode_seq_overhead_s", "prefill_mfu")
+    assert cal.fitted == ("decode_step_overhead_s", "decode_seq_overhead_s", "prefill_mfu", "prefill_overhead_s")
     assert "do not pin the efficiencies down" in cal.kept["hbm_efficiency"]
     assert cal.constants["hbm_efficiency"] == 0.8  # the config's
     assert cal.kept["train_mfu"].startswith("no training points (train seq_len=512: out of memory")
@@ -187,3 +188,29 @@ def test_the_cli_prints_one_line_without_a_traceback(capsys, tmp_path):
     assert rc == 2
     assert err.count("\n") == 1
     assert err.startswith("error: costs.profile: profile 'example-h800' was measured on 'h800'")
+
+
+@pytest.mark.parametrize("allocation", ["paged", "reserve"])
+def test_an_engine_charges_the_fixed_cost_of_each_prefill(allocation):
+    """One request on one engine, prefilled once: the run is one prefill_overhead_s longer, and nothing else
+    changes."""
+    base = ["model=qwen3-0.6b", "cluster.num_gpus=1", "rollout.tensor_parallel=1", "num_steps=1",
+            "workload.prompts_per_step=1", "workload.group_size=1", "workload.prompt_tokens.sigma=0",
+            "workload.response_tokens.sigma=0", f"rollout.kv_allocation={allocation}"]  # fmt: skip
+    plain = summarize(simulate(load_config(overrides=base), "colocated"))
+    charged = summarize(simulate(load_config(overrides=[*base, "costs.prefill_overhead_s=0.25"]), "colocated"))
+    assert charged["wall_s"] - plain["wall_s"] == pytest.approx(0.25, rel=1e-9)
+    assert charged["counters"] == plain["counters"]
+
+
+def test_a_decode_step_pays_the_host_cost_of_each_sequence():
+    base = [f"model={MODEL}"]
+    plain = CostModel(load_config(overrides=base), specs.model(MODEL), specs.device(DEVICE))
+    charged = CostModel(load_config(overrides=[*base, "costs.decode_seq_overhead_s=1e-4"]), specs.model(MODEL),
+                        specs.device(DEVICE))  # fmt: skip
+    for batch in (1, 32, 256):
+        extra = charged.decode_run_s(batch, batch * 1000, 10) - plain.decode_run_s(batch, batch * 1000, 10)
+        assert extra == pytest.approx(10 * batch * 1e-4, rel=1e-9)
+        assert charged.decode_lines(batch, batch * 1000).overhead - plain.decode_lines(batch, 1000).overhead == (
+            pytest.approx(batch * 1e-4, rel=1e-9)
+        )
