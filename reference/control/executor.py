@@ -244,9 +244,17 @@ def _mean(results: list[dict], key: str) -> float:
 
 
 def _shard(groups: Sequence[GroupResult], batch: list[Trajectory], n: int) -> list[list[Trajectory]]:
-    """Whole groups to each of `n` shards, round robin (GRPO normalises within a group)."""
+    """Whole groups (GRPO normalises within a group) to each of `n` shards, balanced by tokens: largest
+    group first, each to the shard with the fewest tokens so far (ties: the lowest rank). A step waits for
+    its slowest rank, and with long-tailed lengths a round robin can give one rank most of the tokens."""
     shards: list[list[Trajectory]] = [[] for _ in range(n)]
-    rank = {g.key: i % n for i, g in enumerate(groups)}
+    tokens: dict[str, int] = {g.key: 0 for g in groups}
+    for t in batch:
+        tokens[t.group_id] += len(t.token_ids)
+    load, rank = [0] * n, {}
+    for key in sorted(tokens, key=lambda k: -tokens[k]):  # stable: ties keep the groups' order
+        rank[key] = r = min(range(n), key=lambda i: (load[i], i))
+        load[r] += tokens[key]
     for t in batch:
         shards[rank[t.group_id]].append(t)
     if any(not s for s in shards):

@@ -39,3 +39,16 @@ def test_whole_groups_go_to_each_data_parallel_shard():
 def test_a_shard_without_a_group_is_refused():
     with pytest.raises(RuntimeError, match="cannot feed 2 data-parallel shards"):
         _shard([_group("g0", 2)], [_trajectory("g0")] * 2, 2)
+
+
+def test_shards_are_balanced_by_tokens_not_by_group_count():
+    """Long-tailed groups: a round robin would give rank 0 the two long groups (g0, g2); by tokens the
+    longest goes alone and the three short ones join the other."""
+    lengths = {"g0": 200, "g1": 10, "g2": 150, "g3": 20}
+    groups = [_group(k, 2) for k in lengths]
+    batch = [Trajectory(tuple(range(n)), (0,) + (1,) * (n - 1), (-0.5,) * (n - 1), (0,) * (n - 1), k, 1.0)
+             for k, n in lengths.items() for _ in range(2)]  # fmt: skip
+    shards = _shard(groups, batch, 2)
+    assert [sorted({t.group_id for t in s}) for s in shards] == [["g0"], ["g1", "g2", "g3"]]
+    assert [sum(len(t.token_ids) for t in s) for s in shards] == [400, 360]
+    assert _shard(groups, batch, 2) == shards  # deterministic
