@@ -134,7 +134,7 @@ train-math: $(FULL_STAMP)  ## GRPO on the math task from a random start, on CPU:
 compare-train: $(FULL_STAMP)  ## the five policies on the runtime, one after another, with ratios to colocated
 	$(PY) -m reference train --compare $(SET_ARGS) $(OUT_ARG)
 
-validate: $(FULL_STAMP)  ## the simulator against the runtime: parts measured alone, then both run the five policies (about 8 minutes)
+validate: $(FULL_STAMP)  ## the simulator against the runtime: parts measured alone, then both run the five policies (about 4 minutes, on a quiet machine)
 	$(PY) -m experiments.validate --overwrite $(if $(STEPS),--steps $(STEPS),) $(OUT_ARG)
 
 train-swe:  ## not built yet (see README, "Status")
