@@ -10,11 +10,12 @@ import random
 import pytest
 import yaml
 
+from experiments import runtime_parts as parts
 from experiments import validate as v
 
 
 def _device(tmp_path) -> dict:
-    device = {**v.measure_device(repeats=2), "peak_tflops": 0.1, "hbm_bandwidth_gb_s": 20.0}
+    device = {**parts.measure_device(repeats=2), "peak_tflops": 0.1, "hbm_bandwidth_gb_s": 20.0}
     (tmp_path / "cpu-core.yaml").write_text(yaml.safe_dump(device))
     return device
 
@@ -28,7 +29,7 @@ def _mirror(tmp_path, costs: dict | None = None):
     model_config.to_json_file(str(tmp_path / "model" / "config.json"))
     _device(tmp_path)
     name = str((tmp_path / "model" / "config.json").resolve())
-    write_profile(Profile(1, DeviceInfo("cpu", "float32", spec=v.DEVICE_NAME), (ModelProfile(name),)),
+    write_profile(Profile(1, DeviceInfo("cpu", "float32", spec=parts.DEVICE_NAME), (ModelProfile(name),)),
                   tmp_path / "profile.yaml")  # fmt: skip
     config = v.sim_config_dict(rt, task, 3, tmp_path, costs or {})
     (tmp_path / "sim_config.yaml").write_text(yaml.safe_dump(config))
@@ -62,11 +63,11 @@ def test_the_trainer_fit_recovers_known_costs(tmp_path):
     model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
     truth = measured_setup(cfg, train_mfu=0.3, train_step_overhead_s=0.05)
     rng = random.Random(0)
-    batches = [[length for _, length in v.draw_batch_lengths(task, n, 16, rng)] for n in (64, 128, 256)]
+    batches = [[length for _, length in parts.draw_batch_lengths(task, n, 16, rng)] for n in (64, 128, 256)]
     points = [
         {"seq_lens": lens, "seconds": train_layout.step(truth, model, device, lens, 1).total_s} for lens in batches
     ]
-    fitted = v.fit_trainer(cfg, model, device, points)
+    fitted = parts.fit_trainer(cfg, model, device, points)
     assert fitted["train_mfu"] == pytest.approx(0.3, rel=1e-6)
     assert fitted["train_step_overhead_s"] == pytest.approx(0.05, rel=1e-6)
 
@@ -78,7 +79,7 @@ def _summary(tokens_s: float, step_s: float, bubble: float, util: dict, steps: i
 
 def test_batches_are_drawn_in_groups_that_share_a_length():
     _, task, _ = v.runtime_setup(3)
-    lengths = v.draw_batch_lengths(task, 40, 16, random.Random(0))
+    lengths = parts.draw_batch_lengths(task, 40, 16, random.Random(0))
     assert len(lengths) == 40 and len(set(lengths[:16])) == 1 and len(set(lengths[16:32])) == 1
     assert len(set(lengths)) > 1  # the groups differ
     cap = task.simulator_workload()["response_tokens"]["max"]
@@ -122,7 +123,7 @@ def test_a_short_validation_runs_end_to_end(tmp_path):
     for label, *_ in v.METRICS:
         assert math.isfinite(row[label]["measured"]) and math.isfinite(row[label]["predicted"])
     assert row["trained tok/s"]["measured"] > 0 and row["trained tok/s"]["predicted"] > 0
-    assert data["calibration"]["device"] == v.DEVICE_NAME and data["calibration"]["points"]["decode"] >= 3
+    assert data["calibration"]["device"] == parts.DEVICE_NAME and data["calibration"]["points"]["decode"] >= 3
     assert 0 < data["costs"]["train_mfu"] <= 0.75 and data["costs"]["sync_fixed_s"] > 0
     for name in ("validate.png", "cpu-core.yaml", "profile.yaml", "sim_config.yaml", "model/config.json"):
         assert (tmp_path / name).stat().st_size > 0

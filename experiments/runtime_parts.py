@@ -1,0 +1,261 @@
+"""The runtime's parts, each measured alone on this machine, for `experiments.validate` (`make validate`).
+
+Each part runs on one core with one torch thread (what one runtime resource has): the device's peaks, the
+built-in engine as the runtime deploys it (its own process, over HTTP), the runtime's GRPO trainer on
+batches drawn from the workload, reading a step's batch from a trajectory store, publishing and loading
+weights, pausing and resuming an engine. `fit_trainer` turns the trainer's steps into the simulator's
+`train_mfu` and `train_step_overhead_s`, in the simulator's own cost terms. No whole run is used here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+DEVICE_NAME = "cpu-core"
+
+
+@dataclass(frozen=True)
+class Grid:
+    batches: tuple[int, ...]  # decode: sequences a step
+    contexts: tuple[int, ...]  # decode: prompt tokens of each sequence
+    decode_tokens: int  # decode: tokens generated a point (after the first)
+    prefill_tokens: tuple[int, ...]
+    train_sequences: tuple[int, ...]  # trainer: batch sizes, lengths drawn from the workload
+    repeats: int
+
+
+FULL = Grid((1, 8, 32, 64, 128), (8, 64, 192), 24, (8, 32, 128, 512), (64, 128, 256), 3)
+QUICK = Grid((1, 8, 32), (8, 64), 8, (8, 64), (16, 32), 1)
+
+
+@contextmanager
+def one_core():
+    """This process on one core with one torch thread (a runtime resource's share), restored after."""
+    import torch
+
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    os.sched_setaffinity(0, {min(cores)})
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        os.sched_setaffinity(0, cores)
+
+
+def measure_device(repeats: int = 10) -> dict:
+    """One core's fp32 matmul FLOP/s and memory-copy bandwidth, as a device file's fields."""
+    import torch
+
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(repeats))
+    src = torch.ones(1 << 24)  # 64 MiB
+    dst = torch.empty_like(src)
+    copy = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
+    bandwidth = 2 * src.numel() * 4 / copy / 1e9  # read + write
+    return {
+        "name": DEVICE_NAME,
+        "description": "one core of the machine that ran the validation (measured: fp32 matmul, memory copy)",
+        "peak_tflops": round(2 * n**3 / best / 1e12, 6),
+        "hbm_gb": 1000.0,  # the built-in engine's cache grows with its batch: memory is not a limit here
+        "hbm_bandwidth_gb_s": round(bandwidth, 3),
+        # Weights move between processes through memory (a published file, read back): copy speed.
+        "nvlink_gb_s": round(bandwidth, 3),
+        "network_gb_s": round(bandwidth, 3),
+        "pcie_gb_s": round(bandwidth, 3),
+        "gpus_per_node": 64,
+    }
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure_engine(model_config, tokenizer, grid: Grid, engine_cores: set[int], client_cores: set[int]) -> tuple:
+    """(decode points, prefill points) of the built-in engine as the runtime deploys it: a process of its
+    own on `engine_cores` with one torch thread, called over HTTP from this process on `client_cores`
+    (sim/profile.py records)."""
+    from reference.engine.base import GenerateRequest, SamplingParams, generate
+    from reference.engine.process import EngineProcess, EngineSpec
+    from reference.model import build_model
+    from reference.trainer.handoff import publish_weights
+    from sim.profile import DecodePoint, PrefillPoint
+
+    rng, vocab = random.Random(0), model_config.vocab_size
+    ids = iter(range(1 << 30))
+
+    async def batch_s(engine, batch: int, context: int, tokens: int) -> float:
+        prompts = [tuple(rng.randrange(vocab) for _ in range(context)) for _ in range(batch)]
+        params = SamplingParams(max_tokens=tokens, temperature=1.0)
+        start = time.perf_counter()
+        await asyncio.gather(*(generate(engine, GenerateRequest(f"v{next(ids)}", p, params)) for p in prompts))
+        return time.perf_counter() - start
+
+    async def go(client) -> tuple[list, list]:
+        decode, prefill = [], []
+        try:
+            await batch_s(client, 4, 8, 4)  # warm-up
+            for batch in grid.batches:
+                for context in grid.contexts:
+                    # prefill + 1 token, and prefill + 1 + n: the difference is n decode steps
+                    longer = statistics.median(
+                        [await batch_s(client, batch, context, grid.decode_tokens + 1) for _ in range(grid.repeats)]
+                    )
+                    shorter = statistics.median([await batch_s(client, batch, context, 1) for _ in range(grid.repeats)])
+                    step = max(longer - shorter, 1e-9) / grid.decode_tokens
+                    decode.append(DecodePoint(batch, context + grid.decode_tokens // 2, step))
+            for tokens in grid.prefill_tokens:
+                seconds = statistics.median([await batch_s(client, 1, tokens, 1) for _ in range(grid.repeats)])
+                prefill.append(PrefillPoint(tokens, seconds))
+        finally:
+            await client.close()
+        return decode, prefill
+
+    with tempfile.TemporaryDirectory() as root:
+        weights = publish_weights(build_model(model_config).state_dict(), model_config, root, 0, tokenizer).path
+        mask = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, engine_cores)  # the engine process inherits it
+        try:
+            engine = EngineProcess(EngineSpec(model=str(weights), max_batch=max(grid.batches), torch_threads=1))
+        finally:
+            os.sched_setaffinity(0, client_cores)
+        try:
+            return asyncio.run(go(engine.client()))
+        finally:
+            engine.close()
+            os.sched_setaffinity(0, mask)
+
+
+def draw_batch_lengths(task, sequences: int, group_size: int, rng: random.Random) -> list[tuple[int, int]]:
+    """(prompt, response) tokens of `sequences` samples drawn as the workload draws them: groups of
+    `group_size` share a prompt and (the throughput task forces it) a response length."""
+    from sim.config import Dist
+    from sim.workload import draw_int
+
+    w = task.simulator_workload()
+    prompt, response = Dist(**w["prompt_tokens"]), Dist(**w["response_tokens"])
+    out: list[tuple[int, int]] = []
+    while len(out) < sequences:
+        p, r = draw_int(prompt, rng), draw_int(response, rng)
+        out += [(p, r)] * min(group_size, sequences - len(out))
+    return out
+
+
+def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid) -> list[dict]:
+    """The runtime's `Trainer.train_step` on batches drawn from the workload (`repeats` batches at each size
+    in `grid.train_sequences`): each one's sequence lengths and seconds."""
+    from reference.model import build_model
+    from reference.trainer.batch import Trajectory
+    from reference.trainer.config import TrainerConfig
+    from reference.trainer.trainer import Trainer
+
+    rng = random.Random(0)
+    trainer = Trainer(build_model(model_config), TrainerConfig(), pad_id=pad_id)
+
+    def batch(n: int) -> list[Trajectory]:
+        out = []
+        for i, (prompt, response) in enumerate(draw_batch_lengths(task, n, group_size, rng)):
+            ids = [rng.randrange(model_config.vocab_size) for _ in range(prompt + response)]
+            out.append(Trajectory(ids, [0] * prompt + [1] * response, [-rng.uniform(0.5, 6) for _ in range(response)],
+                                  [trainer.version] * response, i // group_size, rng.random()))  # fmt: skip
+        return out
+
+    trainer.train_step(batch(min(grid.train_sequences)))  # warm-up
+    points = []
+    for n in grid.train_sequences:
+        for _ in range(grid.repeats):
+            b = batch(n)
+            seconds = _timed(lambda b=b: trainer.train_step(b))
+            points.append({"seq_lens": [len(t.token_ids) for t in b], "seconds": seconds})
+    return points
+
+
+def measure_sync_and_switch(model_config, repeats: int) -> dict:
+    """Medians, in seconds, of the trainer publishing a version (`publish_s`: in the runtime part of a
+    training step), an engine pausing, loading it and resuming (`load_s`: the weight sync) and an engine
+    paused and resumed (`switch_s`: a role switch)."""
+    from reference.engine.builtin import BuiltinEngine
+    from reference.model import build_model
+    from reference.trainer.config import TrainerConfig
+    from reference.trainer.handoff import version_dir
+    from reference.trainer.trainer import Trainer
+
+    trainer = Trainer(build_model(model_config), TrainerConfig(), pad_id=0)
+    times: dict[str, list[float]] = {"publish_s": [], "load_s": [], "switch_s": []}
+
+    async def go(root: str) -> None:
+        with BuiltinEngine(build_model(model_config), max_batch=8, seed=0) as engine:
+            for version in range(1, repeats + 2):
+                folder = f"{root}/{version}"  # a new folder each time: what a new version costs
+                times["publish_s"].append(_timed(lambda f=folder: trainer.publish(f)))
+                start = time.perf_counter()
+                await engine.pause()
+                await engine.update_weights(version, str(version_dir(folder, trainer.version)))
+                await engine.resume()
+                times["load_s"].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                await engine.pause()
+                await engine.resume()
+                times["switch_s"].append(time.perf_counter() - start)
+
+    with tempfile.TemporaryDirectory() as root:
+        asyncio.run(go(root))
+    return {k: statistics.median(v[1:]) for k, v in times.items()}  # the first of each warms up
+
+
+def measure_batch_read(lengths: tuple[int, int], prompts: int, group_size: int, repeats: int) -> float:
+    """Median seconds to read one step's batch (`prompts` groups of `group_size` samples of `lengths` tokens)
+    from a trajectory store, as the runtime does at the start of each training step."""
+    from reference.manager.store import TrajectoryStore
+    from reference.rollout.groups import GroupResult, SampleResult, training_batch
+    from reference.tasks.base import Problem
+
+    prompt, response = lengths
+    groups = []
+    with tempfile.TemporaryDirectory() as root:
+        store = TrajectoryStore(Path(root) / "store.sqlite")
+        for g in range(prompts):
+            key, samples = f"g{g}", []
+            for i in range(group_size):
+                rid = f"g{g}.{i}"
+                store.append(key, rid, None, 0, list(range(prompt)), [1] * response, [-1.0] * response,
+                             [0] * response, "length", "x" * response)  # fmt: skip
+                samples.append(SampleResult(rid, i, 1.0, True, 0, 0, response))
+            store.annotate(key, {"reward": 1.0})
+            groups.append(GroupResult(g, key, Problem(key, "p", "a"), tuple(samples)))
+        times = [_timed(lambda: training_batch(store, groups)) for _ in range(repeats + 1)]
+        store.close()
+    return statistics.median(times[1:])
+
+
+def fit_trainer(cfg, model, device, points: list[dict]) -> dict:
+    """train_mfu m and train_step_overhead_s o of seconds = o + A / m + R, least squares over the points
+    (A: the passes' compute at m = 1, R: the rest of sim/train_layout.py's step, both the simulator's, for
+    each point's sequence lengths)."""
+    from sim import train_layout
+    from sim.calibration import measured_setup
+
+    setup = measured_setup(cfg, train_mfu=0.75)
+    a, rest, t = [], [], []
+    for point in points:
+        parts = train_layout.step(setup, model, device, point["seq_lens"], 1)
+        a.append(parts.train_compute_s * 0.75)
+        rest.append(parts.total_s - parts.train_compute_s)
+        t.append(point["seconds"])
+    x = np.column_stack([np.ones(len(a)), a])
+    (overhead, inverse), *_ = np.linalg.lstsq(x, np.array(t) - np.array(rest), rcond=None)
+    mfu = min(0.75, 1.0 / inverse) if inverse > 0 else 0.75
+    return {"train_mfu": float(mfu), "train_step_overhead_s": float(max(overhead, 0.0))}
