@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import json
 import time
 from collections import deque
@@ -43,6 +44,8 @@ def sample_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens [B, N], raw logprobs [B, N]) sampled at temperature 1 after equal-length prompts [B, P]."""
     out = model(input_ids=prompt_ids, use_cache=True)
+    # The KV cache's name: `cache` from transformers 5.24 (argument and output), `past_key_values` before.
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     tokens, logprobs = [], []
     for i in range(max_new_tokens):
         logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # [B, V]
@@ -50,7 +53,7 @@ def sample_tokens(
         tokens.append(token)
         logprobs.append(logp.gather(-1, token))
         if i + 1 < max_new_tokens:
-            out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+            out = model(input_ids=token, use_cache=True, **{name: getattr(out, name)})
     return torch.cat(tokens, dim=1), torch.cat(logprobs, dim=1)
 
 
