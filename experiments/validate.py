@@ -323,12 +323,12 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
 
 def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
     """The costs.* values the measured trainer, sync and switch give (the profile gives the engine's)."""
+    from core import config as cfgio
     from core import specs
-    from sim.config import load_config
+    from sim.config import DEFAULT_CONFIG, SimConfig
 
-    config = sim_config_dict(rt, task, steps, out, {})
-    (out / "sim_config.yaml").write_text(_yaml(config))
-    cfg = load_config(out / "sim_config.yaml")
+    mirror = cfgio.merge(cfgio.load_yaml(DEFAULT_CONFIG), sim_config_dict(rt, task, steps, out, {}))
+    cfg = cfgio.from_dict(SimConfig, mirror)  # as load_config reads the file the mirror is written to
     fitted = fit_trainer(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device), parts["trainer"]["points"])
     # The runtime reads its batch from the store and publishes the new weights inside its training step;
     # the engines load them in the sync.
@@ -359,6 +359,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def predict(out: Path, rt, task, steps: int, parts: dict, policies: tuple[str, ...]) -> dict:
+    """Stage 3: the costs the parts give, the simulator's config (written as sim_config.yaml) and each
+    policy's simulated summary, with the profile's calibration."""
+    costs = costs_from_parts(parts, rt, task, steps, out)
+    (out / "sim_config.yaml").write_text(_yaml(sim_config_dict(rt, task, steps, out, costs)))
+    predicted, calibration = run_sim(out / "sim_config.yaml", policies)
+    return {"costs": costs, "calibration": calibration, "predicted": predicted}
+
+
+def report(out: Path, data: dict, resources: int) -> None:
+    """The comparison of `data` (measured against predicted): printed, drawn, and saved with `data`."""
+    rows = compare(data["measured"], data["predicted"])
+    print(table(rows))
+    draw(rows, out / "validate.png", f"{data['steps']} steps, {resources} one-core resources, throughput workload")
+    save_json({**data, "comparison": rows, "sim_sources": source_fingerprint()}, out / "validate.json")
+    print(f"outputs: {out}/")
+
+
 def resimulate(out: Path) -> int:
     """The simulator side of an earlier run again (same parts, same runtime summaries), rewritten in place."""
     import json
@@ -366,17 +384,8 @@ def resimulate(out: Path) -> int:
     data = json.loads((out / "validate.json").read_text())
     rt, task, _ = runtime_setup(data["steps"])
     policies = tuple(p for p in POLICIES if p in data["measured"])
-    costs = costs_from_parts(data["parts"], rt, task, data["steps"], out)
-    (out / "sim_config.yaml").write_text(_yaml(sim_config_dict(rt, task, data["steps"], out, costs)))
-    predicted, calibration = run_sim(out / "sim_config.yaml", policies)
-    rows = compare(data["measured"], predicted)
-    print(table(rows))
-    note = f"{data['steps']} steps, {rt.resources.count} one-core resources, throughput workload"
-    draw(rows, out / "validate.png", note)
-    data.update(costs=costs, calibration=calibration, predicted=predicted, comparison=rows,
-                sim_sources=source_fingerprint())  # fmt: skip
-    save_json(data, out / "validate.json")
-    print(f"outputs: {out}/")
+    data.update(predict(out, rt, task, data["steps"], data["parts"], policies))
+    report(out, data, rt.resources.count)
     return 0
 
 
@@ -397,24 +406,18 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    grid = QUICK if args.quick else FULL
     rt, task, model_config = runtime_setup(args.steps)
     started = time.time()
-    parts = measure_parts(model_config, task, out, grid, rt)
-    costs = costs_from_parts(parts, rt, task, args.steps, out)
-    config = sim_config_dict(rt, task, args.steps, out, costs)
-    (out / "sim_config.yaml").write_text(_yaml(config))
-    predicted, calibration = run_sim(out / "sim_config.yaml", policies)
-    measured = run_runtime(args.steps, policies, out / "runtime")
-    rows = compare(measured, predicted)
-    print(table(rows))
-    note = f"{args.steps} steps, {rt.resources.count} one-core resources, throughput workload"
-    draw(rows, out / "validate.png", note)
-    save_json({"parts": parts, "costs": costs, "calibration": calibration, "measured": measured,
-               "predicted": predicted, "comparison": rows, "quick": args.quick, "steps": args.steps,
-               "seconds": round(time.time() - started, 1), "sim_sources": source_fingerprint()},
-              out / "validate.json")  # fmt: skip
-    print(f"outputs: {out}/")
+    parts = measure_parts(model_config, task, out, QUICK if args.quick else FULL, rt)
+    data = {
+        "parts": parts,
+        **predict(out, rt, task, args.steps, parts, policies),
+        "measured": run_runtime(args.steps, policies, out / "runtime"),
+        "quick": args.quick,
+        "steps": args.steps,
+    }
+    data["seconds"] = round(time.time() - started, 1)
+    report(out, data, rt.resources.count)
     return 0
 
 

@@ -175,3 +175,24 @@ def test_gradient_clipping_bounds_the_update_norm(make_model):
     norm = torch.sqrt(sum((p.grad**2).sum() for p in trainer.model.parameters()))
     assert metrics.grad_norm > 1e-3
     assert norm.item() == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_micro_batches_hold_sequences_of_similar_length(make_model, monkeypatch):
+    """Each micro-batch is padded to its longest sequence: the trainer cuts them from the batch sorted by
+    length, so the long and the short sequences do not share one."""
+    import reference.trainer.trainer as trainer_module
+
+    widths = []
+    real_collate = trainer_module.collate
+
+    def recording(trajectories, *args, **kwargs):
+        widths.append(sorted(len(t.token_ids) for t in trajectories))
+        return real_collate(trajectories, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "collate", recording)
+    trainer = Trainer(make_model(0), TrainerConfig(micro_batch_size=2), pad_id=0)
+    lengths = (20, 3, 20, 3)  # alternating: an unsorted cut would pair a 20 with a 3 twice
+    batch = [Trajectory(tuple(range(1, n + 1)), (0,) + (1,) * (n - 1), (-1.0,) * (n - 1), (0,) * (n - 1),
+                        "g", float(i)) for i, n in enumerate(lengths)]  # fmt: skip
+    trainer.train_step(batch)
+    assert widths == [[3, 3], [20, 20]]
