@@ -9,14 +9,22 @@ is downloaded), or `tiny`, the runtime's default (reference/model.py), small eno
   the timed steps), against batch and context;
 - prefill: seconds for one prompt of `tokens` tokens;
 - train: forward + backward + AdamW of one sequence of `seq_len` tokens (loss over every position):
-  tokens/s, and MFU (PaLM's model FLOPs, 6 N + 12 L d_attn s a token, over the device spec's peak).
+  tokens/s, and MFU (PaLM's model FLOPs, 6 N + 12 L d_attn s a token, over the device spec's peak);
+- logprob: the trainer's forward-only pass over one sequence (no gradient; log-probs of every token):
+  tokens/s and MFU of the forward's FLOPs;
+- the device itself: a large square matrix product (TFLOP/s), a device-to-device copy (GB/s, bytes read
+  plus written) and, on a GPU, copies between pinned host memory and the device (GB/s each way).
+`--parts` picks which of decode, prefill, train and logprob to measure.
 
 Departures, on purpose: decode and prefill run the built-in engine's forward (reference/engine/
 qwen3_forward.py: a padded slot cache, sdpa attention, no CUDA graphs, paged attention or fused
-kernels), a plain-torch floor of what vLLM reaches. Training keeps weights, gradients and AdamW
-moments in the model's dtype (8 bytes a parameter in bf16; the simulator's default trainer keeps fp32
-master weights and moments) with no activation recompute and no overhead per step; the predictions
-are made for that setup (`PREDICTION`). A point that does not fit in memory is skipped and listed.
+kernels), a plain-torch floor of what vLLM reaches. With `--cuda-graphs` (a CUDA device) each decode
+point is captured once as a CUDA graph (the step, greedy sampling on the device, the next position) and
+replayed, as vLLM does for decode: the host's launch cost goes, the kernels stay plain torch's.
+Training keeps weights, gradients and AdamW moments in the model's dtype (8 bytes a parameter in bf16;
+the simulator's default trainer keeps fp32 master weights and moments) with no activation recompute
+and no overhead per step; the predictions are made for that setup (`PREDICTION`). A point that does not
+fit in memory is skipped and listed.
 
 The prediction ("sim") is the roofline of the shipped device spec matching the CUDA device's name
 (`--device-spec` picks one, or a device YAML file); on a CPU there is none unless given, and "-" is
@@ -24,7 +32,8 @@ printed. The sim/measured column is predicted seconds over measured seconds: bel
 optimistic.
 
     python -m benchmarks.gpu_calibration [--models qwen3-0.6b,qwen3-1.7b,qwen3-8b] [--device cuda]
-        [--device-spec h100] [--out FILE.yaml] [--overwrite] [--quick]
+        [--device-spec h100] [--parts decode,prefill,train,logprob] [--cuda-graphs]
+        [--out FILE.yaml] [--overwrite] [--quick]
 """
 
 from __future__ import annotations
@@ -63,6 +72,7 @@ from sim.profile import (
     MEASURED_SETUP,
     DecodePoint,
     DeviceInfo,
+    LogprobPoint,
     ModelProfile,
     PrefillPoint,
     Profile,
@@ -74,6 +84,7 @@ TINY = "tiny"
 GPU_MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-8b")
 SEED = 0
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+PARTS = ("decode", "prefill", "train", "logprob")
 # The simulator's config for the predictions: one GPU an engine, and the trainer measured here (the setup
 # sim/calibration.py fits a profile's points in).
 PREDICTION = MEASURED_SETUP
@@ -95,6 +106,9 @@ class Grid:
 
 FULL = Grid((1, 8, 32, 128), (512, 2048, 8192), 16, (512, 2048, 8192), 3, (512, 2048, 4096), 5, 2)
 QUICK = Grid((1, 2), (16, 32), 3, (16, 32), 2, (16, 32), 2, 1)
+# The device's own peaks: a square matrix product of this side, a copy of this many bytes.
+PEAK_SIZES = {"cuda": (8192, 2**30), "cpu": (1024, 2**26)}
+QUICK_PEAK_SIZES = (256, 2**22)
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,9 @@ class Plan:
     grid: Grid
     out: Path
     command: str
+    parts: tuple[str, ...] = PARTS
+    cuda_graphs: bool = False
+    peak_sizes: tuple[int, int] = QUICK_PEAK_SIZES
 
 
 # ---- what to run ----
@@ -210,6 +227,12 @@ def make_plan(args: argparse.Namespace, argv: list[str]) -> Plan:
         prefill_tokens=_ints("--prefill-tokens", args.prefill_tokens, grid.prefill_tokens),
         train_lens=_ints("--train-lens", args.train_lens, grid.train_lens),
     )
+    parts = tuple(args.parts.split(",")) if args.parts else PARTS
+    bad = next((p for p in parts if p not in PARTS), None)
+    if bad is not None or not parts:
+        raise unknown_name("--parts entry", bad or "", PARTS)
+    if args.cuda_graphs and device.type != "cuda":
+        raise UserError(f"--cuda-graphs needs a CUDA device, got --device {device}")
     name = device_name(device)
     spec = roofline_device(args.device_spec, name, device)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -218,7 +241,8 @@ def make_plan(args: argparse.Namespace, argv: list[str]) -> Plan:
         raise UserError(f"--out {str(out)!r} exists; pass --overwrite to replace it")
     command = shlex.join(["python", "-m", "benchmarks.gpu_calibration", *argv])
     models = tuple(choices[n]() for n in names)
-    return Plan(models, device, name, DTYPES[dtype_name], spec, grid, out, command)
+    sizes = QUICK_PEAK_SIZES if args.quick else PEAK_SIZES[device.type]
+    return Plan(models, device, name, DTYPES[dtype_name], spec, grid, out, command, parts, args.cuda_graphs, sizes)
 
 
 # ---- measuring ----
@@ -281,6 +305,7 @@ def measure_decode(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, skipped: li
     steps = g.warmup + g.decode_steps
     for batch in g.batches:
         for context in g.contexts:
+            _release(plan.device)  # the last point's cache back from torch's allocator, for _free_bytes to see
             need = 2 * spec.layers * spec.kv_heads * spec.head_dim * plan.dtype.itemsize * batch * (context + steps)
             if context + steps > spec.max_context or need > _free_bytes(plan.device):
                 skipped.append(f"decode batch={batch} context={context}: a {need / 1e9:.1f} GB KV cache does not fit")
@@ -293,12 +318,47 @@ def measure_decode(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, skipped: li
 def _decode_step_s(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, context: int, tokens: list[int]) -> float:
     """Median seconds of a decode step of len(tokens) sequences, each holding `context` tokens at the start."""
     g, batch = plan.grid, len(tokens)
+    if plan.cuda_graphs:
+        return _graphed_decode_step_s(runner, spec, plan, context, tokens)
     cache = _cache(spec, batch, context + g.warmup + g.decode_steps, plan.dtype, plan.device)
     positions = iter(range(context, context + g.warmup + g.decode_steps))
     # decode() returns the logits on the CPU, as an engine's sampler needs them
     return _timed(
         lambda: runner.decode(cache, tokens, [next(positions)] * batch), plan.device, g.warmup, g.decode_steps
     )
+
+
+GRAPH_WARMUP = 3  # eager runs on a side stream before the capture, as torch.cuda.graph asks
+
+
+def _graphed_decode_step_s(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, context: int, tokens: list[int]):
+    """`_decode_step_s` with the step captured once as a CUDA graph and replayed: the forward, greedy
+    sampling into the next step's input and the position's advance, all on the device (as vLLM replays
+    its decode graphs). Every step attends over the cache's whole capacity, masked per position."""
+    g, batch, dev = plan.grid, len(tokens), plan.device
+    steps = GRAPH_WARMUP + g.warmup + g.decode_steps
+    cache = _cache(spec, batch, context + steps, plan.dtype, dev)
+    ids, pos = torch.tensor(tokens, device=dev), torch.full((batch,), context, device=dev)
+    span = context + steps
+
+    def step() -> None:
+        logits = runner.decode_step(cache, ids, pos, span, masked=True)
+        ids.copy_(logits.argmax(-1))
+        pos.add_(1)
+
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(GRAPH_WARMUP):
+            step()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()  # recorded, not run: pos stays where the warm-up left it
+    try:
+        return _timed(graph.replay, dev, g.warmup, g.decode_steps)
+    finally:
+        del graph
 
 
 def measure_prefill(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, skipped: list[str]) -> list[PrefillPoint]:
@@ -312,6 +372,29 @@ def measure_prefill(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, skipped: l
         points.append(
             PrefillPoint(tokens, _timed(partial(runner.prefill, cache, 0, ids), plan.device, g.warmup, g.prefill_runs))
         )
+    return points
+
+
+def measure_logprob(model: Qwen3ForCausalLM, spec: ModelSpec, plan: Plan, skipped: list[str]) -> list[LogprobPoint]:
+    """The trainer's forward-only pass: logits of one sequence, then the log-prob of each next token."""
+    g, points = plan.grid, []
+    generator = torch.Generator(plan.device).manual_seed(SEED)
+
+    def forward(ids: torch.Tensor) -> None:
+        logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])
+
+    for seq_len in g.train_lens:
+        ids = torch.randint(spec.vocab, (1, seq_len), generator=generator, device=plan.device)
+        try:
+            seconds = _timed(partial(forward, ids), plan.device, g.warmup, g.train_steps)
+        except torch.cuda.OutOfMemoryError:
+            _release(plan.device)
+            skipped.append(f"logprob seq_len={seq_len}: out of memory")
+            continue
+        flops = train_layout.forward_flops(spec, [seq_len])
+        mfu = _fraction(flops / seconds, plan, f"logprob seq_len={seq_len}", skipped)
+        points.append(LogprobPoint(seq_len, seq_len / seconds, mfu))
     return points
 
 
@@ -341,27 +424,88 @@ def measure_train(model: Qwen3ForCausalLM, spec: ModelSpec, plan: Plan, skipped:
 
 
 def _mfu(spec: ModelSpec, plan: Plan, seq_len: int, seconds: float, skipped: list[str]) -> float | None:
+    flops_per_s = 3 * train_layout.forward_flops(spec, [seq_len]) / seconds
+    return _fraction(flops_per_s, plan, f"train seq_len={seq_len}", skipped)
+
+
+def _fraction(flops_per_s: float, plan: Plan, what: str, skipped: list[str]) -> float | None:
+    """`flops_per_s` over the device spec's peak; None without a spec, or above 1 (a profile holds MFU in
+    (0, 1]), with the reason in `skipped`."""
     if plan.spec is None:
         return None
-    mfu = Roofline.mfu_of(spec, plan.spec, seq_len, seconds)
-    if mfu > 1:  # a profile holds MFU in (0, 1]
-        skipped.append(f"train seq_len={seq_len}: MFU {mfu:.2f} against {plan.spec.name}'s peak; not recorded")
+    mfu = flops_per_s / (plan.spec.peak_tflops * 1e12)
+    if mfu > 1:
+        skipped.append(f"{what}: MFU {mfu:.2f} against {plan.spec.name}'s peak; not recorded")
         return None
     return mfu
+
+
+@dataclass(frozen=True)
+class Peaks:
+    matmul_tflops: float
+    copy_gb_s: float
+    host_to_device_gb_s: float | None  # None on a CPU
+    device_to_host_gb_s: float | None
+
+
+def measure_peaks(plan: Plan) -> Peaks:
+    """The device's own ceilings: best of several runs of a square matrix product in the plan's dtype, a
+    device-to-device copy (bytes read + written, as a datasheet's bandwidth counts them) and, on a GPU,
+    copies from and to pinned host memory."""
+    peaks = Peaks(_matmul_tflops(plan), *_copy_gb_s(plan))
+    _release(plan.device)
+    return peaks
+
+
+def _matmul_tflops(plan: Plan) -> float:
+    side, dev = plan.peak_sizes[0], plan.device
+    a = torch.randn(side, side, device=dev, dtype=plan.dtype)
+    b = torch.randn(side, side, device=dev, dtype=plan.dtype)
+    return 2 * side**3 / _best(lambda: a @ b, dev) / 1e12
+
+
+def _copy_gb_s(plan: Plan) -> tuple[float, float | None, float | None]:
+    size, dev = plan.peak_sizes[1], plan.device
+    src = torch.empty(size, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    copy = 2 * size / _best(lambda: dst.copy_(src), dev) / 1e9
+    if dev.type != "cuda":
+        return copy, None, None
+    host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    h2d = size / _best(lambda: src.copy_(host, non_blocking=True), dev) / 1e9
+    d2h = size / _best(lambda: host.copy_(src, non_blocking=True), dev) / 1e9
+    return copy, h2d, d2h
+
+
+def _best(run: Callable[[], object], device: torch.device, runs: int = 10) -> float:
+    times = []
+    for _ in range(runs + 2):  # two untimed
+        _sync(device)
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return min(times[2:])
 
 
 def measure(spec: ModelSpec, plan: Plan) -> ModelProfile:
     skipped: list[str] = []
     model = build_model(spec, plan.device, plan.dtype)
+    decode = prefill = train = logprob = ()
     with torch.inference_mode():
         model.eval()
         runner = Qwen3Runner(model)
-        decode = measure_decode(runner, spec, plan, skipped)
-        prefill = measure_prefill(runner, spec, plan, skipped)
-    train = measure_train(model, spec, plan, skipped)
+        if "decode" in plan.parts:
+            decode = measure_decode(runner, spec, plan, skipped)
+        if "prefill" in plan.parts:
+            prefill = measure_prefill(runner, spec, plan, skipped)
+        if "logprob" in plan.parts:
+            logprob = measure_logprob(model, spec, plan, skipped)
+    if "train" in plan.parts:
+        train = measure_train(model, spec, plan, skipped)
     del model, runner
     _release(plan.device)
-    return ModelProfile(spec.name, tuple(decode), tuple(prefill), tuple(train), tuple(skipped))
+    return ModelProfile(spec.name, tuple(decode), tuple(prefill), tuple(train), tuple(logprob), tuple(skipped))
 
 
 # ---- the simulator's side, and the table ----
@@ -386,6 +530,10 @@ class Roofline:
 
     def mfu(self, seq_len: int, seconds: float) -> float:
         return self.mfu_of(self.model, self.device, seq_len, seconds)
+
+    def logprob_s(self, seq_len: int) -> float:
+        peak = self.device.peak_tflops * 1e12 * self.cfg.costs.logprob_mfu
+        return train_layout.forward_flops(self.model, [seq_len]) / peak
 
     @staticmethod
     def mfu_of(model: ModelSpec, device: DeviceSpec, seq_len: int, seconds: float) -> float:
@@ -412,25 +560,55 @@ def table(entry: ModelProfile, spec: ModelSpec, plan: Plan) -> list[str]:
     head = f"{'measured ms':>12} {'sim ms':>10} {'sim/measured':>13}"
     size = f"{spec.params / 1e9:.2f} B" if spec.params >= 1e8 else f"{spec.params / 1e6:.2f} M"
     lines = [f"{spec.name}: {size} parameters on {where}; sim: {sim}"]
-    lines.append(f"  {'decode':<8} {'batch':>7} {'context':>8} {head}")
+    if "decode" in plan.parts:
+        lines.append(f"  {'decode':<8} {'batch':>7} {'context':>8} {head}")
     for p in entry.decode:
         sim_s = roof.decode_s(p.batch, p.context) if roof else None
         lines.append(f"  {'':<8} {p.batch:7d} {p.context:8d} {_cells(p.step_s, sim_s)}")
-    lines.append(f"  {'prefill':<8} {'tokens':>7} {'':>8} {head}")
+    if "prefill" in plan.parts:
+        lines.append(f"  {'prefill':<8} {'tokens':>7} {'':>8} {head}")
     for p in entry.prefill:
         sim_s = roof.prefill_s(p.tokens) if roof else None
         lines.append(f"  {'':<8} {p.tokens:7d} {'':>8} {_cells(p.seconds, sim_s)}")
-    lines.append(f"  {'train':<8} {'seq_len':>7} {'tokens/s':>8} {head} {'MFU':>8} {'sim MFU':>8}")
+    if "train" in plan.parts:
+        lines.append(f"  {'train':<8} {'seq_len':>7} {'tokens/s':>8} {head} {'MFU':>8} {'sim MFU':>8}")
     for p in entry.train:
         sim_s = roof.train_s(p.seq_len) if roof else None
         sim_mfu = roof.mfu(p.seq_len, sim_s) if roof else None
+        cells = _cells(p.seq_len / p.tokens_per_s, sim_s)
+        lines.append(f"  {'':<8} {p.seq_len:7d} {p.tokens_per_s:8.0f} {cells} {_pct(p.mfu)} {_pct(sim_mfu)}")
+    if "logprob" in plan.parts:
+        lines.append(f"  {'logprob':<8} {'seq_len':>7} {'tokens/s':>8} {head} {'MFU':>8} {'sim MFU':>8}")
+    for p in entry.logprob:
+        sim_s = roof.logprob_s(p.seq_len) if roof else None
+        sim_mfu = roof.cfg.costs.logprob_mfu if roof else None
         cells = _cells(p.seq_len / p.tokens_per_s, sim_s)
         lines.append(f"  {'':<8} {p.seq_len:7d} {p.tokens_per_s:8.0f} {cells} {_pct(p.mfu)} {_pct(sim_mfu)}")
     lines += [f"  skipped: {reason}" for reason in entry.skipped]
     return lines
 
 
+def peak_lines(peaks: Peaks, plan: Plan) -> list[str]:
+    """The measured ceilings, each beside the device spec's figure."""
+    spec = plan.spec
+    rows = [
+        ("matrix product", f"{plan.peak_sizes[0]}^3", peaks.matmul_tflops, "TFLOP/s", spec and spec.peak_tflops),
+        ("device copy", f"{plan.peak_sizes[1] >> 20} MiB", peaks.copy_gb_s, "GB/s", spec and spec.hbm_bandwidth_gb_s),
+        ("host to device", "pinned", peaks.host_to_device_gb_s, "GB/s", spec and spec.pcie_gb_s),
+        ("device to host", "pinned", peaks.device_to_host_gb_s, "GB/s", spec and spec.pcie_gb_s),
+    ]  # fmt: skip
+    lines = [f"peaks on {plan.device_name}: measured, and the share of the {spec.name if spec else '-'} spec"]
+    for what, size, value, unit, datasheet in rows:
+        if value is None:
+            continue
+        share = f"{value / datasheet:8.1%}" if datasheet else f"{'-':>8}"
+        lines.append(f"  {what:<15} {size:>10} {value:10.1f} {unit:<8} {share}")
+    return lines
+
+
 def run(plan: Plan) -> Profile:
+    peaks = measure_peaks(plan)
+    print("\n".join(peak_lines(peaks, plan)), flush=True)
     entries = []
     for spec in plan.models:
         print(f"measuring {spec.name} on {plan.device_name} ({plan.device}) ...", flush=True)
@@ -440,9 +618,16 @@ def run(plan: Plan) -> Profile:
     device = DeviceInfo(
         name=plan.device_name, dtype=str(plan.dtype).removeprefix("torch."), spec=plan.spec.name if plan.spec else None,
         torch_device=str(plan.device), torch=torch.__version__, transformers=transformers.__version__,
+        decode_mode="cuda-graphs" if plan.cuda_graphs else "eager", matmul_tflops=round(peaks.matmul_tflops, 3),
+        copy_gb_s=round(peaks.copy_gb_s, 3), host_to_device_gb_s=_round(peaks.host_to_device_gb_s),
+        device_to_host_gb_s=_round(peaks.device_to_host_gb_s),
     )  # fmt: skip
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return Profile(1, device, tuple(entries), created=created, command=plan.command)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -454,6 +639,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", help="the profile to write (default: results/gpu-calibration-<device>-<time>.yaml)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--quick", action="store_true", help="a few small points (a CPU, a test)")
+    p.add_argument("--parts", help=f"comma-separated, of {', '.join(PARTS)} (default: all)")
+    p.add_argument("--cuda-graphs", action="store_true", help="decode by replaying a captured CUDA graph a step")
     for flag in ("--batches", "--contexts", "--prefill-tokens", "--train-lens"):
         p.add_argument(flag, help="comma-separated integers, replacing the grid's")
     return p.parse_args(argv)

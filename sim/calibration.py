@@ -9,12 +9,17 @@ GPU), and the cost model then runs on the fitted values:
 - decode: hbm_efficiency, decode_mfu, decode_step_overhead_s o and decode_seq_overhead_s s, from
   step = max(memory / hbm_efficiency, compute / decode_mfu) + o + s x batch at every (batch, context)
   (s only when the points span several batch sizes; it is the host's work per sequence: sampling,
-  scheduling, streaming);
+  scheduling, streaming). Where the profile measured the device's copy bandwidth, the weights are read
+  at that share of the datasheet's (`hbm_efficiency`, measured: a dense model reads the same weights at
+  every step, so a fit cannot tell their rate from o) and the KV cache at `kv_hbm_efficiency`, fitted:
+  step = max(weights / hbm_efficiency + KV / kv_hbm_efficiency, compute / decode_mfu) + o + s x batch;
 - prefill: prefill_mfu and prefill_overhead_s f, from seconds = max(compute / prefill_mfu, weight reads /
   hbm_efficiency) + f (one prefill a point; f, an engine's fixed cost of a step that prefills, only
   with two or more points);
 - training: train_mfu, from the trainer's step on one GPU (sim/train_layout.py; the points are measured
-  without recompute, so model FLOPs run at 4/3 of train_mfu, the convention of HFU_PER_MFU).
+  without recompute, so model FLOPs run at 4/3 of train_mfu, the convention of HFU_PER_MFU);
+- log-probs: logprob_mfu, from the trainer's forward-only pass over one sequence (seconds = forward
+  FLOPs / (peak x logprob_mfu), train_layout's forward pass on one GPU).
 
 Why fit constants rather than interpolate the points: a run asks for batches, contexts and layouts that
 no profile measured (engines of 4 GPUs at 200 sequences of 3,000 tokens, ZeRO-3 over 32 GPUs); the
@@ -25,9 +30,9 @@ per part (`rms_error`).
 
 A constant no point constrains keeps the config's value, with the reason (`kept`): every constant of
 a part with too few points; decode_mfu when every decode point is memory-bound (only a lower bound is
-known, and the kept value is raised to it so the fit still holds); prefill_mfu likewise. logprob_mfu,
-the overheads of training and the communication efficiencies are never calibrated: a profile measures
-one GPU and no forward-only training pass. A rollout pool of another device keeps the config's constants.
+known, and the kept value is raised to it so the fit still holds); prefill_mfu likewise. The overheads
+of training and the communication efficiencies are never calibrated: a profile measures one GPU. A
+rollout pool of another device keeps the config's constants.
 """
 
 from __future__ import annotations
@@ -61,11 +66,12 @@ class Calibration:
     profile: str  # costs.profile as given
     device: str  # the device the profile names
     model: str  # the profile's entry for the run's model
-    constants: dict[str, float]  # costs.<key> -> the value the cost model uses
-    fitted: tuple[str, ...]  # keys of `constants` fitted to points; the others are `kept`
+    constants: dict[str, float | None]  # costs.<key> -> the value the cost model uses
+    fitted: tuple[str, ...]  # keys of `constants` fitted to points; the others are `kept` or `measured`
     kept: dict[str, str]  # costs.<key> -> why the profile did not set it
     rms_error: dict[str, float]  # part -> root-mean-square relative error of the fitted roofline
     points: dict[str, int]  # part -> points measured
+    measured: dict[str, str] = dataclasses.field(default_factory=dict)  # costs.<key> -> the measurement
 
     def apply(self, cfg: SimConfig) -> SimConfig:
         return dataclasses.replace(cfg, costs=dataclasses.replace(cfg.costs, **self.constants))
@@ -77,10 +83,15 @@ class Calibration:
             "device": self.device,
             "model": self.model,
             "fitted": {k: float(f"{self.constants[k]:.6g}") for k in self.fitted},
-            "kept": {k: {"value": float(f"{self.constants[k]:.6g}"), "why": why} for k, why in self.kept.items()},
+            "measured": {k: {"value": _short(self.constants[k]), "from": m} for k, m in self.measured.items()},
+            "kept": {k: {"value": _short(self.constants[k]), "why": why} for k, why in self.kept.items()},
             "rms_relative_error": self.rms_error,
             "points": self.points,
         }
+
+
+def _short(value: float | None) -> float | None:
+    return None if value is None else float(f"{value:.6g}")
 
 
 def calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec) -> Calibration | None:
@@ -102,19 +113,28 @@ def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: pr
     c = cfg.costs
     values = {k: getattr(c, k) for k in ("hbm_efficiency", "decode_mfu", *DECODE_OVERHEADS)}
     values |= {"prefill_mfu": c.prefill_mfu, "prefill_overhead_s": c.prefill_overhead_s, "train_mfu": c.train_mfu}
+    values["logprob_mfu"] = c.logprob_mfu
+    values["kv_hbm_efficiency"] = c.kv_hbm_efficiency
     kept: dict[str, str] = {}
     fitted: list[str] = []
+    measured: dict[str, str] = {}
+    copy = profile.device.copy_gb_s
+    weights_at = None if copy is None else min(1.0, copy / device.hbm_bandwidth_gb_s)
     setup = measured_setup(cfg, hbm_efficiency=1.0, decode_mfu=1.0, prefill_mfu=1.0, decode_step_overhead_s=0.0,
                            decode_seq_overhead_s=0.0)  # fmt: skip
     unit = CostModel(setup, model, device)  # every efficiency 1, no overhead: the bare roofline terms
+    if weights_at is not None:
+        values["hbm_efficiency"] = weights_at
+        measured["hbm_efficiency"] = f"the device's copy: {copy:.6g} GB/s of the spec's {device.hbm_bandwidth_gb_s:g}"
     if len(entry.decode) >= MIN_DECODE_POINTS:
-        decode = _fit_decode(unit, entry.decode, c)
+        decode = _fit_decode(unit, entry.decode, c, weights_at)
         values.update(decode.values)
         fitted += decode.fitted
         kept |= decode.kept
     else:
         why = f"{len(entry.decode)} decode point(s); the three decode constants need at least {MIN_DECODE_POINTS}"
-        kept |= dict.fromkeys(("hbm_efficiency", "decode_mfu", *DECODE_OVERHEADS), why)
+        names = ("decode_mfu", *DECODE_OVERHEADS, *(("kv_hbm_efficiency",) if weights_at else ("hbm_efficiency",)))
+        kept |= dict.fromkeys(names, why)
     if entry.prefill:
         prefill = _fit_prefill(unit, entry.prefill, values["hbm_efficiency"], c.prefill_mfu)
         values.update(prefill.values)
@@ -128,6 +148,11 @@ def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: pr
     else:
         skipped = [why for why in entry.skipped if why.startswith("train")]
         kept["train_mfu"] = "no training points" + (f" ({'; '.join(skipped)})" if skipped else "")
+    if entry.logprob:
+        values["logprob_mfu"] = _fit_logprob(model, device, entry.logprob)
+        fitted.append("logprob_mfu")
+    else:
+        kept["logprob_mfu"] = "no log-prob points"
     calibrated = measured_setup(cfg, **values)
     return Calibration(
         profile=name,
@@ -136,8 +161,9 @@ def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: pr
         constants=values,
         fitted=tuple(fitted),
         kept=kept,
+        measured=measured,
         rms_error=_errors(CostModel(calibrated, model, device), calibrated, entry),
-        points={"decode": len(entry.decode), "prefill": len(entry.prefill), "train": len(entry.train)},
+        points={part: len(getattr(entry, part)) for part in ("decode", "prefill", "train", "logprob")},
     )
 
 
@@ -158,55 +184,65 @@ class _Part:
     kept: dict[str, str]
 
 
-def _fit_decode(unit: CostModel, points: tuple[profiles.DecodePoint, ...], c) -> _Part:
-    """hbm_efficiency e, decode_mfu u and the overheads o (a step) and s (a sequence) minimising the relative
-    error of max(M/e, C/u) + o + s b. s is fitted only when the points span several batch sizes."""
-    lines = [unit.decode_lines(p.batch, p.batch * p.context) for p in points]
-    memory, compute = np.array([d.p1 for d in lines]), np.array([d.p2 for d in lines])
+def _fit_decode(unit: CostModel, points: tuple[profiles.DecodePoint, ...], c, weights_at: float | None) -> _Part:
+    """The decode constants minimising the relative error of max(M/e, C/u) + o + s b: e is hbm_efficiency,
+    reading weights and KV cache alike, or with `weights_at` (the weights' measured efficiency) e is
+    kv_hbm_efficiency and M/e becomes W/weights_at + KV/e. u is decode_mfu, o and s the overheads of a
+    step and of a sequence (s only when the points span several batch sizes)."""
+    terms = np.array([unit.decode_memory_s(p.batch, p.batch * p.context) for p in points])
+    compute = np.array([unit.decode_lines(p.batch, p.batch * p.context).p2 for p in points])
+    if weights_at is None:
+        name, fixed, memory = "hbm_efficiency", np.zeros(len(points)), terms.sum(axis=1)
+        default = c.hbm_efficiency
+    else:
+        name, fixed, memory = "kv_hbm_efficiency", terms[:, 0] / weights_at, terms[:, 1]
+        default = c.hbm_efficiency if c.kv_hbm_efficiency is None else c.kv_hbm_efficiency
     t = np.array([p.step_s for p in points])
     batch = np.array([float(p.batch) for p in points]) if len({p.batch for p in points}) > 1 else None
-    e, u = _search(lambda es, us: _decode_loss(memory, compute, t, es, us, batch)[0], 2)
+    e, u = _search(lambda es, us: _decode_loss(memory, compute, t, es, us, batch, fixed)[0], 2)
     overheads = [DECODE_OVERHEADS[0], *([DECODE_OVERHEADS[1]] if batch is not None else [])]
 
-    def fixed(e: float, u: float) -> dict[str, float]:
-        _, o, per_seq = _decode_loss(memory, compute, t, np.array([e]), np.array([u]), batch)
+    def fixed_costs(e: float, u: float) -> dict[str, float]:
+        _, o, per_seq = _decode_loss(memory, compute, t, np.array([e]), np.array([u]), batch, fixed)
         return {"decode_step_overhead_s": float(o[0]), "decode_seq_overhead_s": float(per_seq[0])}
 
-    values = {"hbm_efficiency": e, "decode_mfu": u, **fixed(e, u)}
-    fitted, kept = ["hbm_efficiency", "decode_mfu", *overheads], {}
-    bound = compute / u > memory / e
-    worst = _worst_relative_se(memory, compute, t, e, u, values, batch)
+    values = {name: e, "decode_mfu": u, **fixed_costs(e, u)}
+    fitted, kept = [name, "decode_mfu", *overheads], {}
+    bound = compute / u > fixed + memory / e
+    worst = _worst_relative_se(memory, compute, t, e, u, values, batch, fixed)
     if worst > MAX_RELATIVE_SE:  # e.g. every point reads about the same bytes: e and overhead trade off
-        e, u = c.hbm_efficiency, c.decode_mfu
+        e, u = default, c.decode_mfu
         spread = "they trade off exactly" if math.isinf(worst) else f"standard error {worst:.0%} of the value"
         why = f"the decode points do not pin the efficiencies down ({spread}): kept, and only "
         why += f"{' and '.join(overheads)} fitted"
-        values = {"hbm_efficiency": e, "decode_mfu": u, **fixed(e, u)}
-        return _Part(values, tuple(overheads), dict.fromkeys(("hbm_efficiency", "decode_mfu"), why))
+        values = {name: e, "decode_mfu": u, **fixed_costs(e, u)}
+        return _Part(values, tuple(overheads), dict.fromkeys((name, "decode_mfu"), why))
     if not bound.any():  # u only has a floor: the one above which every point stays memory-bound
-        floor = float(np.max(compute * e / memory))
+        floor = float(np.max(compute / (fixed + memory / e)))
         values["decode_mfu"] = min(1.0, max(c.decode_mfu, floor))
         fitted.remove("decode_mfu")
         kept["decode_mfu"] = f"every decode point is memory-bound: only decode_mfu >= {floor:.3g} is known"
     elif bound.all():
-        floor = float(np.max(memory * u / compute))
-        values["hbm_efficiency"] = min(1.0, max(c.hbm_efficiency, floor))
-        fitted.remove("hbm_efficiency")
-        kept["hbm_efficiency"] = f"every decode point is compute-bound: only hbm_efficiency >= {floor:.3g} is known"
+        floor = float(np.max(memory / np.maximum(compute / u - fixed, 1e-30)))
+        values[name] = min(1.0, max(default, floor))
+        fitted.remove(name)
+        kept[name] = f"every decode point is compute-bound: only {name} >= {floor:.3g} is known"
     return _Part(values, tuple(fitted), kept)
 
 
-def _worst_relative_se(memory, compute, t, e: float, u: float, values: dict, batch) -> float:
+def _worst_relative_se(memory, compute, t, e: float, u: float, values: dict, batch, fixed) -> float:
     """The larger relative standard error of e and u (of those some point binds), from the residuals and
     the Jacobian of the relative residuals in (1/e, 1/u, o, s) at the fit (linearised least squares)."""
     overhead, per_seq = values["decode_step_overhead_s"], values["decode_seq_overhead_s"]
-    mem_bound = memory / e >= compute / u
+    mem_bound = fixed + memory / e >= compute / u
     columns = {"e": np.where(mem_bound, memory, 0.0) / t, "u": np.where(mem_bound, 0.0, compute) / t}
     columns = {k: v for k, v in columns.items() if v.any()}
     extra = [*([1.0 / t] if overhead > 0 else []), *([batch / t] if batch is not None and per_seq > 0 else [])]
     jac = np.column_stack([*columns.values(), *extra])
     n, k = jac.shape
-    residual = (np.maximum(memory / e, compute / u) + overhead + per_seq * (0 if batch is None else batch) - t) / t
+    residual = (
+        np.maximum(fixed + memory / e, compute / u) + overhead + per_seq * (0 if batch is None else batch) - t
+    ) / t
     scale = float((residual**2).sum()) / max(1, n - k)
     if scale == 0.0:
         return 0.0
@@ -218,11 +254,12 @@ def _worst_relative_se(memory, compute, t, e: float, u: float, values: dict, bat
     return max(se[i] / inverse[key] for i, key in enumerate(columns))
 
 
-def _decode_loss(memory, compute, t, es, us, batch=None):
+def _decode_loss(memory, compute, t, es, us, batch=None, fixed=0.0):
     """Loss and the best overheads (each >= 0, closed form) of each (e, u) pair: (loss, o, s), arrays of the
-    pairs' shape; s is 0 when `batch` is None (one batch size: it would only repeat o)."""
+    pairs' shape; s is 0 when `batch` is None (one batch size: it would only repeat o). `fixed`: seconds of
+    the memory line read at a known rate (the weights, where the device's copy was measured)."""
     w = 1.0 / t
-    r = (np.maximum(memory / es[..., None], compute / us[..., None]) - t) * w  # relative residual, no overhead
+    r = (np.maximum(fixed + memory / es[..., None], compute / us[..., None]) - t) * w  # relative residual
     if batch is None:
         overhead = np.clip(-(r * w).sum(-1) / (w * w).sum(-1), 0.0, None)
         return ((r + overhead[..., None] * w) ** 2).sum(-1), overhead, np.zeros_like(overhead)
@@ -290,6 +327,15 @@ def _fit_train(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, points, hbm
     return 0.75 if inverse <= 1 / 0.75 else 1.0 / inverse
 
 
+def _fit_logprob(model: ModelSpec, device: DeviceSpec, points) -> float:
+    """logprob_mfu m of seconds = A / m (A: one forward's FLOPs at the device's peak), closed form in 1/m,
+    within (0, 1]."""
+    a = np.array([train_layout.forward_flops(model, [p.seq_len]) for p in points]) / (device.peak_tflops * 1e12)
+    t = np.array([p.seq_len / p.tokens_per_s for p in points])
+    inverse = float((a * t / t**2).sum() / (a * a / t**2).sum())
+    return min(1.0, 1.0 / inverse)
+
+
 def _search(loss, dims: int) -> tuple[float, ...]:
     """The point of [FLOOR, 1]^dims with the least `loss`, by a log-spaced grid narrowed round by round
     around its best point (deterministic; the losses here are smooth and have one basin)."""
@@ -306,6 +352,10 @@ def _search(loss, dims: int) -> tuple[float, ...]:
     return tuple(float(v) for v in np.exp(best))
 
 
+def _logprob_s(cm: CostModel, seq_len: int, mfu: float) -> float:
+    return train_layout.forward_flops(cm.model, [seq_len]) / (cm.device.peak_tflops * 1e12 * mfu)
+
+
 def _errors(cm: CostModel, setup: SimConfig, entry: profiles.ModelProfile) -> dict[str, float]:
     """Root-mean-square relative error of the calibrated roofline at each part's measured points."""
     pairs = {
@@ -316,6 +366,9 @@ def _errors(cm: CostModel, setup: SimConfig, entry: profiles.ModelProfile) -> di
         "train": [
             (train_layout.step(setup, cm.model, cm.device, [p.seq_len], 1).total_s, p.seq_len / p.tokens_per_s)
             for p in entry.train
+        ],
+        "logprob": [
+            (_logprob_s(cm, p.seq_len, setup.costs.logprob_mfu), p.seq_len / p.tokens_per_s) for p in entry.logprob
         ],
     }
     return {

@@ -197,6 +197,7 @@ class CostConfig:
     alltoall_latency_s: float = 2e-5  # MoE expert parallelism: fixed seconds of one all-to-all
     decode_seq_overhead_s: float = 0.0  # per sequence in a decode step (sampling, scheduling, streaming)
     prefill_overhead_s: float = 0.0  # an engine's fixed time of a step that prefills (set-up, first tokens out)
+    kv_hbm_efficiency: float | None = None  # decode's KV-cache reads (attention); null: hbm_efficiency's
     profile: str | None = None  # a measured profile (sim/profile.py) whose points set the efficiencies
     # above for the run's model on cluster.device (sim/calibration.py); a shipped name or a path; null: as set
 
@@ -243,11 +244,13 @@ class SimConfig:
         fractions = {
             "rollout.gpu_memory_utilization": self.rollout.gpu_memory_utilization,
             "workload.prefix_cache_hit": self.workload.prefix_cache_hit,
-            **{f"costs.{k}": v for k, v in vars(self.costs).items() if k.endswith(("_mfu", "_efficiency"))},
         }
         for key, value in fractions.items():
             if not 0.0 <= value <= 1.0:
                 raise UserError(f"{key} must be a fraction in [0, 1], got {value}")
+        for key, value in vars(self.costs).items():  # divisors of the peaks: 0 would mean never finishing
+            if key.endswith(("_mfu", "_efficiency")) and value is not None and not 0.0 < value <= 1.0:
+                raise UserError(f"costs.{key} must be a fraction in (0, 1], got {value}")
         for key, value in vars(self.costs).items():
             if key.endswith("_s") and not (math.isfinite(value) and value >= 0):
                 raise UserError(f"costs.{key} must be a finite number of seconds >= 0, got {value}")

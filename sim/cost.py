@@ -82,13 +82,16 @@ class CostModel:
         c = cfg.costs
         self.tp = cfg.rollout.tensor_parallel
         self._hbm = self.tp * device.hbm_bandwidth_gb_s * GB * c.hbm_efficiency  # bytes/s per engine
+        kv_hbm = self._hbm  # attention's reads of the KV cache, at their own efficiency where one is set
+        if c.kv_hbm_efficiency is not None:
+            kv_hbm = self.tp * device.hbm_bandwidth_gb_s * GB * c.kv_hbm_efficiency
         self._decode_flops = self.tp * device.peak_tflops * TFLOP * c.decode_mfu
         self._prefill_flops = self.tp * device.peak_tflops * TFLOP * c.prefill_mfu
         attn_flops_per_ctx = 4 * model.layers * model.attn_dim
         self._decode_k = (  # seconds per step: weights, per ctx token (KV), per sequence, per ctx token (attn),
             # the fixed overhead, and the host's overhead per sequence
             model.weight_bytes / self._hbm,  # a dense model's; an MoE model's depend on the batch
-            model.kv_bytes_per_token / self._hbm,
+            model.kv_bytes_per_token / kv_hbm,
             2 * model.matmul_params / self._decode_flops,  # active parameters for an MoE model
             attn_flops_per_ctx / self._decode_flops,
             c.decode_step_overhead_s,
@@ -139,6 +142,10 @@ class CostModel:
         c, d = self.cfg.costs, self.device
         sent = train_layout.alltoall_bytes(self.model, tokens / self.tp, self._ep)
         return self.model.moe_layers * 2 * (sent / (d.nvlink_gb_s * GB * c.nvlink_efficiency) + c.alltoall_latency_s)
+
+    def decode_memory_s(self, batch: int, sum_ctx: int) -> tuple[float, float]:
+        """(weights, KV cache): the seconds of a decode step's memory line, by what it reads."""
+        return self._decode_weights_s(batch), self._decode_k[1] * sum_ctx
 
     def decode_lines(self, batch: int, sum_ctx: int) -> DecodeLines:
         k, w = self._decode_k, self._decode_weights_s(batch)

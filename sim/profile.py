@@ -3,8 +3,11 @@ simulator's calibrated cost model to read.
 
 A profile is a YAML (or JSON) file: a `version`, the `device` it was measured on, and per model the
 measured points: decode (a step of `batch` sequences at `context` tokens each: `step_s`), prefill
-(`tokens` of one prompt: `seconds`) and training (forward + backward + AdamW of one sequence of
-`seq_len` tokens: `tokens_per_s`, and `mfu` where the device's peak is known). `Profile` owns both
+(`tokens` of one prompt: `seconds`), training (forward + backward + AdamW of one sequence of
+`seq_len` tokens: `tokens_per_s`, and `mfu` where the device's peak is known) and log-probs (the
+trainer's forward-only pass over one sequence: `tokens_per_s`, `mfu`). The device's own measured
+peaks (a large matrix product, a device-to-device copy, host-to-device copies) and how decode ran
+(`decode_mode`: eager, or replayed CUDA graphs) sit beside its name. `Profile` owns both
 directions: `load_profile` validates every field, and a `UserError` names the key that is wrong, with
 its path in the file; `Profile.to_dict` / `write_profile` produce what `load_profile` reads.
 `costs.profile` names a shipped profile (configs/profiles/, `read_profile`) or a file; every point is
@@ -17,6 +20,7 @@ measured in `MEASURED_SETUP` (one GPU), which is where sim/calibration.py fits t
         decode: [{batch: 8, context: 2048, step_s: 0.0141}]
         prefill: [{tokens: 2048, seconds: 0.105}]
         train: [{seq_len: 2048, tokens_per_s: 9100.0, mfu: 0.41}]
+        logprob: [{seq_len: 2048, tokens_per_s: 31000.0, mfu: 0.47}]
         skipped: ["train seq_len=8192: out of memory"]
 """
 
@@ -78,6 +82,13 @@ class TrainPoint:
 
 
 @dataclass(frozen=True)
+class LogprobPoint:
+    seq_len: int  # one sequence a forward pass (no gradient), log-probs of every token taken
+    tokens_per_s: float
+    mfu: float | None = None  # forward FLOPs / (seconds x the device's peak); null where no peak is known
+
+
+@dataclass(frozen=True)
 class DeviceInfo:
     name: str  # what the measuring library called the device
     dtype: str  # of the weights, activations and optimizer state
@@ -85,6 +96,11 @@ class DeviceInfo:
     torch_device: str | None = None
     torch: str | None = None  # library versions
     transformers: str | None = None
+    decode_mode: str | None = None  # "eager" (a Python call a step) or "cuda-graphs" (one replay a step)
+    matmul_tflops: float | None = None  # measured: a large square matrix product in `dtype`
+    copy_gb_s: float | None = None  # measured: a device-to-device copy, bytes read + written a second
+    host_to_device_gb_s: float | None = None  # measured: from pinned host memory
+    device_to_host_gb_s: float | None = None  # measured: to pinned host memory
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,7 @@ class ModelProfile:
     decode: tuple[DecodePoint, ...] = ()
     prefill: tuple[PrefillPoint, ...] = ()
     train: tuple[TrainPoint, ...] = ()
+    logprob: tuple[LogprobPoint, ...] = ()
     skipped: tuple[str, ...] = ()  # points not measured, and why
 
 
@@ -210,7 +227,8 @@ def _model(data: object, where: str, key: str) -> ModelProfile:
     points = {}
     for name, cls, unique in (("decode", DecodePoint, ("batch", "context")), ("prefill", PrefillPoint, ("tokens",))):
         points[name] = _points(cls, entry.get(name), where, f"{key}.{name}", unique)
-    points["train"] = _points(TrainPoint, entry.get("train"), where, f"{key}.train", ("seq_len",))
+    for name, cls in (("train", TrainPoint), ("logprob", LogprobPoint)):
+        points[name] = _points(cls, entry.get(name), where, f"{key}.{name}", ("seq_len",))
     skipped = _list(entry.get("skipped"), where, f"{key}.skipped")
     for i, reason in enumerate(skipped):
         if not isinstance(reason, str):
@@ -232,14 +250,19 @@ def _points(cls: type, data: object, where: str, key: str, unique: tuple[str, ..
 
 # Per field of a record: (kind, check). Counts are integers >= 1; times and rates finite and > 0.
 _COUNT, _POSITIVE, _FRACTION, _TEXT, _OPTIONAL_TEXT = "count", "positive", "fraction", "text", "optional text"
+_OPTIONAL_POSITIVE = "optional positive"
 _KINDS = {
     DecodePoint: {"batch": _COUNT, "context": _COUNT, "step_s": _POSITIVE},
     PrefillPoint: {"tokens": _COUNT, "seconds": _POSITIVE},
     TrainPoint: {"seq_len": _COUNT, "tokens_per_s": _POSITIVE, "mfu": _FRACTION},
+    LogprobPoint: {"seq_len": _COUNT, "tokens_per_s": _POSITIVE, "mfu": _FRACTION},
     DeviceInfo: {
         "name": _TEXT,
         "dtype": _TEXT,
-        **dict.fromkeys(("spec", "torch_device", "torch", "transformers"), _OPTIONAL_TEXT),
+        **dict.fromkeys(("spec", "torch_device", "torch", "transformers", "decode_mode"), _OPTIONAL_TEXT),
+        **dict.fromkeys(
+            ("matmul_tflops", "copy_gb_s", "host_to_device_gb_s", "device_to_host_gb_s"), _OPTIONAL_POSITIVE
+        ),
     },
 }
 _MUSTS = {
@@ -248,6 +271,7 @@ _MUSTS = {
     _FRACTION: "null or a number in (0, 1]",
     _TEXT: "a non-empty string",
     _OPTIONAL_TEXT: "null or a string",
+    _OPTIONAL_POSITIVE: "null or a finite number > 0",
 }
 
 
@@ -261,7 +285,8 @@ def _record(cls: type, data: object, where: str, key: str):
     for name, value in values.items():
         if not _ok(kinds[name], value):
             raise UserError(f"{where}: {key}.{name} must be {_MUSTS[kinds[name]]}, got {value!r}")
-    return cls(**{name: float(v) if kinds[name] == _POSITIVE else v for name, v in values.items()})
+    numbers = (_POSITIVE, _OPTIONAL_POSITIVE)
+    return cls(**{name: float(v) if kinds[name] in numbers and v is not None else v for name, v in values.items()})
 
 
 def _ok(kind: str, value: object) -> bool:
@@ -270,6 +295,8 @@ def _ok(kind: str, value: object) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and value >= 1
     if kind == _POSITIVE:
         return number and math.isfinite(value) and value > 0
+    if kind == _OPTIONAL_POSITIVE:
+        return value is None or (number and math.isfinite(value) and value > 0)
     if kind == _FRACTION:
         return value is None or (number and 0 < value <= 1)
     if kind == _TEXT:

@@ -105,11 +105,18 @@ class Qwen3Runner:
         """Feed token b at position positions[b] of slot b (b < B), write its KV; logits [B, vocab] float32
         on the CPU (where the samplers' generators live)."""
         b, dev = len(token_ids), self.device
-        pos = torch.tensor(list(positions), device=dev)
-        x, cos, sin = self._embed(torch.tensor(list(token_ids), device=dev)[:, None], pos[:, None])
-        span = max(positions) + 1
-        # [B, 1, 1, span]; a lone request sees every position up to its own, so it needs no mask
-        mask = None if b == 1 else (torch.arange(span, device=dev)[None, :] <= pos[:, None])[:, None, None, :]
+        ids, pos = torch.tensor(list(token_ids), device=dev), torch.tensor(list(positions), device=dev)
+        # a lone request sees every position up to its own, so it needs no mask
+        return self.decode_step(cache, ids, pos, max(positions) + 1, masked=b > 1).float().cpu()
+
+    def decode_step(self, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, span: int, masked: bool):
+        """`decode` on tensors already on the device (ids, pos: [B]), attending over the first `span`
+        positions (masked per slot to its own position when `masked`); logits [B, vocab] in the model's
+        dtype, on the device. Nothing here waits for the device, so it can be captured in a CUDA graph."""
+        b, dev = ids.shape[0], self.device
+        x, cos, sin = self._embed(ids[:, None], pos[:, None])
+        # [B, 1, 1, span]
+        mask = (torch.arange(span, device=dev)[None, :] <= pos[:, None])[:, None, None, :] if masked else None
         rows = torch.arange(b, device=dev)
         for i, layer in enumerate(self.inner.layers):
             q, k, v = self._qkv(layer.self_attn, _rms_norm(x, layer.input_layernorm), cos, sin)
@@ -120,4 +127,4 @@ class Qwen3Runner:
             grouped = q.view(b, keys.shape[1], self.group, self.head_dim)  # [B, kv_heads, group, hd]
             attended = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
             x = self._finish_layer(layer, x, attended.reshape(b, 1, -1))
-        return self.model.lm_head(_rms_norm(x, self.inner.norm))[:, -1].float().cpu()
+        return self.model.lm_head(_rms_norm(x, self.inner.norm))[:, -1]

@@ -41,7 +41,11 @@ def test_a_cpu_run_writes_a_profile_the_simulator_loads(measured):
     assert [(p.batch, p.context) for p in tiny.decode] == [(b, c) for b in QUICK.batches for c in QUICK.contexts]
     assert [p.tokens for p in tiny.prefill] == list(QUICK.prefill_tokens)
     assert [p.seq_len for p in tiny.train] == list(QUICK.train_lens)
-    assert all(0 < p.mfu <= 1 for p in tiny.train) and tiny.skipped == ()
+    assert [p.seq_len for p in tiny.logprob] == list(QUICK.train_lens)
+    assert all(0 < p.mfu <= 1 for p in (*tiny.train, *tiny.logprob)) and tiny.skipped == ()
+    device = profile.device  # the CPU's own peaks; no host link on a CPU
+    assert device.decode_mode == "eager" and device.matmul_tflops > 0 and device.copy_gb_s > 0
+    assert device.host_to_device_gb_s is None and device.device_to_host_gb_s is None
     assert profile.command.startswith("python -m benchmarks.gpu_calibration --device cpu")
 
 
@@ -50,9 +54,10 @@ def test_each_measurement_is_printed_beside_the_roofline(measured):
     lines = printed.splitlines()
     assert any(line.startswith("tiny: ") and "the h100 roofline (sim/cost.py)" in line for line in lines)
     heads = [line.split()[0] for line in lines if "sim/measured" in line]
-    assert heads == ["decode", "prefill", "train"]
+    assert heads == ["decode", "prefill", "train", "logprob"]
+    assert lines[0].startswith("peaks on ") and lines[1].split()[:2] == ["matrix", "product"]
     rows = [line for line in lines if line.startswith(" " * 10) and line.strip()]
-    points = len(QUICK.batches) * len(QUICK.contexts) + len(QUICK.prefill_tokens) + len(QUICK.train_lens)
+    points = len(QUICK.batches) * len(QUICK.contexts) + len(QUICK.prefill_tokens) + 2 * len(QUICK.train_lens)
     assert len(rows) == points and not any(" - " in row for row in rows)  # a prediction on every row
     assert lines[-1] == f"profile: {out}"
 
@@ -67,9 +72,20 @@ def test_without_a_device_spec_there_is_no_prediction_and_no_mfu(tmp_path, capsy
     assert [(p.batch, p.context) for p in profile.model("tiny").decode] == [(1, 8)]
 
 
+def test_parts_measures_only_what_is_named(tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    assert main([*QUICK_ARGS, "--parts", "logprob,decode", "--batches", "1", "--contexts", "8", "--out", str(out)]) == 0
+    heads = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "sim/measured" in line]
+    assert heads == ["decode", "logprob"]
+    tiny = load_profile(out).model("tiny")
+    assert (len(tiny.decode), len(tiny.prefill), len(tiny.train), len(tiny.logprob)) == (1, 0, 0, 2)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
+        (["--parts", "decode,optimizer"], "unknown --parts entry 'optimizer'; valid choices: decode, logprob"),
+        (["--cuda-graphs"], "--cuda-graphs needs a CUDA device, got --device cpu"),
         (["--models", "qwen9-1b"], "unknown --models entry 'qwen9-1b'; valid choices: "),
         (["--models", "llama-3.1-8b"], "unknown --models entry 'llama-3.1-8b'; valid choices: "),
         (["--device", "tpu"], "unknown --device 'tpu'; valid choices: cpu, cuda, cuda:N"),
@@ -165,6 +181,10 @@ def _broken(path: str, value) -> dict:
         ("version", 2, "version must be 1 (what this simulator reads), got 2"),
         ("device.dtype", KeyError, "device lacks 'dtype' (required: name, dtype)"),
         ("device.gpu", "h100", "device.gpu is not a known key; valid keys: name, dtype, spec"),
+        ("device.copy_gb_s", -1, "device.copy_gb_s must be null or a finite number > 0, got -1"),
+        ("device.matmul_tflops", "fast", "device.matmul_tflops must be null or a finite number > 0"),
+        ("models.0.logprob", [{"seq_len": 8}], "models[0].logprob[0] lacks 'tokens_per_s'"),
+        ("models.0.logprob", [{"seq_len": 8, "tokens_per_s": 9.0, "mfu": 2}], "models[0].logprob[0].mfu must be"),
         ("models", [], "models must list at least one model"),
         ("models.0.decode.0.batch", 0, "models[0].decode[0].batch must be an integer >= 1, got 0"),
         ("models.0.decode.0.batch", True, "models[0].decode[0].batch must be an integer >= 1, got True"),
@@ -194,3 +214,38 @@ def test_profile_files_round_trip_and_name_their_problems(tmp_path):
     (tmp_path / "bad.yaml").write_text("version: [1\n")
     with pytest.raises(UserError, match="is not valid YAML or JSON"):
         load_profile(tmp_path / "bad.yaml")
+
+
+# ---- the graph-capturable decode step ----
+
+
+def test_a_decode_step_on_device_tensors_gives_the_engines_decode_logits():
+    """`decode_step` (what --cuda-graphs captures: tensors in, attending over a longer span masked per
+    position) computes the logits of the engine's `decode`, and writes the same KV (to rounding: the longer
+    span changes the order of the attention's sums)."""
+    from reference.engine.qwen3_forward import Qwen3Runner
+    from reference.model import default_model
+
+    model, _ = default_model()
+    runner, spec = Qwen3Runner(model), tiny_spec()
+    prompts = [[5, 9, 13, 2, 7], [3, 4, 8]]
+    caches = [gpu_calibration._cache(spec, 2, 16, torch.float32, torch.device("cpu")) for _ in range(2)]
+    with torch.inference_mode():
+        for cache in caches:
+            for slot, ids in enumerate(prompts):
+                runner.prefill(cache, slot, ids)
+        expected = runner.decode(caches[0], [11, 12], [5, 3])
+        got = runner.decode_step(caches[1], torch.tensor([11, 12]), torch.tensor([5, 3]), span=16, masked=True)
+    assert torch.allclose(got.float(), expected, atol=1e-5)
+    assert torch.allclose(caches[0].k, caches[1].k, atol=1e-5) and torch.allclose(caches[0].v, caches[1].v, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_decode_writes_a_profile(tmp_path):
+    out = tmp_path / "graphs.yaml"
+    argv = ["--device", "cuda", "--models", "tiny", "--quick", "--cuda-graphs", "--parts", "decode", "--out", str(out)]
+    assert main(argv) == 0
+    profile = load_profile(out)
+    assert profile.device.decode_mode == "cuda-graphs" and profile.device.host_to_device_gb_s > 0
+    assert len(profile.model("tiny").decode) == len(QUICK.batches) * len(QUICK.contexts)

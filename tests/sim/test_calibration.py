@@ -18,6 +18,7 @@ from sim.cost import CostModel
 from sim.profile import (
     DecodePoint,
     DeviceInfo,
+    LogprobPoint,
     ModelProfile,
     PrefillPoint,
     Profile,
@@ -35,12 +36,14 @@ TRUTH = {
     "prefill_mfu": 0.47,
     "prefill_overhead_s": 0.004,  # an engine's fixed cost of a step that prefills
     "train_mfu": 0.33,
+    "logprob_mfu": 0.43,
 }
 MODEL, DEVICE = "qwen3-8b", "h800"
 
 
-def roofline_profile(constants: dict, model: str = MODEL, device: str = DEVICE) -> Profile:
-    """What the simulator's roofline predicts at `constants`, in the setup a profile is measured in."""
+def roofline_profile(constants: dict, model: str = MODEL, device: str = DEVICE, copy_gb_s=None) -> Profile:
+    """What the simulator's roofline predicts at `constants`, in the setup a profile is measured in (the
+    device's copy bandwidth as measured where `copy_gb_s` is given)."""
     cfg = load_config(overrides=[f"model={model}", f"cluster.device={device}"])
     setup = measured_setup(cfg, **constants)
     m, d = specs.model(model), specs.device(device)
@@ -48,7 +51,10 @@ def roofline_profile(constants: dict, model: str = MODEL, device: str = DEVICE) 
     decode = tuple(DecodePoint(b, c, cm.decode_step_s(b, b * c)) for b in (1, 8, 64, 512) for c in (512, 4096))
     prefill = tuple(PrefillPoint(n, cm.prefill_s(n, n * n / 2) + cm.prefill_overhead_s) for n in (512, 2048, 8192))
     train = tuple(TrainPoint(n, n / train_layout.step(setup, m, d, [n], 1).total_s) for n in (512, 2048))
-    return Profile(1, DeviceInfo("roofline", "bfloat16", spec=device), (ModelProfile(model, decode, prefill, train),))
+    peak = d.peak_tflops * 1e12 * setup.costs.logprob_mfu
+    logprob = tuple(LogprobPoint(n, n * peak / train_layout.forward_flops(m, [n])) for n in (1024, 4096))
+    info = DeviceInfo("roofline", "bfloat16", spec=device, copy_gb_s=copy_gb_s)
+    return Profile(1, info, (ModelProfile(model, decode, prefill, train, logprob),))
 
 
 def calibrated(path, *overrides: str) -> CostModel:
@@ -70,6 +76,32 @@ def test_a_profile_made_by_the_roofline_is_fitted_back_to_its_constants(truth_pr
     assert max(cal.rms_error.values()) < 1e-6
 
 
+def test_with_the_device_copy_measured_weights_stream_at_it_and_the_kv_cache_is_fitted(tmp_path):
+    """A profile that measured the device's copy: the weights are read at that share of the datasheet
+    (a dense model's weights and a step's fixed overhead cannot be told apart), the KV cache at its own
+    fitted efficiency."""
+    copy = 0.86 * specs.device(DEVICE).hbm_bandwidth_gb_s
+    truth = {**TRUTH, "hbm_efficiency": 0.86, "kv_hbm_efficiency": 0.41}
+    path = write_profile(roofline_profile(truth, copy_gb_s=copy), tmp_path / "copy.yaml")
+    cal = calibrated(path).calibration
+    assert set(cal.fitted) == set(truth) - {"hbm_efficiency"} and cal.kept == {}
+    assert list(cal.measured) == ["hbm_efficiency"] and "copy" in cal.measured["hbm_efficiency"]
+    for key, value in truth.items():
+        assert cal.constants[key] == pytest.approx(value, rel=1e-6), key
+    assert max(cal.rms_error.values()) < 1e-6
+    assert cal.to_dict()["measured"]["hbm_efficiency"]["value"] == pytest.approx(0.86)
+
+
+def test_the_kv_cache_read_at_its_own_efficiency_slows_decode_by_its_bytes():
+    model, dev = specs.model(MODEL), specs.device(DEVICE)
+    base = CostModel(load_config(overrides=[f"model={MODEL}"]), model, dev)
+    slow = CostModel(load_config(overrides=[f"model={MODEL}", "costs.kv_hbm_efficiency=0.2"]), model, dev)
+    weights, kv = base.decode_memory_s(8, 8 * 4096)
+    weights_slow, kv_slow = slow.decode_memory_s(8, 8 * 4096)
+    assert weights_slow == weights and kv_slow == pytest.approx(kv * base.cfg.costs.hbm_efficiency / 0.2)
+    assert slow.decode_step_s(8, 8 * 4096) > base.decode_step_s(8, 8 * 4096)
+
+
 def test_the_cost_model_runs_on_the_fitted_constants(truth_profile):
     cm = calibrated(truth_profile)
     for key, value in TRUTH.items():
@@ -88,7 +120,9 @@ def test_provenance_names_fitted_and_kept_constants():
     assert record["fitted"]["decode_seq_overhead_s"] == 0.0  # the example's points have no cost per sequence
     assert record["kept"]["decode_mfu"]["why"].startswith("every decode point is memory-bound")
     assert record["kept"]["decode_mfu"]["value"] == 0.45  # the config's, above the bound the points set
-    assert record["points"] == {"decode": 11, "prefill": 3, "train": 2}
+    assert record["points"] == {"decode": 11, "prefill": 3, "train": 2, "logprob": 0}
+    assert record["kept"]["logprob_mfu"] == {"value": 0.5, "why": "no log-prob points"}
+    assert record["measured"] == {}  # the example names no copy bandwidth
 
 
 def test_a_calibrated_run_records_its_calibration_in_the_timeline():
@@ -179,7 +213,8 @@ def test_a_malformed_profile_names_the_key(truth_profile):
 
 def test_a_missing_profile_lists_the_shipped_ones():
     message = profile_error("costs.profile=nowhere")
-    assert message == "costs.profile: profile 'nowhere' is neither a shipped profile (example-h800) nor a file"
+    shipped = "example-h800, h200-torch"
+    assert message == f"costs.profile: profile 'nowhere' is neither a shipped profile ({shipped}) nor a file"
 
 
 def test_the_cli_prints_one_line_without_a_traceback(capsys, tmp_path):
@@ -214,3 +249,19 @@ def test_a_decode_step_pays_the_host_cost_of_each_sequence():
         assert charged.decode_lines(batch, batch * 1000).overhead - plain.decode_lines(batch, 1000).overhead == (
             pytest.approx(batch * 1e-4, rel=1e-9)
         )
+
+
+def test_the_shipped_h200_profile_sets_what_the_default_config_cites():
+    """sim/configs/profiles/h200-torch.yaml (one H200, plain torch) is where the default config's prefill_mfu,
+    logprob_mfu and hbm_efficiency comments come from: its fits stay in those ranges."""
+    for model, prefill in (("qwen3-14b", 0.55), ("qwen3-32b", 0.55), ("qwen3-8b", 0.61)):
+        cfg = load_config(overrides=[f"model={model}", "cluster.device=h200", "costs.profile=h200-torch"])
+        cal = CostModel(cfg, specs.model(model), specs.device("h200")).calibration
+        assert cal.constants["prefill_mfu"] == pytest.approx(prefill, abs=0.01), model
+        assert (
+            cal.constants["hbm_efficiency"] == pytest.approx(0.86, abs=0.01)
+            and "copy" in cal.measured["hbm_efficiency"]
+        )
+        assert 0.40 <= cal.constants["logprob_mfu"] <= 0.5, model
+        assert "kv_hbm_efficiency" in cal.kept  # plain torch's attention does not pin it down
+    assert "train_mfu" in cal.fitted or "no training points" in cal.kept["train_mfu"]
