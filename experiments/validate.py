@@ -315,7 +315,7 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
     info = DeviceInfo(name=platform.processor() or platform.machine(), dtype="float32", spec=DEVICE_NAME,
                       torch_device="cpu", torch=torch.__version__)  # fmt: skip
     profile = Profile(version=1, device=info,
-                      models=(ModelProfile(model_name, tuple(decode), tuple(prefill), (), ()),))  # fmt: skip
+                      models=(ModelProfile(model_name, tuple(decode), tuple(prefill)),))  # fmt: skip
     write_profile(profile, out / "profile.yaml")
     return {"device": device, "decode": [asdict(p) for p in decode], "prefill": [asdict(p) for p in prefill],
             "trainer": {"points": trainer}, **sync, "model": model_name}  # fmt: skip

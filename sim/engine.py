@@ -304,12 +304,27 @@ class SimEngine:
         for sample in finished:
             self.sim.turn_done(self, sample)
 
+    def _on_prefill_end(self, epoch: int) -> None:
+        """The boundary after a prefill that requests arrived during: they are prefilled together. Only
+        they: the queue is pulled at decode boundaries, as before the prefill."""
+        if epoch != self._epoch:
+            return
+        now = self.sim.env.now
+        if self.paged:
+            self._open_step()
+        self._admit(now, self._pending)
+        self._pending = []
+        self._plan(now)
+
     # ---- requests in and out ----
 
     def offer(self, sample: Sample, now: float) -> None:
-        """Take a request (the caller checked `fits`); it joins at the next step boundary."""
-        if self.state is EngineState.IDLE or now < self._t0:
-            if self.state is EngineState.IDLE and self.paged:
+        """Take a request (the caller checked `fits`); it joins at the next step boundary: at once on an
+        idle engine, at the end of a prefill under way (with whatever else arrives meanwhile, in one
+        forward, as an engine's scheduler batches the requests that queued during a step), else after
+        the decode step under way."""
+        if self.state is EngineState.IDLE:
+            if self.paged:
                 self._open_step()
             self._advance(now)
             self._admit(now, [sample])
@@ -322,6 +337,10 @@ class SimEngine:
             self.kv_reserved += sample.final_context
         if len(pending) > 1:
             return  # a boundary wake-up is already scheduled
+        if now < self._t0:  # a prefill is under way: its end is the next step boundary
+            self._epoch += 1
+            self.sim.wake(self._t0 - now, self._on_prefill_end, self._epoch)
+            return
         batch = len(self.batch)
         ctx = self._ctx_base + batch * self.steps
         done = self.cost.decode_steps_within(batch, ctx, now - self._t0, self._planned)

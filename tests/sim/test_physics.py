@@ -245,3 +245,22 @@ def test_the_saved_timeline_reads_back_and_scores_like_the_run(run_small, small_
     assert summarize(again) == summary
     again.check_times()  # one time base: seconds since the run started, within [0, wall_s]
     assert min(iv.start_s for iv in again.intervals) == 0.0
+
+
+# ---- prefill batching ----
+
+
+@pytest.mark.parametrize("allocation", ["paged", "reserve"])
+def test_requests_that_arrive_during_a_prefill_are_prefilled_together_at_its_end(allocation):
+    """A group of 4 reaching one idle engine at once: the first is prefilled at once, the 3 that arrive
+    while it runs wait for the step boundary at its end and share one forward (as an engine's scheduler
+    batches what queued during a step), so the run pays the fixed cost of a prefill twice, not 4 times."""
+    from sim.config import load_config
+
+    base = ["model=qwen3-0.6b", "cluster.num_gpus=1", "rollout.tensor_parallel=1", "num_steps=1",
+            "workload.prompts_per_step=1", "workload.group_size=4", "workload.prompt_tokens.sigma=0",
+            "workload.response_tokens.sigma=0", f"rollout.kv_allocation={allocation}"]  # fmt: skip
+    plain = summarize(simulate(load_config(overrides=base), "colocated"))
+    charged = summarize(simulate(load_config(overrides=[*base, "costs.prefill_overhead_s=0.25"]), "colocated"))
+    assert charged["wall_s"] - plain["wall_s"] == pytest.approx(2 * 0.25, rel=1e-9)
+    assert charged["counters"]["prefill_tokens"] == plain["counters"]["prefill_tokens"]
