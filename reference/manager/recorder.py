@@ -6,9 +6,14 @@ stored: when the disk has room again, the next turn works. The record is planned
 is (`PrefixTree.plan`: the longest stored prefix and the request it belongs to), which stays a valid
 anchor however many inserts land before it, since the tree only grows.
 
-Group commit: records that finish while a write is under way are written together in the next
-transaction, in the order they finished, and inserted into their trees in that same order (the order in
-which the store replays them). Writes run in one writer thread; the event loop never waits on SQLite.
+Group commit: records that finish in the same turn of the event loop, or while a write is under way,
+are written together in the next transaction, in the order they finished, and inserted into their trees
+in that same order (the order in which the store replays them). A small batch is committed on the loop
+itself when no other writer holds the store's lock (`append_many(wait=False)`: tens of microseconds,
+never a wait, never a checkpoint: a lone agent's request then costs no thread hand-off); anything else
+(a large batch, a lock held by another process, a malformed record to sort out) goes to one writer
+thread, which also checkpoints the log every `CHECKPOINT_EVERY` commits made on the loop. The event loop
+never waits on SQLite.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from reference.manager.sessions import Session
 from reference.manager.store import NewTurn, StoreError, TrajectoryStore
 
 log = logging.getLogger(__name__)
+
+INLINE_MAX_TOKENS = 8192  # a batch of at most this many tokens may be committed on the loop
+CHECKPOINT_EVERY = 256  # commits on the loop between two checkpoints by the writer thread
+_CHECKPOINT = "checkpoint"  # the writer thread's job besides batches
 
 
 @dataclass
@@ -50,6 +59,8 @@ class Recorder:
         self.failed = 0
         self.last_failure: str | None = None  # the last write's error, until a write succeeds again
         self.last_failure_s: float | None = None
+        self.committed_on_loop = 0  # of `committed`, the records committed on the event loop
+        self._since_checkpoint = 0
 
     async def record(self, session: Session, turn: NewTurn, prompt: Sequence[int]) -> InsertResult:
         """Store `turn` durably, then insert it into `session.tree`; StoreError if the store failed (then
@@ -59,7 +70,8 @@ class Recorder:
         session.in_flight += 1  # held in memory until its record lands
         self._pending.append(_Pending(session, turn, prompt, done))
         if not self._writing:
-            self._hand_over(loop)
+            self._writing = True
+            loop.call_soon(self._hand_over, loop)  # after the records that finish in this turn of the loop
         return await done
 
     def problem(self) -> str | None:
@@ -74,14 +86,49 @@ class Recorder:
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
         batch, self._pending, self._writing = self._pending, [], True
+        if sum(len(p.turn.token_ids) + len(p.turn.new_prompt_token_ids) for p in batch) <= INLINE_MAX_TOKENS:
+            errors = self._write_now(batch)
+            if errors is not None:
+                self._landed(loop, batch, errors)
+                return
+        self._to_writer((loop, batch))
+
+    def _to_writer(self, item: tuple | str) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._writer, name="trajectory-store-writer", daemon=True)
             self._thread.start()
-        self._inbox.put((loop, batch))
+        self._inbox.put(item)
+
+    def _write_now(self, batch: list[_Pending]) -> list[Exception | None] | None:
+        """Commit `batch` on the loop if nothing would wait; None: the writer thread must take it."""
+        try:
+            seqs = self.store.append_many([p.turn for p in batch], wait=False)
+        except StoreError as e:
+            return [e] * len(batch)
+        except ValueError:
+            return None  # a malformed record: the writer thread writes the others one by one
+        except Exception as e:  # noqa: BLE001 - as in _write: the caller learns why, the loop goes on
+            log.exception("the trajectory store failed")
+            return [StoreError(f"the trajectory store failed: {e!r}")] * len(batch)
+        if seqs is None:
+            return None
+        self.committed_on_loop += len(batch)
+        self._since_checkpoint += 1
+        if self._since_checkpoint >= CHECKPOINT_EVERY:
+            self._since_checkpoint = 0
+            self._to_writer(_CHECKPOINT)
+        return [None] * len(batch)
 
     def _writer(self) -> None:
-        """The writer thread: one transaction per batch (each record alone if one is malformed)."""
+        """The writer thread: one transaction per batch (each record alone if one is malformed), and the
+        log's checkpoints."""
         while (item := self._inbox.get()) is not None:
+            if item == _CHECKPOINT:
+                try:
+                    self.store.checkpoint()
+                except Exception:  # noqa: BLE001 - a later checkpoint (or write) tries again
+                    log.exception("the trajectory store could not checkpoint its log")
+                continue
             loop, batch = item
             errors = self._write(batch)
             try:
@@ -131,7 +178,7 @@ class Recorder:
                 continue
             item.done.set_exception(result) if isinstance(result, Exception) else item.done.set_result(result)
         if self._pending:
-            self._hand_over(loop)
+            loop.call_soon(self._hand_over, loop)
         else:
             self._writing = False
 

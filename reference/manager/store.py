@@ -8,9 +8,12 @@ order. The manager passes the `InsertResult` of `PrefixTree.insert` straight thr
 
 Durability: WAL with synchronous=NORMAL, so a committed append survives the process being killed (power
 loss may lose the last commits since the last checkpoint). Token arrays are stored as little-endian blobs
-(uint32 ids, float64 logprobs, int32 versions), not JSON. Two connections, each used by one thread at a
-time under its own lock: one writes, one reads (WAL readers never wait for the writer). The manager calls
-in from worker threads via `asyncio.to_thread`, never from its event loop.
+(uint32 ids, float64 logprobs, int32 versions), not JSON. Connections, each used by one thread at a
+time under its own lock: one writes, one reads (WAL readers never wait for the writer), and for a file
+store one more writes without waiting (`append_many(..., wait=False)`: it never waits for a lock,
+never checkpoints the log, and gives up at once when another writer holds the lock, so the manager's
+event loop can commit a small record itself; `checkpoint` then folds the log into the database from a
+worker thread). Every other call comes from worker threads (`asyncio.to_thread`).
 
 Failures are explicit: a write that SQLite cannot complete (disk full, another process holding the write
 lock past `busy_timeout_s`) raises `StoreError` and leaves nothing half-written; before every write the
@@ -214,8 +217,13 @@ class TrajectoryStore:
             self._read, self._read_lock = self._conn, self._lock
             self._probe: sqlite3.Connection | None = None
             self._probe_lock = threading.Lock()
+            self._now: sqlite3.Connection | None = None  # writes that never wait (None: in memory)
+            self._now_lock = threading.Lock()
             if not self.memory:
                 self._read, self._read_lock = self._connect(5.0), threading.Lock()
+                self._now = self._connect(0.0)
+                self._now.execute("PRAGMA synchronous=NORMAL")
+                self._now.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run in `checkpoint`, off the loop
         except sqlite3.DatabaseError as e:
             self._conn.close()
             raise ValueError(f"{self.path} is not a trajectory store: {e}") from None
@@ -234,6 +242,9 @@ class TrajectoryStore:
             page = self._conn.execute("PRAGMA page_size").fetchone()[0]
             pages = (max_bytes + page - 1) // page if max_bytes is not None else 2**31 - 2
             self._conn.execute(f"PRAGMA max_page_count = {int(pages)}")
+        if self._now is not None:
+            with self._now_lock:
+                self._now.execute(f"PRAGMA max_page_count = {int(pages)}")
 
     def _connect(self, timeout_s: float) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
@@ -281,14 +292,15 @@ class TrajectoryStore:
                 self._conn.execute(statement)
 
     @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self._conn.execute("BEGIN IMMEDIATE")
+    def _transaction(self, conn: sqlite3.Connection | None = None) -> Iterator[None]:
+        conn = self._conn if conn is None else conn
+        conn.execute("BEGIN IMMEDIATE")
         try:
             yield
-            self._conn.execute("COMMIT")
+            conn.execute("COMMIT")
         except BaseException:
-            if self._conn.in_transaction:  # SQLite may already have rolled back (e.g. disk full)
-                self._conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite may already have rolled back (e.g. disk full)
+                conn.execute("ROLLBACK")
             raise
 
     @contextmanager
@@ -314,6 +326,9 @@ class TrajectoryStore:
         if self._probe is not None and self._probe is not self._conn:
             with self._probe_lock:
                 self._probe.close()
+        if self._now is not None:
+            with self._now_lock:
+                self._now.close()
 
     def __enter__(self) -> TrajectoryStore:
         return self
@@ -340,35 +355,87 @@ class TrajectoryStore:
                        logprobs, versions, finish_reason, text, meta)  # fmt: skip
         return _record(self._append([turn])[0])
 
-    def append_many(self, turns: Sequence[NewTurn]) -> list[int]:
+    def append_many(self, turns: Sequence[NewTurn], wait: bool = True) -> list[int] | None:
         """Store several finished requests, in order, in ONE transaction: all or none; returns their seqs.
         A busy manager commits the requests that finished together at once. ValueError for a malformed
-        or inconsistent record; StoreError when the store cannot write."""
-        return [row[1] for row in self._append(turns)]
+        or inconsistent record; StoreError when the store cannot write. With `wait=False` nothing waits:
+        None (nothing written) when another writer holds the lock, or for a store in memory."""
+        if wait:
+            return [row[1] for row in self._append(turns)]
+        if self._now is None or not self._now_lock.acquire(blocking=False):
+            return None
+        try:
+            rows = self._append_now(turns)
+        finally:
+            self._now_lock.release()
+        return None if rows is None else [row[1] for row in rows]
 
     def _append(self, turns: Sequence[NewTurn]) -> list[tuple]:
         prepared = [_prepare(t) for t in turns]
-        rows = []
         with self._writing("store a finished request"):
-            for session_id, request_id, anchor, match_len, num_tokens, blobs, tail in prepared:
-                self._check_anchor(session_id, anchor, match_len)
-                seq = self._conn.execute("SELECT MAX(seq) FROM turns WHERE session_id = ?", (session_id,)).fetchone()[0]
-                if seq is None:
-                    self._conn.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?)", (session_id, tail[2]))
-                seq = 0 if seq is None else seq + 1
-                row = (session_id, seq, request_id, anchor, match_len, num_tokens, *blobs, *tail)
-                try:
-                    self._conn.execute(f"INSERT INTO turns ({_COLUMNS}) VALUES ({', '.join('?' * 14)})", row)
-                except sqlite3.IntegrityError:  # UNIQUE (session_id, request_id)
-                    raise ValueError(f"request_id {request_id!r} is already stored in session {session_id!r}") from None
-                rows.append(row)
+            return self._insert(self._conn, prepared)
+
+    def _append_now(self, turns: Sequence[NewTurn]) -> list[tuple] | None:
+        """`_append` on the connection that never waits: None when another writer holds the lock."""
+        what = "store a finished request"
+        prepared = [_prepare(t) for t in turns]
+        if (problem := self.problem()) is not None:
+            raise StoreError(f"{problem}; refusing to {what} (restart the manager to open a store)")
+        conn = self._now
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            if getattr(e, "sqlite_errorcode", 0) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                return None  # another writer: the caller hands the records to one that waits
+            raise StoreError(f"the trajectory store {self.path} could not {what}: {e}") from e
+        except sqlite3.Error as e:
+            raise StoreError(f"the trajectory store {self.path} could not {what}: {e}") from e
+        try:
+            rows = self._insert(conn, prepared)
+            conn.execute("COMMIT")
+        except BaseException as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise StoreError(f"the trajectory store {self.path} could not {what}: {e}") from e
+            raise
+        if len(self._identity) < 2:  # the write-ahead log appears with the first write
+            self._identity = self._file_identity()
         return rows
 
-    def _check_anchor(self, session_id: str, anchor_request_id: str | None, match_len: int) -> None:
+    def _insert(self, conn: sqlite3.Connection, prepared: list[tuple]) -> list[tuple]:
+        """The rows of prepared records, inserted inside the caller's transaction on `conn`."""
+        rows = []
+        for session_id, request_id, anchor, match_len, num_tokens, blobs, tail in prepared:
+            self._check_anchor(session_id, anchor, match_len, conn)
+            seq = conn.execute("SELECT MAX(seq) FROM turns WHERE session_id = ?", (session_id,)).fetchone()[0]
+            if seq is None:
+                conn.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?)", (session_id, tail[2]))
+            seq = 0 if seq is None else seq + 1
+            row = (session_id, seq, request_id, anchor, match_len, num_tokens, *blobs, *tail)
+            try:
+                conn.execute(f"INSERT INTO turns ({_COLUMNS}) VALUES ({', '.join('?' * 14)})", row)
+            except sqlite3.IntegrityError:  # UNIQUE (session_id, request_id)
+                raise ValueError(f"request_id {request_id!r} is already stored in session {session_id!r}") from None
+            rows.append(row)
+        return rows
+
+    def checkpoint(self) -> None:
+        """Fold the write-ahead log into the database as far as readers allow (never waiting for them);
+        from a worker thread: the writes that never wait leave this to be done here."""
+        with self._lock:
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error as e:
+                raise StoreError(f"the trajectory store {self.path} could not checkpoint its log: {e}") from e
+
+    def _check_anchor(
+        self, session_id: str, anchor_request_id: str | None, match_len: int, conn: sqlite3.Connection | None = None
+    ) -> None:
         if anchor_request_id is None:
             return
         query = "SELECT num_tokens FROM turns WHERE session_id = ? AND request_id = ?"
-        found = self._conn.execute(query, (session_id, anchor_request_id)).fetchone()
+        found = (self._conn if conn is None else conn).execute(query, (session_id, anchor_request_id)).fetchone()
         if found is None:
             raise ValueError(f"anchor_request_id {anchor_request_id!r} is not stored in session {session_id!r}")
         if match_len > found[0]:

@@ -358,16 +358,21 @@ def test_serve_refuses_a_negative_gc_threshold(tmp_path):
     assert result.stderr.count("\n") == 1 and "--gc-young must be >= 0" in result.stderr, result.stderr
 
 
-def test_the_store_writer_survives_an_unexpected_error(fake_manager, http, monkeypatch):
+@pytest.mark.parametrize("where", ["loop", "thread"])
+def test_the_store_writer_survives_an_unexpected_error(fake_manager, http, monkeypatch, where):
+    """A write that fails unexpectedly, on the event loop (a small record, the lock free) or in the writer
+    thread (here: every write that may not wait finds the lock taken), fails its request alone."""
     m, _ = fake_manager(reply_tokens=3)
     real = m.store.append_many
     calls = []
 
-    def broken_once(turns):
+    def broken_once(turns, wait=True):
+        if where == "thread" and not wait:
+            return None  # another writer holds the lock: the records go to the writer thread
         calls.append(len(turns))
         if len(calls) == 1:
             raise TypeError("something nobody expected")
-        return real(turns)
+        return real(turns, wait=wait)
 
     monkeypatch.setattr(m.store, "append_many", broken_once)
     status, err = http("POST", f"{m.base_url('w')}/chat/completions", say("one"))
@@ -375,6 +380,34 @@ def test_the_store_writer_survives_an_unexpected_error(fake_manager, http, monke
     assert http("POST", f"{m.base_url('w')}/chat/completions", say("two"))[0] == 200
     _, tree = http("GET", f"{m.url}/trajectories/w")
     assert tree["num_branches"] == 1 and len(tree["branches"][0]["request_ids"]) == 1
+
+
+def test_small_records_are_committed_on_the_loop_and_large_ones_by_the_writer_thread(fake_manager, http, monkeypatch):
+    from reference.manager import recorder
+
+    m, _ = fake_manager(reply_tokens=3)
+    rec = m.manager.recorder
+    assert http("POST", f"{m.base_url('small')}/chat/completions", say("one"))[0] == 200
+    assert (rec.committed, rec.committed_on_loop) == (1, 1)
+    monkeypatch.setattr(recorder, "INLINE_MAX_TOKENS", 1)  # every record is now too large for the loop
+    assert http("POST", f"{m.base_url('large')}/chat/completions", say("two"))[0] == 200
+    assert (rec.committed, rec.committed_on_loop) == (2, 1)
+    _, tree = http("GET", f"{m.url}/trajectories/large")
+    assert tree["num_branches"] == 1
+
+
+def test_the_writer_thread_checkpoints_the_log_of_the_loops_commits(fake_manager, http, monkeypatch, wait_for):
+    from reference.manager import recorder
+
+    monkeypatch.setattr(recorder, "CHECKPOINT_EVERY", 2)
+    m, _ = fake_manager(reply_tokens=3)
+    checkpoints = []
+    real = m.store.checkpoint
+    monkeypatch.setattr(m.store, "checkpoint", lambda: (checkpoints.append(1), real())[1])
+    for i in range(4):
+        assert http("POST", f"{m.base_url(f'c{i}')}/chat/completions", say("hi"))[0] == 200
+    wait_for(lambda: len(checkpoints) == 2, what="two checkpoints by the writer thread")
+    assert m.manager.recorder.committed_on_loop == 4
 
 
 def test_the_admin_token_comes_from_a_file_or_the_environment(tmp_path, monkeypatch):

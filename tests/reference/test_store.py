@@ -204,3 +204,66 @@ def test_consumed_markers_are_exactly_once_and_survive_a_reopen(tmp_path):
     assert store.release_consumed(from_step=1) == ["g3"]  # a trainer resumed from the checkpoint before step 1
     assert store.consumed() == {"g1": 0, "g2": 0}
     store.close()
+
+
+# ---- writes that never wait ----
+
+
+def _turn(session: str, rid: str, anchor: str | None = None, match_len: int = 0):
+    from reference.manager.store import NewTurn
+
+    return NewTurn(session, rid, anchor, match_len, [1, 2, 3] if anchor is None else [7], [4, 5], [-0.5, -0.25],
+                   [0, 0], "stop", f"text {rid}")  # fmt: skip
+
+
+def test_a_write_that_may_not_wait_gives_way_to_another_writer_and_writes_nothing(tmp_path):
+    path = tmp_path / "t.sqlite"
+    with TrajectoryStore(path) as store:
+        assert store.append_many([_turn("s", "a")], wait=False) == [0]
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        try:
+            assert store.append_many([_turn("s", "b", "a", 5)], wait=False) is None  # at once, not after a wait
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert [r.request_id for r in store.records("s")] == ["a"]
+        assert store.append_many([_turn("s", "b", "a", 5)], wait=False) == [1]
+        assert [r.seq for r in store.records("s")] == [0, 1]
+    with TrajectoryStore(":memory:") as memory:  # one connection only: every write goes through the waiting one
+        assert memory.append_many([_turn("s", "a")], wait=False) is None
+        assert memory.append_many([_turn("s", "a")]) == [0]
+
+
+def test_a_write_that_may_not_wait_fails_like_any_other_when_the_disk_is_full(tmp_path):
+    from reference.manager.store import NewTurn, StoreError
+
+    big = NewTurn("s", "big", None, 0, [1] * 3000, [2] * 3000, [-0.5] * 3000, [0] * 3000, "stop", "x" * 3000)
+    with TrajectoryStore(tmp_path / "t.sqlite") as store:
+        store.set_max_bytes(1)  # no page can be added: the disk is full
+        with pytest.raises(StoreError, match="full"):
+            store.append_many([big], wait=False)
+        with pytest.raises(ValueError, match="is not stored"):  # a malformed record: refused, nothing written
+            store.append_many([_turn("s", "b", "missing", 2)], wait=False)
+        store.set_max_bytes(None)
+        assert store.append_many([_turn("s", "a")], wait=False) == [0]
+
+
+def test_checkpoint_folds_the_log_that_writes_without_waiting_leave(tmp_path):
+    path = tmp_path / "t.sqlite"
+    with TrajectoryStore(path) as store:
+        for i in range(300):
+            assert store.append_many([_turn(f"s{i}", "a")], wait=False) == [0]
+        probe = sqlite3.connect(path, isolation_level=None)
+        try:
+            _, frames, done = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            assert frames > 0  # nothing folded the log until asked (and this probe just did)
+            for i in range(300, 600):
+                store.append_many([_turn(f"s{i}", "a")], wait=False)
+            store.checkpoint()
+            _, frames_after, done_after = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            assert done_after == frames_after  # every frame of the log is in the database
+        finally:
+            probe.close()
+    with TrajectoryStore(path) as again:
+        assert len(again.sessions()) == 600
