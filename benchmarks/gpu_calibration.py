@@ -227,7 +227,7 @@ def make_plan(args: argparse.Namespace, argv: list[str]) -> Plan:
         prefill_tokens=_ints("--prefill-tokens", args.prefill_tokens, grid.prefill_tokens),
         train_lens=_ints("--train-lens", args.train_lens, grid.train_lens),
     )
-    parts = tuple(args.parts.split(",")) if args.parts else PARTS
+    parts = tuple(args.parts.split(",")) if args.parts is not None else PARTS
     bad = next((p for p in parts if p not in PARTS), None)
     if bad is not None or not parts:
         raise unknown_name("--parts entry", bad or "", PARTS)
@@ -307,7 +307,11 @@ def measure_decode(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, skipped: li
         for context in g.contexts:
             _release(plan.device)  # the last point's cache back from torch's allocator, for _free_bytes to see
             need = 2 * spec.layers * spec.kv_heads * spec.head_dim * plan.dtype.itemsize * batch * (context + steps)
-            if context + steps > spec.max_context or need > _free_bytes(plan.device):
+            if context + steps > spec.max_context:
+                skipped.append(f"decode batch={batch} context={context}: {context} + {steps} steps is longer than "
+                               f"the model's {spec.max_context}-token context")  # fmt: skip
+                continue
+            if need > _free_bytes(plan.device):
                 skipped.append(f"decode batch={batch} context={context}: a {need / 1e9:.1f} GB KV cache does not fit")
                 continue
             tokens = [rng.randrange(spec.vocab) for _ in range(batch)]

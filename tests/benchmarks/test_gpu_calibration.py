@@ -85,6 +85,7 @@ def test_parts_measures_only_what_is_named(tmp_path, capsys):
     "args, message",
     [
         (["--parts", "decode,optimizer"], "unknown --parts entry 'optimizer'; valid choices: decode, logprob"),
+        (["--parts", ""], "unknown --parts entry ''; valid choices: decode, logprob"),
         (["--cuda-graphs"], "--cuda-graphs needs a CUDA device, got --device cpu"),
         (["--models", "qwen9-1b"], "unknown --models entry 'qwen9-1b'; valid choices: "),
         (["--models", "llama-3.1-8b"], "unknown --models entry 'llama-3.1-8b'; valid choices: "),
