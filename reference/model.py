@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers.utils import logging as hf_logging
 
 from reference.tokenizer import Tokenizer, default_tokenizer
 
@@ -87,7 +88,13 @@ def load_checkpoint(directory: str | Path) -> tuple[Qwen3ForCausalLM, Tokenizer]
     directory = Path(directory)
     _check_qwen3_dir(directory)
     tokenizer = Tokenizer.load(directory)
-    model = Qwen3ForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar for loading a local checkpoint is noise in a worker's log
+    try:
+        model = Qwen3ForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     return model.eval(), tokenizer
 
 
