@@ -12,7 +12,8 @@ Departure from Qwen3's init: `initializer_range` 0.1 instead of 0.02 (see `TINY_
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -67,9 +68,22 @@ def default_model(seed: int = 0) -> tuple[Qwen3ForCausalLM, Tokenizer]:
 def save_checkpoint(model: Qwen3ForCausalLM, tokenizer: Tokenizer, directory: str | Path) -> Path:
     """Hugging Face layout: config.json, model.safetensors, tokenizer.json, tokenizer_config.json."""
     directory = Path(directory)
-    model.save_pretrained(directory, safe_serialization=True)
+    with _no_progress_bars():
+        model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save(directory)
     return directory
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' bars for writing or loading a local checkpoint are noise in a worker's log."""
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def _check_qwen3_dir(directory: Path) -> None:
@@ -88,13 +102,8 @@ def load_checkpoint(directory: str | Path) -> tuple[Qwen3ForCausalLM, Tokenizer]
     directory = Path(directory)
     _check_qwen3_dir(directory)
     tokenizer = Tokenizer.load(directory)
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a bar for loading a local checkpoint is noise in a worker's log
-    try:
+    with _no_progress_bars():
         model = Qwen3ForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
     return model.eval(), tokenizer
 
 
