@@ -29,7 +29,8 @@ predicts what the whole runtime does. Three stages:
 
 Printed and written: per policy, measured against predicted trained tokens/s, step time, bubble and the
 shares of device time in rollout, training and sync, with the relative error, and the ratio to
-colocated of each. What the simulator leaves out shows up here as error: the HTTP hops between the
+colocated of each; and the CPU-seconds each runtime run's processes used, by role (`CpuSampler`).
+What the simulator leaves out shows up here as error: the HTTP hops between the
 trajectory manager and the engines, the rollout manager's grading and Ray calls, and the run's start.
 
     python -m experiments.validate [--steps 10] [--policies all] [--out DIR] [--overwrite] [--quick]
@@ -176,20 +177,88 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
 # ---- stages 2 and 3 ----
 
 
-def run_runtime(steps: int, policies: tuple[str, ...], out: Path) -> dict[str, dict]:
-    """One `python -m reference train` per policy, as `train --compare` runs them; each one's summary."""
+def run_runtime(steps: int, policies: tuple[str, ...], out: Path) -> tuple[dict[str, dict], dict[str, dict]]:
+    """One `python -m reference train` per policy, as `train --compare` runs them: each one's summary, and
+    the CPU its processes used (`CpuSampler`)."""
     import json
 
-    summaries = {}
+    summaries, cpu = {}, {}
     for policy in policies:
         argv = [sys.executable, "-m", "reference", "train", "--task", "throughput", "--policy", policy, "--steps",
                 str(steps), "--set", "run.eval_every_steps=0", "--out", str(out / policy), "--quiet"]  # fmt: skip
         print(f"runtime: {policy}, {steps} steps ...", flush=True)
-        done = subprocess.run(argv, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"the runtime's {policy} run failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+            sampler = CpuSampler(proc.pid)
+            _, stderr = sampler.follow(proc)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the runtime's {policy} run failed ({proc.returncode}):\n{stderr[-2000:]}")
         summaries[policy] = json.loads((out / policy / "summary.json").read_text())
-    return summaries
+        cpu[policy] = sampler.result()
+    return summaries, cpu
+
+
+class CpuSampler:
+    """CPU-seconds of a run's processes by role, read from /proc every `every_s` while it runs (the
+    reads cost about 1% of a core): the run's own process (the driver, with the trajectory and rollout
+    managers), its engine processes, Ray's workers (the resources' trainers) and everything else it
+    started. A process that ends between two reads loses what it used since the last."""
+
+    ROLES = ("driver", "engines", "ray workers", "other")
+
+    def __init__(self, root: int, every_s: float = 0.5) -> None:
+        self.root, self.every_s = root, every_s
+        self._seen: dict[int, tuple[str, float]] = {}  # pid -> (role, CPU-seconds at the last read)
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._wall_s = 0.0
+
+    def follow(self, proc: subprocess.Popen) -> tuple[str, str]:
+        """Read until `proc` ends; its (stdout, stderr), as communicate() gives them."""
+        import threading
+
+        err: list[str] = []
+        reader = threading.Thread(target=lambda: err.append(proc.stderr.read() if proc.stderr else ""), daemon=True)
+        reader.start()
+        started = time.perf_counter()
+        while proc.poll() is None:
+            self._read()
+            time.sleep(self.every_s)
+        self._wall_s = time.perf_counter() - started
+        reader.join()
+        return "", "".join(err)
+
+    def _read(self) -> None:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            pid = int(entry)
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if pid != self.root and pid not in self._seen and not self._descends(int(fields[1])):
+                continue
+            cpu = (int(fields[11]) + int(fields[12])) / self._tick
+            self._seen[pid] = (self._role(pid, stat, cmdline), cpu)
+
+    def _descends(self, parent: int) -> bool:
+        return parent == self.root or parent in self._seen
+
+    def _role(self, pid: int, stat: str, cmdline: str) -> str:
+        if pid == self.root:
+            return "driver"
+        if " -m reference engine" in cmdline:
+            return "engines"
+        if stat[stat.index("(") + 1 :].startswith("ray::") or cmdline.startswith("ray::"):
+            return "ray workers"
+        return "other"
+
+    def result(self) -> dict:
+        by_role = dict.fromkeys(self.ROLES, 0.0)
+        for role, cpu in self._seen.values():
+            by_role[role] += cpu
+        return {"wall_s": round(self._wall_s, 2), "cpu_s": {k: round(v, 2) for k, v in by_role.items()}}
 
 
 def run_sim(config_path: Path, policies: tuple[str, ...]) -> tuple[dict[str, dict], dict | None]:
@@ -227,6 +296,19 @@ def compare(measured: dict[str, dict], predicted: dict[str, dict]) -> dict[str, 
                 "predicted": row["trained tok/s"]["predicted"] / base["predicted"],
             }
     return rows
+
+
+def cpu_table(cpu: dict[str, dict], cores: int) -> str:
+    """CPU-seconds of each runtime run's processes by role, and the share of the machine's cores used."""
+    roles = CpuSampler.ROLES
+    lines = [f"runtime CPU-seconds by process ({cores} cores): {'policy':<14} " + " ".join(f"{r:>12}" for r in roles)
+             + f" {'wall s':>8} {'cores used':>10}"]  # fmt: skip
+    for policy, row in cpu.items():
+        total = sum(row["cpu_s"].values())
+        used = total / row["wall_s"] if row["wall_s"] else math.nan
+        lines.append(f"{'':<37} {policy:<14} " + " ".join(f"{row['cpu_s'][r]:12.1f}" for r in roles)
+                     + f" {row['wall_s']:8.1f} {used:10.2f}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def table(rows: dict[str, dict]) -> str:
@@ -372,6 +454,8 @@ def report(out: Path, data: dict, resources: int) -> None:
     """The comparison of `data` (measured against predicted): printed, drawn, and saved with `data`."""
     rows = compare(data["measured"], data["predicted"])
     print(table(rows))
+    if data.get("runtime_cpu"):
+        print(cpu_table(data["runtime_cpu"], os.cpu_count() or 1))
     draw(rows, out / "validate.png", f"{data['steps']} steps, {resources} one-core resources, throughput workload")
     save_json({**data, "comparison": rows, "sim_sources": source_fingerprint()}, out / "validate.json")
     print(f"outputs: {out}/")
@@ -409,10 +493,12 @@ def main(argv: list[str] | None = None) -> int:
     rt, task, model_config = runtime_setup(args.steps)
     started = time.time()
     parts = measure_parts(model_config, task, out, QUICK if args.quick else FULL, rt)
+    measured, cpu = run_runtime(args.steps, policies, out / "runtime")
     data = {
         "parts": parts,
         **predict(out, rt, task, args.steps, parts, policies),
-        "measured": run_runtime(args.steps, policies, out / "runtime"),
+        "measured": measured,
+        "runtime_cpu": cpu,
         "quick": args.quick,
         "steps": args.steps,
     }

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -132,3 +134,16 @@ def test_a_short_validation_runs_end_to_end(tmp_path):
     assert v.main(["--resimulate", "--out", str(tmp_path)]) == 0
     again = json.loads((tmp_path / "validate.json").read_text())
     assert again["predicted"] == data["predicted"] and again["measured"] == data["measured"]
+
+
+def test_the_cpu_sampler_counts_a_run_and_the_processes_it_starts():
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6:\n    pass\n"
+    code = f"import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', {burn!r}])\n{burn}child.wait()\n"
+    with subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) as proc:
+        sampler = v.CpuSampler(proc.pid, every_s=0.05)
+        _, err = sampler.follow(proc)
+    assert proc.returncode == 0, err
+    result = sampler.result()
+    assert result["cpu_s"]["driver"] >= 0.4 and result["cpu_s"]["other"] >= 0.4, result  # the run, its child
+    assert result["cpu_s"]["engines"] == 0 and result["wall_s"] > 0.5
+    assert "driver" in v.cpu_table({"colocated": result}, 2).splitlines()[0]
