@@ -34,7 +34,7 @@ OUT_ARG := $(if $(OUT),--out $(OUT),)
 # (15 s, retried 5 times) for each of torch's ten packages, so an unreachable TORCH_INDEX is left out.
 URL_ANSWERS := import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)
 
-.PHONY: help setup setup-sim setup-gpu sim compare serve test test-fast test-gpu lint bench bench-sim bench-runtime bench-train bench-swe \
+.PHONY: help setup setup-sim setup-gpu sim compare serve test test-fast test-gpu calibrate-gpu lint bench bench-sim bench-runtime bench-train bench-swe \
 	figures figures-runtime train-math compare-train train-swe validate clean
 
 help:  ## this list; the second column is what a target installs on first use
@@ -100,6 +100,10 @@ test-fast: $(FULL_STAMP)  ## the tests not marked slow or gpu, no lint
 test-gpu: $(GPU_STAMP)  ## the gpu-marked tests (vLLM backend), on a GPU machine; installs the gpu layer first
 	@$(PY) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "test-gpu: torch sees no CUDA GPU")'
 	$(PY) -m pytest -m gpu -rs
+
+calibrate-gpu: $(GPU_STAMP)  ## make calibrate-gpu [MODELS=qwen3-8b,qwen3-32b] [OUT=file.yaml]: measure this GPU into a profile for costs.profile
+	@$(PY) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "calibrate-gpu: torch sees no CUDA GPU")'
+	$(PY) -m benchmarks.gpu_calibration --cuda-graphs $(if $(MODELS),--models $(MODELS),) $(if $(OUT),--out $(OUT),)
 
 lint: $(FULL_STAMP)  ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check .
