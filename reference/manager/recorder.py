@@ -33,6 +33,8 @@ from reference.manager.store import NewTurn, StoreError, TrajectoryStore
 log = logging.getLogger(__name__)
 
 INLINE_MAX_TOKENS = 8192  # a batch of at most this many tokens may be committed on the loop
+INLINE_SLOW_S = 0.01  # a commit on the loop slower than this (a slow disk) sends the next ones to the thread
+INLINE_PAUSE_S = 10.0  # for this long
 CHECKPOINT_EVERY = 256  # commits on the loop between two checkpoints by the writer thread
 _CHECKPOINT = "checkpoint"  # the writer thread's job besides batches
 
@@ -61,6 +63,7 @@ class Recorder:
         self.last_failure_s: float | None = None
         self.committed_on_loop = 0  # of `committed`, the records committed on the event loop
         self._since_checkpoint = 0
+        self._inline_paused_until = 0.0  # monotonic time before which every batch goes to the thread
 
     async def record(self, session: Session, turn: NewTurn, prompt: Sequence[int]) -> InsertResult:
         """Store `turn` durably, then insert it into `session.tree`; StoreError if the store failed (then
@@ -86,7 +89,8 @@ class Recorder:
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
         batch, self._pending, self._writing = self._pending, [], True
-        if sum(len(p.turn.token_ids) + len(p.turn.new_prompt_token_ids) for p in batch) <= INLINE_MAX_TOKENS:
+        small = sum(len(p.turn.token_ids) + len(p.turn.new_prompt_token_ids) for p in batch) <= INLINE_MAX_TOKENS
+        if small and time.monotonic() >= self._inline_paused_until:
             errors = self._write_now(batch)
             if errors is not None:
                 self._landed(loop, batch, errors)
@@ -100,7 +104,10 @@ class Recorder:
         self._inbox.put(item)
 
     def _write_now(self, batch: list[_Pending]) -> list[Exception | None] | None:
-        """Commit `batch` on the loop if nothing would wait; None: the writer thread must take it."""
+        """Commit `batch` on the loop if nothing would wait; None: the writer thread must take it. A commit
+        that took longer than INLINE_SLOW_S (a slow or throttled disk) sends the batches of the next
+        INLINE_PAUSE_S to the writer thread."""
+        started = time.monotonic()
         try:
             seqs = self.store.append_many([p.turn for p in batch], wait=False)
         except StoreError as e:
@@ -110,6 +117,12 @@ class Recorder:
         except Exception as e:  # noqa: BLE001 - as in _write: the caller learns why, the loop goes on
             log.exception("the trajectory store failed")
             return [StoreError(f"the trajectory store failed: {e!r}")] * len(batch)
+        finally:
+            took = time.monotonic() - started
+            if took > INLINE_SLOW_S:
+                self._inline_paused_until = time.monotonic() + INLINE_PAUSE_S
+                log.warning("a commit on the event loop took %.0f ms: commits go to the writer thread for %.0f s",
+                            took * 1e3, INLINE_PAUSE_S)  # fmt: skip
         if seqs is None:
             return None
         self.committed_on_loop += len(batch)

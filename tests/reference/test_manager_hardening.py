@@ -385,6 +385,7 @@ def test_the_store_writer_survives_an_unexpected_error(fake_manager, http, monke
 def test_small_records_are_committed_on_the_loop_and_large_ones_by_the_writer_thread(fake_manager, http, monkeypatch):
     from reference.manager import recorder
 
+    monkeypatch.setattr(recorder, "INLINE_SLOW_S", 60.0)  # a busy machine's slow commit must not matter here
     m, _ = fake_manager(reply_tokens=3)
     rec = m.manager.recorder
     assert http("POST", f"{m.base_url('small')}/chat/completions", say("one"))[0] == 200
@@ -396,10 +397,27 @@ def test_small_records_are_committed_on_the_loop_and_large_ones_by_the_writer_th
     assert tree["num_branches"] == 1
 
 
+def test_a_slow_commit_on_the_loop_sends_the_next_ones_to_the_writer_thread(fake_manager, http, monkeypatch):
+    m, _ = fake_manager(reply_tokens=3)
+    real = m.store.append_many
+
+    def slow_disk(turns, wait=True):
+        if not wait:
+            time.sleep(0.05)  # a throttled disk: the loop's commit takes 50 ms
+        return real(turns, wait=wait)
+
+    monkeypatch.setattr(m.store, "append_many", slow_disk)
+    for i in range(3):
+        assert http("POST", f"{m.base_url('slow')}/chat/completions", say(f"turn {i}"))[0] == 200
+    rec = m.manager.recorder
+    assert (rec.committed, rec.committed_on_loop) == (3, 1)  # after the slow one, the thread writes
+
+
 def test_the_writer_thread_checkpoints_the_log_of_the_loops_commits(fake_manager, http, monkeypatch, wait_for):
     from reference.manager import recorder
 
     monkeypatch.setattr(recorder, "CHECKPOINT_EVERY", 2)
+    monkeypatch.setattr(recorder, "INLINE_SLOW_S", 60.0)
     m, _ = fake_manager(reply_tokens=3)
     checkpoints = []
     real = m.store.checkpoint
