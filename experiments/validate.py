@@ -29,7 +29,8 @@ predicts what the whole runtime does. Three stages:
 
 Printed and written: per policy, measured against predicted trained tokens/s, step time, bubble and the
 shares of device time in rollout, training and sync, with the relative error, and the ratio to
-colocated of each; and the CPU-seconds each runtime run's processes used, by role (`CpuSampler`).
+colocated of each; and the CPU-seconds each runtime run's processes used, by role, with the cores
+they kept busy while engines generated (`CpuSampler`).
 What the simulator leaves out shows up here as error: the HTTP hops between the
 trajectory manager and the engines, the rollout manager's grading and Ray calls, and the run's start.
 
@@ -193,7 +194,8 @@ def run_runtime(steps: int, policies: tuple[str, ...], out: Path) -> tuple[dict[
         if proc.returncode != 0:
             raise RuntimeError(f"the runtime's {policy} run failed ({proc.returncode}):\n{stderr[-2000:]}")
         summaries[policy] = json.loads((out / policy / "summary.json").read_text())
-        cpu[policy] = sampler.result()
+        generating = sampler.while_generating(out / policy / "intervals.json")
+        cpu[policy] = {**sampler.result(), "while_generating": generating}
     return summaries, cpu
 
 
@@ -205,9 +207,10 @@ class CpuSampler:
 
     ROLES = ("driver", "engines", "ray workers", "other")
 
-    def __init__(self, root: int, every_s: float = 0.5) -> None:
+    def __init__(self, root: int, every_s: float = 0.25) -> None:
         self.root, self.every_s = root, every_s
         self._seen: dict[int, tuple[str, float]] = {}  # pid -> (role, CPU-seconds at the last read)
+        self._series: list[tuple[float, dict[str, float]]] = []  # (Unix time, CPU-seconds by role) of each read
         self._tick = os.sysconf("SC_CLK_TCK")
         self._wall_s = 0.0
 
@@ -241,6 +244,13 @@ class CpuSampler:
                 continue
             cpu = (int(fields[11]) + int(fields[12])) / self._tick
             self._seen[pid] = (self._role(pid, stat, cmdline), cpu)
+        self._series.append((time.time(), self._by_role()))
+
+    def _by_role(self) -> dict[str, float]:
+        by_role = dict.fromkeys(self.ROLES, 0.0)
+        for role, cpu in self._seen.values():
+            by_role[role] += cpu
+        return by_role
 
     def _descends(self, parent: int) -> bool:
         return parent == self.root or parent in self._seen
@@ -255,10 +265,32 @@ class CpuSampler:
         return "other"
 
     def result(self) -> dict:
-        by_role = dict.fromkeys(self.ROLES, 0.0)
-        for role, cpu in self._seen.values():
-            by_role[role] += cpu
+        by_role = self._by_role()
         return {"wall_s": round(self._wall_s, 2), "cpu_s": {k: round(v, 2) for k, v in by_role.items()}}
+
+    def while_generating(self, timeline: Path) -> dict | None:
+        """Cores each role kept busy, on average, over the reads whose midpoint falls while some resource
+        is in a rollout phase of the run's timeline, and the seconds those reads cover; None when the
+        timeline does not give its clock's zero as a Unix time (`clock_zero_epoch_s`)."""
+        from core.tags import Phase
+        from core.timeline import Timeline
+
+        if not timeline.is_file():
+            return None
+        run = Timeline.load(timeline)
+        zero = run.meta.get("clock_zero_epoch_s")
+        if zero is None or len(self._series) < 2:
+            return None
+        spans = [(i.start_s + zero, i.end_s + zero) for i in run.intervals if i.phase is Phase.ROLLOUT]
+        seconds, cpu = 0.0, dict.fromkeys(self.ROLES, 0.0)
+        for (t0, c0), (t1, c1) in zip(self._series, self._series[1:], strict=False):
+            middle = (t0 + t1) / 2
+            if any(start <= middle < end for start, end in spans):
+                seconds += t1 - t0
+                for role in self.ROLES:
+                    cpu[role] += c1[role] - c0[role]
+        cores = {role: round(cpu[role] / seconds, 2) if seconds else None for role in self.ROLES}
+        return {"seconds": round(seconds, 2), "cores": cores}
 
 
 def run_sim(config_path: Path, policies: tuple[str, ...]) -> tuple[dict[str, dict], dict | None]:
@@ -308,6 +340,15 @@ def cpu_table(cpu: dict[str, dict], cores: int) -> str:
         used = total / row["wall_s"] if row["wall_s"] else math.nan
         lines.append(f"{'':<37} {policy:<14} " + " ".join(f"{row['cpu_s'][r]:12.1f}" for r in roles)
                      + f" {row['wall_s']:8.1f} {used:10.2f}")  # fmt: skip
+    generating = {p: row["while_generating"] for p, row in cpu.items() if row.get("while_generating")}
+    if generating:
+        lines.append(f"cores busy while engines generate:       {'policy':<14} " + " ".join(f"{r:>12}" for r in roles)
+                     + f" {'seconds':>8} {'all':>10}")  # fmt: skip
+        for policy, row in generating.items():
+            cores = row["cores"]
+            total = sum(v for v in cores.values() if v is not None)
+            lines.append(f"{'':<41} {policy:<14} " + " ".join(f"{(cores[r] or 0):12.2f}" for r in roles)
+                         + f" {row['seconds']:8.1f} {total:10.2f}")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -66,5 +66,6 @@ def train(cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = Tr
                 run = run_policy(cfg, task, policy, workers, m, recorder, metrics, bar, admin, out, done, adopted)
                 wall = m.call(run, timeout_s=cfg.run.time_limit_s + 120)
     meta = {"policy": policy.name, "model": cfg.model.dir or "tiny", "device": "cpu", "num_gpus": cfg.resources.count,
-            "workload": cfg.task.name, "seed": cfg.run.seed, "clock": "measured"}  # fmt: skip
+            "workload": cfg.task.name, "seed": cfg.run.seed, "clock": "measured",
+            "clock_zero_epoch_s": metrics.clock_zero_epoch_s}  # fmt: skip
     return recorder.finish(wall, meta, metrics.counters), metrics

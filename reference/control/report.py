@@ -31,6 +31,7 @@ class MetricsLog:
         self.steps: list[dict] = []
         self.evaluations: list[dict] = []
         self.counters: dict[str, float] = {}
+        self.clock_zero_epoch_s: float | None = None  # the Unix time of the run clock's zero (timeline times follow it)
 
     def step(self, record: dict) -> None:
         self.steps.append(record)

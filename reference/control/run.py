@@ -47,6 +47,7 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
         executor.keep_version = lambda v: v == 0 or bool(every_checkpoint and v % every_checkpoint == 0)
         driver = Driver(policy, executor, recorder, Deadlines())
         executor.attach(driver.post)
+        metrics.clock_zero_epoch_s = time.time() - executor.now()
         watcher = asyncio.create_task(watch_phases(m.manager, recorder, policy, executor.now))
         try:
             await _until_done(driver, executor, cfg.run.time_limit_s)

@@ -136,7 +136,7 @@ def test_a_short_validation_runs_end_to_end(tmp_path):
     assert again["predicted"] == data["predicted"] and again["measured"] == data["measured"]
 
 
-def test_the_cpu_sampler_counts_a_run_and_the_processes_it_starts():
+def test_the_cpu_sampler_counts_a_run_and_the_processes_it_starts(tmp_path):
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6:\n    pass\n"
     code = f"import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', {burn!r}])\n{burn}child.wait()\n"
     with subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) as proc:
@@ -147,3 +147,17 @@ def test_the_cpu_sampler_counts_a_run_and_the_processes_it_starts():
     assert result["cpu_s"]["driver"] >= 0.4 and result["cpu_s"]["other"] >= 0.4, result  # the run, its child
     assert result["cpu_s"]["engines"] == 0 and result["wall_s"] > 0.5
     assert "driver" in v.cpu_table({"colocated": result}, 2).splitlines()[0]
+    # Against a timeline whose one rollout interval covers the whole run: every read counts as generating.
+    from core.tags import Phase
+    from core.timeline import Interval, Timeline
+
+    first, last = sampler._series[0][0], sampler._series[-1][0]
+    rollout = Interval("R00", ("rollout",), "rollout", Phase.ROLLOUT, 0.0, last - first + 1.0, 0, 0, 1)
+    path = tmp_path / "timeline.json"
+    Timeline([rollout], [], last - first + 1.0, {"clock_zero_epoch_s": first - 0.5}).save(path)
+    busy = sampler.while_generating(path)
+    assert busy["seconds"] == pytest.approx(last - first, abs=0.01)
+    assert busy["cores"]["driver"] > 0.3 and busy["cores"]["other"] > 0.3, busy
+    assert "cores busy while engines generate" in v.cpu_table({"colocated": {**result, "while_generating": busy}}, 2)
+    Timeline([rollout], [], last - first + 1.0, {}).save(path)  # no clock zero: nothing to align with
+    assert sampler.while_generating(path) is None
