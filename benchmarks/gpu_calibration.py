@@ -287,8 +287,8 @@ def _cache(spec: ModelSpec, slots: int, capacity: int, dtype: torch.dtype, devic
     return cache
 
 
-def _timed(run: Callable[[], object], device: torch.device, warmup: int, runs: int) -> float:
-    """Median seconds of `runs` calls after `warmup` untimed ones."""
+def _timed(run: Callable[[], object], device: torch.device, warmup: int, runs: int, pick=statistics.median) -> float:
+    """Median (or `pick`) seconds of `runs` calls after `warmup` untimed ones."""
     times = []
     for i in range(warmup + runs):
         _sync(device)
@@ -297,7 +297,7 @@ def _timed(run: Callable[[], object], device: torch.device, warmup: int, runs: i
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return pick(times)
 
 
 def measure_decode(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, skipped: list[str]) -> list[DecodePoint]:
@@ -481,15 +481,9 @@ def _copy_gb_s(plan: Plan) -> tuple[float, float | None, float | None]:
     return copy, h2d, d2h
 
 
-def _best(run: Callable[[], object], device: torch.device, runs: int = 10) -> float:
-    times = []
-    for _ in range(runs + 2):  # two untimed
-        _sync(device)
-        start = time.perf_counter()
-        run()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return min(times[2:])
+def _best(run: Callable[[], object], device: torch.device) -> float:
+    """The fastest of 10 calls after 2 untimed ones: a ceiling."""
+    return _timed(run, device, warmup=2, runs=10, pick=min)
 
 
 def measure(spec: ModelSpec, plan: Plan) -> ModelProfile:
@@ -536,8 +530,7 @@ class Roofline:
         return self.mfu_of(self.model, self.device, seq_len, seconds)
 
     def logprob_s(self, seq_len: int) -> float:
-        peak = self.device.peak_tflops * 1e12 * self.cfg.costs.logprob_mfu
-        return train_layout.forward_flops(self.model, [seq_len]) / peak
+        return train_layout.forward_s(self.model, self.device, seq_len, self.cfg.costs.logprob_mfu)
 
     @staticmethod
     def mfu_of(model: ModelSpec, device: DeviceSpec, seq_len: int, seconds: float) -> float:

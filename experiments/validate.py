@@ -190,7 +190,7 @@ def run_runtime(steps: int, policies: tuple[str, ...], out: Path) -> tuple[dict[
         print(f"runtime: {policy}, {steps} steps ...", flush=True)
         with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
             sampler = CpuSampler(proc.pid)
-            _, stderr = sampler.follow(proc)
+            stderr = sampler.follow(proc)
         if proc.returncode != 0:
             raise RuntimeError(f"the runtime's {policy} run failed ({proc.returncode}):\n{stderr[-2000:]}")
         summaries[policy] = json.loads((out / policy / "summary.json").read_text())
@@ -214,8 +214,8 @@ class CpuSampler:
         self._tick = os.sysconf("SC_CLK_TCK")
         self._wall_s = 0.0
 
-    def follow(self, proc: subprocess.Popen) -> tuple[str, str]:
-        """Read until `proc` ends; its (stdout, stderr), as communicate() gives them."""
+    def follow(self, proc: subprocess.Popen) -> str:
+        """Read until `proc` ends; its standard error."""
         import threading
 
         err: list[str] = []
@@ -227,7 +227,7 @@ class CpuSampler:
             time.sleep(self.every_s)
         self._wall_s = time.perf_counter() - started
         reader.join()
-        return "", "".join(err)
+        return "".join(err)
 
     def _read(self) -> None:
         for entry in os.listdir("/proc"):

@@ -330,7 +330,7 @@ def _fit_train(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, points, hbm
 def _fit_logprob(model: ModelSpec, device: DeviceSpec, points) -> float:
     """logprob_mfu m of seconds = A / m (A: one forward's FLOPs at the device's peak), closed form in 1/m,
     within (0, 1]."""
-    a = np.array([train_layout.forward_flops(model, [p.seq_len]) for p in points]) / (device.peak_tflops * 1e12)
+    a = np.array([train_layout.forward_s(model, device, p.seq_len, 1.0) for p in points])
     t = np.array([p.seq_len / p.tokens_per_s for p in points])
     inverse = float((a * t / t**2).sum() / (a * a / t**2).sum())
     return min(1.0, 1.0 / inverse)
@@ -352,10 +352,6 @@ def _search(loss, dims: int) -> tuple[float, ...]:
     return tuple(float(v) for v in np.exp(best))
 
 
-def _logprob_s(cm: CostModel, seq_len: int, mfu: float) -> float:
-    return train_layout.forward_flops(cm.model, [seq_len]) / (cm.device.peak_tflops * 1e12 * mfu)
-
-
 def _errors(cm: CostModel, setup: SimConfig, entry: profiles.ModelProfile) -> dict[str, float]:
     """Root-mean-square relative error of the calibrated roofline at each part's measured points."""
     pairs = {
@@ -368,7 +364,11 @@ def _errors(cm: CostModel, setup: SimConfig, entry: profiles.ModelProfile) -> di
             for p in entry.train
         ],
         "logprob": [
-            (_logprob_s(cm, p.seq_len, setup.costs.logprob_mfu), p.seq_len / p.tokens_per_s) for p in entry.logprob
+            (
+                train_layout.forward_s(cm.model, cm.device, p.seq_len, setup.costs.logprob_mfu),
+                p.seq_len / p.tokens_per_s,
+            )
+            for p in entry.logprob
         ],
     }
     return {

@@ -214,6 +214,12 @@ def forward_flops(model: ModelSpec, seq_lens: list[int]) -> float:
     return 2 * model.matmul_params * sum(seq_lens) + 4 * model.layers * model.attn_dim * pairs
 
 
+def forward_s(model: ModelSpec, device: DeviceSpec, seq_len: int, mfu: float) -> float:
+    """Seconds of one forward (log-prob) pass over one sequence on one GPU at `mfu` of the device's peak:
+    what a profile's log-prob points measure."""
+    return forward_flops(model, [seq_len]) / (device.peak_tflops * TFLOP * mfu)
+
+
 def recompute_flops(model: ModelSpec, seq_lens: list[int], mode: str) -> float:
     """FLOPs repeated in the backward: a whole forward (full), the attention core (selective), none."""
     if mode == "full":

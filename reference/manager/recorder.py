@@ -108,29 +108,20 @@ class Recorder:
         that took longer than INLINE_SLOW_S (a slow or throttled disk) sends the batches of the next
         INLINE_PAUSE_S to the writer thread."""
         started = time.monotonic()
-        try:
-            seqs = self.store.append_many([p.turn for p in batch], wait=False)
-        except StoreError as e:
-            return [e] * len(batch)
-        except ValueError:
-            return None  # a malformed record: the writer thread writes the others one by one
-        except Exception as e:  # noqa: BLE001 - as in _write: the caller learns why, the loop goes on
-            log.exception("the trajectory store failed")
-            return [StoreError(f"the trajectory store failed: {e!r}")] * len(batch)
-        finally:
-            took = time.monotonic() - started
-            if took > INLINE_SLOW_S:
-                self._inline_paused_until = time.monotonic() + INLINE_PAUSE_S
-                log.warning("a commit on the event loop took %.0f ms: commits go to the writer thread for %.0f s",
-                            took * 1e3, INLINE_PAUSE_S)  # fmt: skip
-        if seqs is None:
-            return None
+        errors = self._write(batch, wait=False)
+        took = time.monotonic() - started
+        if took > INLINE_SLOW_S:
+            self._inline_paused_until = time.monotonic() + INLINE_PAUSE_S
+            log.warning("a commit on the event loop took %.0f ms: commits go to the writer thread for %.0f s",
+                        took * 1e3, INLINE_PAUSE_S)  # fmt: skip
+        if errors is None or any(e is not None for e in errors):
+            return errors
         self.committed_on_loop += len(batch)
         self._since_checkpoint += 1
         if self._since_checkpoint >= CHECKPOINT_EVERY:
             self._since_checkpoint = 0
             self._to_writer(_CHECKPOINT)
-        return [None] * len(batch)
+        return errors
 
     def _writer(self) -> None:
         """The writer thread: one transaction per batch (each record alone if one is malformed), and the
@@ -149,17 +140,20 @@ class Recorder:
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 return
 
-    def _write(self, batch: list[_Pending]) -> list[Exception | None]:
+    def _write(self, batch: list[_Pending], wait: bool = True) -> list[Exception | None] | None:
+        """Each record's outcome (None: stored). With `wait=False` (on the loop), None when the writer
+        thread must take the batch: another writer holds the lock, or a record is malformed (the thread
+        writes the others one by one)."""
         try:
-            self.store.append_many([p.turn for p in batch])
-            return [None] * len(batch)
+            seqs = self.store.append_many([p.turn for p in batch], wait=wait)
         except StoreError as e:
             return [e] * len(batch)
         except ValueError:
-            return self._write_one_by_one(batch)
-        except Exception as e:  # noqa: BLE001 - the writer thread must survive anything; its callers learn why
+            return self._write_one_by_one(batch) if wait else None
+        except Exception as e:  # noqa: BLE001 - the writer (thread or loop) must survive anything; callers learn why
             log.exception("the trajectory store writer failed")
             return [StoreError(f"the trajectory store failed: {e!r}")] * len(batch)
+        return None if seqs is None else [None] * len(batch)
 
     def _write_one_by_one(self, batch: list[_Pending]) -> list[Exception | None]:
         """After a malformed record sank a batch: each record in its own transaction."""

@@ -31,7 +31,7 @@ import threading
 import time
 from array import array
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,10 @@ _COLUMNS = (
 
 class StoreError(RuntimeError):
     """The durable store cannot take a write (disk full, locked too long, its files removed or replaced)."""
+
+
+class _GiveWay(Exception):
+    """A write that may not wait found another writer holding the lock; nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,7 @@ class TrajectoryStore:
         if not self.memory:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._now: sqlite3.Connection | None = None  # writes that never wait (None: in memory)
         try:
             self._conn = self._connect(busy_timeout_s)
         except sqlite3.Error as e:
@@ -217,7 +222,6 @@ class TrajectoryStore:
             self._read, self._read_lock = self._conn, self._lock
             self._probe: sqlite3.Connection | None = None
             self._probe_lock = threading.Lock()
-            self._now: sqlite3.Connection | None = None  # writes that never wait (None: in memory)
             self._now_lock = threading.Lock()
             if not self.memory:
                 self._read, self._read_lock = self._connect(5.0), threading.Lock()
@@ -293,8 +297,18 @@ class TrajectoryStore:
 
     @contextmanager
     def _transaction(self, conn: sqlite3.Connection | None = None) -> Iterator[None]:
+        """A write transaction on `conn` (the writing connection by default); on the connection that never
+        waits, another writer holding the lock raises `_GiveWay` before anything is written."""
         conn = self._conn if conn is None else conn
-        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            if conn is self._now and getattr(e, "sqlite_errorcode", 0) & 0xFF in (
+                sqlite3.SQLITE_BUSY,
+                sqlite3.SQLITE_LOCKED,
+            ):
+                raise _GiveWay from None
+            raise
         try:
             yield
             conn.execute("COMMIT")
@@ -304,13 +318,14 @@ class TrajectoryStore:
             raise
 
     @contextmanager
-    def _writing(self, what: str) -> Iterator[None]:
-        """A write transaction under the write lock; SQLite failures and a missing file become StoreError."""
-        with self._lock:
+    def _writing(self, what: str, conn: sqlite3.Connection | None = None) -> Iterator[None]:
+        """A write transaction under the write lock (on `conn`: under the lock its caller holds); SQLite
+        failures and a missing file become StoreError."""
+        with self._lock if conn is None else nullcontext():
             if (problem := self.problem()) is not None:
                 raise StoreError(f"{problem}; refusing to {what} (restart the manager to open a store)")
             try:
-                with self._transaction():
+                with self._transaction(conn):
                     yield
             except sqlite3.Error as e:
                 raise StoreError(f"the trajectory store {self.path} could not {what}: {e}") from e
@@ -376,32 +391,14 @@ class TrajectoryStore:
             return self._insert(self._conn, prepared)
 
     def _append_now(self, turns: Sequence[NewTurn]) -> list[tuple] | None:
-        """`_append` on the connection that never waits: None when another writer holds the lock."""
-        what = "store a finished request"
+        """`_append` on the connection that never waits (its lock held): None when another writer holds
+        the database's lock."""
         prepared = [_prepare(t) for t in turns]
-        if (problem := self.problem()) is not None:
-            raise StoreError(f"{problem}; refusing to {what} (restart the manager to open a store)")
-        conn = self._now
         try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as e:
-            if getattr(e, "sqlite_errorcode", 0) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                return None  # another writer: the caller hands the records to one that waits
-            raise StoreError(f"the trajectory store {self.path} could not {what}: {e}") from e
-        except sqlite3.Error as e:
-            raise StoreError(f"the trajectory store {self.path} could not {what}: {e}") from e
-        try:
-            rows = self._insert(conn, prepared)
-            conn.execute("COMMIT")
-        except BaseException as e:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(e, sqlite3.Error):
-                raise StoreError(f"the trajectory store {self.path} could not {what}: {e}") from e
-            raise
-        if len(self._identity) < 2:  # the write-ahead log appears with the first write
-            self._identity = self._file_identity()
-        return rows
+            with self._writing("store a finished request", self._now):
+                return self._insert(self._now, prepared)
+        except _GiveWay:
+            return None
 
     def _insert(self, conn: sqlite3.Connection, prepared: list[tuple]) -> list[tuple]:
         """The rows of prepared records, inserted inside the caller's transaction on `conn`."""

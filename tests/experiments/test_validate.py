@@ -141,7 +141,7 @@ def test_the_cpu_sampler_counts_a_run_and_the_processes_it_starts(tmp_path):
     code = f"import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', {burn!r}])\n{burn}child.wait()\n"
     with subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) as proc:
         sampler = v.CpuSampler(proc.pid, every_s=0.05)
-        _, err = sampler.follow(proc)
+        err = sampler.follow(proc)
     assert proc.returncode == 0, err
     result = sampler.result()
     assert result["cpu_s"]["driver"] >= 0.4 and result["cpu_s"]["other"] >= 0.4, result  # the run, its child
