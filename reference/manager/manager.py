@@ -236,7 +236,10 @@ class TrajectoryManager:
     async def session(self, session_id: str, create: bool = True) -> Session | None:
         """The session (from memory or the store); with `create`, a new one for an unknown id, held in
         memory only once a request of it is accepted (`accepted`)."""
-        return await self.sessions.get(check_session_id(session_id), create)
+        try:
+            return await self.sessions.get(check_session_id(session_id), create)
+        except StoreError as e:  # rebuilding it from the store needs the journal folded, and that failed
+            raise _store_unavailable(e) from None
 
     @asynccontextmanager
     async def accepted(self, session: Session, fresh_segments: dict | None = None) -> AsyncIterator[Session]:
@@ -250,14 +253,20 @@ class TrajectoryManager:
             self.sessions.release(held)
 
     async def session_ids(self) -> list[str]:
-        stored = await asyncio.to_thread(self.store.sessions)
+        try:
+            stored = await asyncio.to_thread(self.store.sessions)
+        except StoreError as e:
+            raise _store_unavailable(e, wrote=False) from None
         return sorted(set(self.sessions.ids()) | set(stored))
 
     async def trajectory(self, session_id: str) -> dict | None:
         """The session's stored tree as JSON, with its annotations and their history; each branch gets its
         `reward` (the branch's own if one was set, else the session's, else null). Built from the store in
         a worker thread, so a huge tree never stalls the event loop."""
-        return await asyncio.to_thread(self._trajectory, check_session_id(session_id))
+        try:
+            return await asyncio.to_thread(self._trajectory, check_session_id(session_id))
+        except StoreError as e:
+            raise _store_unavailable(e, wrote=False) from None
 
     def _trajectory(self, session_id: str) -> dict | None:
         if not self.store.has_session(session_id):
@@ -276,7 +285,11 @@ class TrajectoryManager:
         is kept in the session's annotation history with its author."""
         updates, claimed = check_annotations(body)
         check_session_id(session_id)
-        if not await asyncio.to_thread(self.store.has_session, session_id):
+        try:
+            stored = await asyncio.to_thread(self.store.has_session, session_id)
+        except StoreError as e:
+            raise _store_unavailable(e) from None
+        if not stored:
             raise RequestError(f"no finished request in session {session_id!r} to annotate", status=404,
                                code="session_not_found")  # fmt: skip
         who = f"{claimed} ({author})" if claimed else author
@@ -638,5 +651,6 @@ class TrajectoryManager:
         }
 
 
-def _store_unavailable(e: StoreError) -> RequestError:
-    return RequestError(f"{e}; nothing was recorded, retry later", status=503, code="store_unavailable")
+def _store_unavailable(e: StoreError, wrote: bool = True) -> RequestError:
+    then = "nothing was recorded, retry later" if wrote else "retry later"
+    return RequestError(f"{e}; {then}", status=503, code="store_unavailable")

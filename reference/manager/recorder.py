@@ -7,13 +7,14 @@ is (`PrefixTree.plan`: the longest stored prefix and the request it belongs to),
 anchor however many inserts land before it, since the tree only grows.
 
 Group commit: records that finish in the same turn of the event loop, or while a write is under way,
-are written together in the next transaction, in the order they finished, and inserted into their trees
-in that same order (the order in which the store replays them). A small batch is committed on the loop
-itself when no other writer holds the store's lock (`append_many(wait=False)`: tens of microseconds,
-never a wait, never a checkpoint: a lone agent's request then costs no thread hand-off); anything else
-(a large batch, a lock held by another process, a malformed record to sort out) goes to one writer
-thread, which also checkpoints the log every `CHECKPOINT_EVERY` commits made on the loop. The event loop
-never waits on SQLite.
+are written together, in the order they finished, and inserted into their trees in that same order (the
+order in which the store replays them). A small batch is journaled on the loop itself
+(`TrajectoryStore.journal`: one `write` to the store's journal, a few microseconds, never a wait: a lone
+agent's request then costs no thread hand-off and no SQLite transaction of its own); one writer thread
+folds the journal into SQLite when a segment fills or `FOLD_AFTER_S` after a record was journaled, so a
+transaction carries hundreds of records. Anything the journal declines (a large batch, a store under a
+size cap, a fold that is failing, a malformed record to sort out) goes to the writer thread, which stores
+it with `append_many`. The event loop never waits on SQLite.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from reference.manager.store import NewTurn, StoreError, TrajectoryStore
 
 log = logging.getLogger(__name__)
 
-INLINE_MAX_TOKENS = 8192  # a batch of at most this many tokens may be committed on the loop
-INLINE_SLOW_S = 0.01  # a commit on the loop slower than this (a slow disk) sends the next ones to the thread
+INLINE_MAX_TOKENS = 8192  # a batch of at most this many tokens may be journaled on the loop
+INLINE_SLOW_S = 0.01  # a journal write slower than this (a slow disk) sends the next batches to the thread
 INLINE_PAUSE_S = 10.0  # for this long
-CHECKPOINT_EVERY = 256  # commits on the loop between two checkpoints by the writer thread
-_CHECKPOINT = "checkpoint"  # the writer thread's job besides batches
+FOLD_AFTER_S = 0.1  # a journaled record is folded into SQLite within about this long
+FOLD_RETRY_S = 1.0  # after a failed fold, the writer thread tries again this often
+_FOLD = "fold"  # the writer thread's job besides batches
 
 
 @dataclass
@@ -61,9 +63,11 @@ class Recorder:
         self.failed = 0
         self.last_failure: str | None = None  # the last write's error, until a write succeeds again
         self.last_failure_s: float | None = None
-        self.committed_on_loop = 0  # of `committed`, the records committed on the event loop
-        self._since_checkpoint = 0
+        self.journaled = 0  # of `committed`, the records journaled on the event loop
         self._inline_paused_until = 0.0  # monotonic time before which every batch goes to the thread
+        self._fold_timer: asyncio.TimerHandle | None = None
+        self._fold_queued = False
+        self._closed = False
 
     async def record(self, session: Session, turn: NewTurn, prompt: Sequence[int]) -> InsertResult:
         """Store `turn` durably, then insert it into `session.tree`; StoreError if the store failed (then
@@ -82,6 +86,8 @@ class Recorder:
         return self.store.problem() or self.last_failure
 
     def close(self) -> None:
+        """Stop the writer thread (the store's own `close` folds what is still journaled)."""
+        self._closed = True
         if self._thread is not None:
             self._inbox.put(None)
             self._thread.join(timeout=30)
@@ -91,47 +97,69 @@ class Recorder:
         batch, self._pending, self._writing = self._pending, [], True
         small = sum(len(p.turn.token_ids) + len(p.turn.new_prompt_token_ids) for p in batch) <= INLINE_MAX_TOKENS
         if small and time.monotonic() >= self._inline_paused_until:
-            errors = self._write_now(batch)
+            errors = self._journal(loop, batch)
             if errors is not None:
                 self._landed(loop, batch, errors)
                 return
         self._to_writer((loop, batch))
 
     def _to_writer(self, item: tuple | str) -> None:
+        if self._closed:
+            return
         if self._thread is None:
             self._thread = threading.Thread(target=self._writer, name="trajectory-store-writer", daemon=True)
             self._thread.start()
         self._inbox.put(item)
 
-    def _write_now(self, batch: list[_Pending]) -> list[Exception | None] | None:
-        """Commit `batch` on the loop if nothing would wait; None: the writer thread must take it. A commit
-        that took longer than INLINE_SLOW_S (a slow or throttled disk) sends the batches of the next
-        INLINE_PAUSE_S to the writer thread."""
+    def _journal(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> list[Exception | None] | None:
+        """Journal `batch` on the loop; None: the writer thread must take it. A journal write that took
+        longer than INLINE_SLOW_S (a slow or throttled disk) sends the batches of the next INLINE_PAUSE_S
+        to the writer thread."""
         started = time.monotonic()
-        errors = self._write(batch, wait=False)
-        took = time.monotonic() - started
-        if took > INLINE_SLOW_S:
-            self._inline_paused_until = time.monotonic() + INLINE_PAUSE_S
-            log.warning("a commit on the event loop took %.0f ms: commits go to the writer thread for %.0f s",
-                        took * 1e3, INLINE_PAUSE_S)  # fmt: skip
-        if errors is None or any(e is not None for e in errors):
-            return errors
-        self.committed_on_loop += len(batch)
-        self._since_checkpoint += 1
-        if self._since_checkpoint >= CHECKPOINT_EVERY:
-            self._since_checkpoint = 0
-            self._to_writer(_CHECKPOINT)
-        return errors
+        try:
+            fold_due = self.store.journal([p.turn for p in batch])
+        except StoreError as e:
+            return [e] * len(batch)
+        except ValueError:
+            return None  # a malformed record: the writer thread stores the others one by one
+        except Exception as e:  # noqa: BLE001 - as in _write
+            log.exception("the trajectory store's journal failed")
+            return [StoreError(f"the trajectory store failed: {e!r}")] * len(batch)
+        finally:
+            if (took := time.monotonic() - started) > INLINE_SLOW_S:
+                self._inline_paused_until = time.monotonic() + INLINE_PAUSE_S
+                log.warning("a journal write on the event loop took %.0f ms: records go to the writer thread "
+                            "for %.0f s", took * 1e3, INLINE_PAUSE_S)  # fmt: skip
+        if fold_due is None:
+            return None
+        self.journaled += len(batch)
+        if fold_due:
+            self._fold_soon()
+        elif self._fold_timer is None:
+            self._fold_timer = loop.call_later(FOLD_AFTER_S, self._fold_soon)
+        return [None] * len(batch)
+
+    def _fold_soon(self) -> None:
+        """Have the writer thread fold the journal into SQLite (on the loop)."""
+        if self._fold_timer is not None:
+            self._fold_timer.cancel()
+            self._fold_timer = None
+        if not self._fold_queued:
+            self._fold_queued = True
+            self._to_writer(_FOLD)
 
     def _writer(self) -> None:
-        """The writer thread: one transaction per batch (each record alone if one is malformed), and the
-        log's checkpoints."""
-        while (item := self._inbox.get()) is not None:
-            if item == _CHECKPOINT:
-                try:
-                    self.store.checkpoint()
-                except Exception:  # noqa: BLE001 - a later checkpoint (or write) tries again
-                    log.exception("the trajectory store could not checkpoint its log")
+        """The writer thread: folds of the journal, and batches the journal declined (one transaction per
+        batch, each record alone if one is malformed)."""
+        while True:
+            try:
+                item = self._inbox.get(timeout=FOLD_RETRY_S if self.store.fold_failing else None)
+            except queue.Empty:
+                item = _FOLD  # try a failed fold again
+            if item is None:
+                return
+            if item == _FOLD:
+                self._fold()
                 continue
             loop, batch = item
             errors = self._write(batch)
@@ -140,20 +168,32 @@ class Recorder:
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 return
 
-    def _write(self, batch: list[_Pending], wait: bool = True) -> list[Exception | None] | None:
-        """Each record's outcome (None: stored). With `wait=False` (on the loop), None when the writer
-        thread must take the batch: another writer holds the lock, or a record is malformed (the thread
-        writes the others one by one)."""
+    def _fold(self) -> None:
+        """Fold the journal into SQLite (writer thread). On failure the records stay journaled (durable),
+        the store reports why, and the fold is tried again every FOLD_RETRY_S."""
+        self._fold_queued = False
         try:
-            seqs = self.store.append_many([p.turn for p in batch], wait=wait)
+            self.store.flush()
+        except Exception as e:  # noqa: BLE001 - the writer thread must survive anything
+            message = str(e) if isinstance(e, StoreError) else f"the trajectory store failed: {e!r}"
+            if message != self.last_failure:
+                log.error("the trajectory store could not fold its journal: %s", message)
+            self.last_failure, self.last_failure_s = message, time.time()
+            return
+        self.last_failure = None
+
+    def _write(self, batch: list[_Pending]) -> list[Exception | None]:
+        """Each record's outcome (None: stored), from the writer thread."""
+        try:
+            self.store.append_many([p.turn for p in batch])
         except StoreError as e:
             return [e] * len(batch)
         except ValueError:
-            return self._write_one_by_one(batch) if wait else None
-        except Exception as e:  # noqa: BLE001 - the writer (thread or loop) must survive anything; callers learn why
+            return self._write_one_by_one(batch)
+        except Exception as e:  # noqa: BLE001 - the writer thread must survive anything; callers learn why
             log.exception("the trajectory store writer failed")
             return [StoreError(f"the trajectory store failed: {e!r}")] * len(batch)
-        return None if seqs is None else [None] * len(batch)
+        return [None] * len(batch)
 
     def _write_one_by_one(self, batch: list[_Pending]) -> list[Exception | None]:
         """After a malformed record sank a batch: each record in its own transaction."""

@@ -9,11 +9,18 @@ order. The manager passes the `InsertResult` of `PrefixTree.insert` straight thr
 Durability: WAL with synchronous=NORMAL, so a committed append survives the process being killed (power
 loss may lose the last commits since the last checkpoint). Token arrays are stored as little-endian blobs
 (uint32 ids, float64 logprobs, int32 versions), not JSON. Connections, each used by one thread at a
-time under its own lock: one writes, one reads (WAL readers never wait for the writer), and for a file
-store one more writes without waiting (`append_many(..., wait=False)`: it never waits for a lock,
-never checkpoints the log, and gives up at once when another writer holds the lock, so the manager's
-event loop can commit a small record itself; `checkpoint` then folds the log into the database from a
-worker thread). Every other call comes from worker threads (`asyncio.to_thread`).
+time under its own lock: one writes, one reads (WAL readers never wait for the writer) and one answers
+`probe_session` without ever waiting.
+
+The journal: `journal` takes finished requests without touching SQLite, for an event loop. It checks
+them as `append` does, appends them to a journal segment next to the database (`<store>-records-<n>`:
+length-prefixed, CRC-checked frames, one `write` per call) and returns; a worker thread then folds the
+journaled records into SQLite in one transaction per segment (`flush`). A journaled record is as durable
+as a commit (written to the file before `journal` returns: it survives the process being killed) and
+every read of this store sees it (reads fold the journal first); other processes reading the file see
+it once folded. A store opened on a file whose journal a killed process left folds that journal first,
+skipping records already folded and a torn last frame. Writes that go straight to SQLite (`append`,
+`append_many`) fold the journal first, so records land in the order they were taken.
 
 Failures are explicit: a write that SQLite cannot complete (disk full, another process holding the write
 lock past `busy_timeout_s`) raises `StoreError` and leaves nothing half-written; before every write the
@@ -23,15 +30,21 @@ reported at once instead of silently losing everything at the next restart.
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import glob
 import json
+import logging
 import os
 import sqlite3
+import struct
 import sys
 import threading
 import time
+import zlib
 from array import array
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,12 +101,23 @@ _COLUMNS = (
 )
 
 
+log = logging.getLogger(__name__)
+
+JOURNAL_INFIX = "-records-"  # journal segments: <store>-records-<n>
+FOLD_RECORDS = 256  # journaled records in one segment; a full segment is sealed and due to be folded
+MAX_UNFOLDED = 8192  # journaled records not yet folded, at most (past it, `journal` declines)
+KNOWN_RECORDS = 65536  # the newest records' sizes kept in memory, so `journal` checks anchors at once
+CHECK_FILES_S = 0.05  # `journal` checks that the store's files are still there at most this often
+_FRAME = struct.Struct("<II")  # a journal frame's header: payload length, CRC-32 of the payload
+# a record's numbers (match_len, num_tokens, created_s), then the lengths of its ten byte fields (session_id,
+# request_id, anchor_request_id, finish_reason, text, meta, and its four arrays), then those fields
+_HEAD = struct.Struct("<qqd10I")
+_ABSENT = 0xFFFFFFFF  # the length of anchor_request_id when it is None
+_META_JSON = json.JSONEncoder(sort_keys=True, allow_nan=False).encode
+
+
 class StoreError(RuntimeError):
     """The durable store cannot take a write (disk full, locked too long, its files removed or replaced)."""
-
-
-class _GiveWay(Exception):
-    """A write that may not wait found another writer holding the lock; nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +210,7 @@ def _prepare(turn: NewTurn) -> tuple:
     if not isinstance(finish_reason, str) or not isinstance(text, str):
         raise ValueError(f"finish_reason and text must be str, got {finish_reason!r} and {type(text).__name__}")
     try:
-        meta_json = json.dumps({} if meta is None else meta, sort_keys=True, allow_nan=False)
+        meta_json = "{}" if meta is None else _META_JSON(meta)
     except (TypeError, ValueError) as e:
         raise ValueError(f"meta must be a JSON-serialisable dict: {e}") from None
     blobs = (
@@ -198,6 +222,67 @@ def _prepare(turn: NewTurn) -> tuple:
     num_tokens = match_len + len(new_prompt_token_ids) + len(token_ids)
     return session_id, request_id, anchor_request_id, match_len, num_tokens, blobs, (
         finish_reason, text, time.time(), meta_json)  # fmt: skip
+
+
+def _frame(row: tuple) -> bytes:
+    """A prepared record as one journal frame (UnicodeEncodeError, a ValueError, for text SQLite would refuse)."""
+    session_id, request_id, anchor, match_len, num_tokens, (a, b, c, d), (finish, text, created_s, meta) = row
+    s, r, f, t, m = session_id.encode(), request_id.encode(), finish.encode(), text.encode(), meta.encode()
+    n = b"" if anchor is None else anchor.encode()
+    head = _HEAD.pack(match_len, num_tokens, created_s, len(s), len(r), _ABSENT if anchor is None else len(n),
+                      len(f), len(t), len(m), len(a), len(b), len(c), len(d))  # fmt: skip
+    payload = b"".join((head, s, r, n, f, t, m, a, b, c, d))
+    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def _unframe(payload: bytes) -> tuple:
+    """The prepared record in a journal frame's payload (ValueError if it is not one)."""
+    try:
+        match_len, num_tokens, created_s, *lengths = _HEAD.unpack_from(payload, 0)
+        at, fields = _HEAD.size, []
+        for n in lengths:
+            if n == _ABSENT:
+                fields.append(None)
+                continue
+            if at + n > len(payload):
+                raise ValueError("not a journal record: a field runs past the frame")
+            fields.append(payload[at : at + n])
+            at += n
+        if at != len(payload):
+            raise ValueError("not a journal record: bytes after the last field")
+        session_id, request_id, anchor, finish, text, meta = (None if f is None else f.decode() for f in fields[:6])
+    except (struct.error, UnicodeDecodeError) as e:
+        raise ValueError(f"not a journal record: {e}") from None
+    if None in (session_id, request_id, finish, text, meta):
+        raise ValueError("not a journal record: a field that cannot be absent is")
+    return session_id, request_id, anchor, match_len, num_tokens, tuple(fields[6:]), (finish, text, created_s, meta)
+
+
+def _read_frames(data: bytes) -> tuple[list[tuple], int]:
+    """The records of a journal segment, and how many bytes at its end were left out (a frame cut short or
+    damaged: what a process killed in the middle of a write leaves; nothing after it is trusted)."""
+    rows, at = [], 0
+    while at + _FRAME.size <= len(data):
+        n, crc = _FRAME.unpack_from(data, at)
+        payload = data[at + _FRAME.size : at + _FRAME.size + n]
+        if len(payload) < n or zlib.crc32(payload) != crc:
+            break
+        try:
+            rows.append(_unframe(payload))
+        except ValueError:
+            break
+        at += _FRAME.size + n
+    return rows, len(data) - at
+
+
+@dataclass
+class _Segment:
+    """One journal file, open for appending and locked (flock) so no other process folds it meanwhile."""
+
+    path: str
+    fd: int
+    rows: list[tuple] = field(default_factory=list)  # prepared records, in the order written
+    size: int = 0  # bytes of whole frames written
 
 
 class TrajectoryStore:
@@ -212,7 +297,19 @@ class TrajectoryStore:
         if not self.memory:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._now: sqlite3.Connection | None = None  # writes that never wait (None: in memory)
+        self._closed = False
+        self._max_bytes: int | None = None
+        # the journal: touched under _journal_lock; folded under _lock (then _journal_lock)
+        self._journal_lock = threading.Lock()
+        self._segment: _Segment | None = None  # the segment `journal` appends to
+        self._sealed: list[_Segment] = []  # full segments, oldest first, waiting to be folded
+        self._unfolded = 0  # records journaled and not yet folded
+        self._unfolded_sessions: dict[str, int] = {}  # session id -> its records among them
+        self._known: dict[tuple[str, str], int] = {}  # (session, request) -> num_tokens of the newest records
+        self._fold_error: str | None = None  # why the last fold failed (None: it did not)
+        self._last_segment = 0
+        self._gone: str | None = None  # why the files cannot be trusted (once true, for good)
+        self._files_checked_s = 0.0
         try:
             self._conn = self._connect(busy_timeout_s)
         except sqlite3.Error as e:
@@ -222,12 +319,8 @@ class TrajectoryStore:
             self._read, self._read_lock = self._conn, self._lock
             self._probe: sqlite3.Connection | None = None
             self._probe_lock = threading.Lock()
-            self._now_lock = threading.Lock()
             if not self.memory:
                 self._read, self._read_lock = self._connect(5.0), threading.Lock()
-                self._now = self._connect(0.0)
-                self._now.execute("PRAGMA synchronous=NORMAL")
-                self._now.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run in `checkpoint`, off the loop
         except sqlite3.DatabaseError as e:
             self._conn.close()
             raise ValueError(f"{self.path} is not a trajectory store: {e}") from None
@@ -235,6 +328,12 @@ class TrajectoryStore:
             self._conn.close()
             raise
         self._identity = self._file_identity()
+        if not self.memory:
+            try:
+                self._recover()
+            except BaseException:
+                self.close()
+                raise
         if max_bytes is not None:
             self.set_max_bytes(max_bytes)
 
@@ -246,9 +345,7 @@ class TrajectoryStore:
             page = self._conn.execute("PRAGMA page_size").fetchone()[0]
             pages = (max_bytes + page - 1) // page if max_bytes is not None else 2**31 - 2
             self._conn.execute(f"PRAGMA max_page_count = {int(pages)}")
-        if self._now is not None:
-            with self._now_lock:
-                self._now.execute(f"PRAGMA max_page_count = {int(pages)}")
+            self._max_bytes = max_bytes  # with a cap, records go straight to SQLite, which enforces it
 
     def _connect(self, timeout_s: float) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
@@ -268,14 +365,18 @@ class TrajectoryStore:
 
     def problem(self) -> str | None:
         """Why the store cannot be trusted with writes any more (its files removed or replaced), or None."""
-        for name, identity in self._identity.items():
-            try:
-                st = os.stat(name)
-            except FileNotFoundError:
-                return f"the trajectory store file {name} was removed while the manager was running"
-            if (st.st_dev, st.st_ino) != identity:
-                return f"the trajectory store file {name} was replaced while the manager was running"
-        return None
+        if self._gone is None:
+            self._files_checked_s = time.monotonic()
+            for name, identity in self._identity.items():
+                try:
+                    st = os.stat(name)
+                except FileNotFoundError:
+                    self._gone = f"the trajectory store file {name} was removed while the manager was running"
+                    break
+                if (st.st_dev, st.st_ino) != identity:
+                    self._gone = f"the trajectory store file {name} was replaced while the manager was running"
+                    break
+        return self._gone
 
     def _open(self) -> None:
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -296,19 +397,10 @@ class TrajectoryStore:
                 self._conn.execute(statement)
 
     @contextmanager
-    def _transaction(self, conn: sqlite3.Connection | None = None) -> Iterator[None]:
-        """A write transaction on `conn` (the writing connection by default); on the connection that never
-        waits, another writer holding the lock raises `_GiveWay` before anything is written."""
-        conn = self._conn if conn is None else conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as e:
-            if conn is self._now and getattr(e, "sqlite_errorcode", 0) & 0xFF in (
-                sqlite3.SQLITE_BUSY,
-                sqlite3.SQLITE_LOCKED,
-            ):
-                raise _GiveWay from None
-            raise
+    def _transaction(self) -> Iterator[None]:
+        """A write transaction on the writing connection."""
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
         try:
             yield
             conn.execute("COMMIT")
@@ -318,22 +410,39 @@ class TrajectoryStore:
             raise
 
     @contextmanager
-    def _writing(self, what: str, conn: sqlite3.Connection | None = None) -> Iterator[None]:
-        """A write transaction under the write lock (on `conn`: under the lock its caller holds); SQLite
-        failures and a missing file become StoreError."""
-        with self._lock if conn is None else nullcontext():
-            if (problem := self.problem()) is not None:
-                raise StoreError(f"{problem}; refusing to {what} (restart the manager to open a store)")
+    def _writing(self, what: str, locked: bool = False) -> Iterator[None]:
+        """A write transaction under the write lock (`locked`: the caller holds it); SQLite failures and a
+        missing file become StoreError."""
+        with nullcontext() if locked else self._lock:
+            self._refuse_if_gone(what)
             try:
-                with self._transaction(conn):
+                with self._transaction():
                     yield
             except sqlite3.Error as e:
                 raise StoreError(f"the trajectory store {self.path} could not {what}: {e}") from e
         if len(self._identity) < 2:  # the write-ahead log appears with the first write
             self._identity = self._file_identity()
 
+    def _refuse_if_gone(self, what: str) -> None:
+        if (problem := self.problem()) is not None:
+            raise StoreError(f"{problem}; refusing to {what} (restart the manager to open a store)")
+
     def close(self) -> None:
+        """Fold what the journal holds and close. If SQLite cannot take it (disk full), it stays in the
+        journal's files and is folded when the store is next opened."""
+        if self._closed:
+            return
+        self._closed = True
         with self._lock:
+            try:
+                self._fold()
+            except StoreError as e:
+                log.error("%d journaled records stay in %s%s* until the store is opened again: %s",
+                          self._unfolded, self.path, JOURNAL_INFIX, e)  # fmt: skip
+            with self._journal_lock:
+                for segment in [*self._sealed, *([self._segment] if self._segment else [])]:
+                    os.close(segment.fd)
+                self._sealed, self._segment = [], None
             self._conn.close()
         if self._read is not self._conn:
             with self._read_lock:
@@ -341,9 +450,6 @@ class TrajectoryStore:
         if self._probe is not None and self._probe is not self._conn:
             with self._probe_lock:
                 self._probe.close()
-        if self._now is not None:
-            with self._now_lock:
-                self._now.close()
 
     def __enter__(self) -> TrajectoryStore:
         return self
@@ -370,75 +476,256 @@ class TrajectoryStore:
                        logprobs, versions, finish_reason, text, meta)  # fmt: skip
         return _record(self._append([turn])[0])
 
-    def append_many(self, turns: Sequence[NewTurn], wait: bool = True) -> list[int] | None:
+    def append_many(self, turns: Sequence[NewTurn]) -> list[int]:
         """Store several finished requests, in order, in ONE transaction: all or none; returns their seqs.
         A busy manager commits the requests that finished together at once. ValueError for a malformed
-        or inconsistent record; StoreError when the store cannot write. With `wait=False` nothing waits:
-        None (nothing written) when another writer holds the lock, or for a store in memory."""
-        if wait:
-            return [row[1] for row in self._append(turns)]
-        if self._now is None or not self._now_lock.acquire(blocking=False):
-            return None
-        try:
-            rows = self._append_now(turns)
-        finally:
-            self._now_lock.release()
-        return None if rows is None else [row[1] for row in rows]
+        or inconsistent record; StoreError when the store cannot write. The journal is folded first."""
+        return [row[1] for row in self._append(turns)]
 
     def _append(self, turns: Sequence[NewTurn]) -> list[tuple]:
         prepared = [_prepare(t) for t in turns]
-        with self._writing("store a finished request"):
-            return self._insert(self._conn, prepared)
+        with self._lock:
+            self._fold()
+            with self._writing("store a finished request", locked=True):
+                rows = self._insert(prepared)
+        self._remember(prepared)
+        return rows
 
-    def _append_now(self, turns: Sequence[NewTurn]) -> list[tuple] | None:
-        """`_append` on the connection that never waits (its lock held): None when another writer holds
-        the database's lock."""
-        prepared = [_prepare(t) for t in turns]
-        try:
-            with self._writing("store a finished request", self._now):
-                return self._insert(self._now, prepared)
-        except _GiveWay:
-            return None
-
-    def _insert(self, conn: sqlite3.Connection, prepared: list[tuple]) -> list[tuple]:
-        """The rows of prepared records, inserted inside the caller's transaction on `conn`."""
-        rows = []
+    def _insert(self, prepared: list[tuple], skip_stored: bool = False) -> list[tuple]:
+        """The rows of prepared records, inserted inside the caller's transaction (`skip_stored`: leaving
+        out records already stored, as a journal folded again after a crash holds)."""
+        conn, rows, last_seq, sizes = self._conn, [], {}, {}
         for session_id, request_id, anchor, match_len, num_tokens, blobs, tail in prepared:
-            self._check_anchor(session_id, anchor, match_len, conn)
-            seq = conn.execute("SELECT MAX(seq) FROM turns WHERE session_id = ?", (session_id,)).fetchone()[0]
-            if seq is None:
-                conn.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?)", (session_id, tail[2]))
-            seq = 0 if seq is None else seq + 1
+            if skip_stored and self._stored_size(session_id, request_id) is not None:
+                continue
+            if anchor is not None:
+                size = sizes.get((session_id, anchor))
+                size = self._stored_size(session_id, anchor) if size is None else size
+                _check_anchor(session_id, anchor, match_len, size)
+            if session_id in last_seq:
+                seq = last_seq[session_id]
+            else:
+                seq = conn.execute("SELECT MAX(seq) FROM turns WHERE session_id = ?", (session_id,)).fetchone()[0]
+                if seq is None:
+                    conn.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?)", (session_id, tail[2]))
+            seq = last_seq[session_id] = 0 if seq is None else seq + 1
             row = (session_id, seq, request_id, anchor, match_len, num_tokens, *blobs, *tail)
             try:
                 conn.execute(f"INSERT INTO turns ({_COLUMNS}) VALUES ({', '.join('?' * 14)})", row)
             except sqlite3.IntegrityError:  # UNIQUE (session_id, request_id)
                 raise ValueError(f"request_id {request_id!r} is already stored in session {session_id!r}") from None
+            sizes[session_id, request_id] = num_tokens
             rows.append(row)
         return rows
 
-    def checkpoint(self) -> None:
-        """Fold the write-ahead log into the database as far as readers allow (never waiting for them);
-        from a worker thread: the writes that never wait leave this to be done here."""
-        with self._lock:
-            try:
-                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            except sqlite3.Error as e:
-                raise StoreError(f"the trajectory store {self.path} could not checkpoint its log: {e}") from e
-
-    def _check_anchor(
-        self, session_id: str, anchor_request_id: str | None, match_len: int, conn: sqlite3.Connection | None = None
-    ) -> None:
-        if anchor_request_id is None:
-            return
+    def _stored_size(self, session_id: str, request_id: str, conn: sqlite3.Connection | None = None) -> int | None:
         query = "SELECT num_tokens FROM turns WHERE session_id = ? AND request_id = ?"
-        found = (self._conn if conn is None else conn).execute(query, (session_id, anchor_request_id)).fetchone()
-        if found is None:
-            raise ValueError(f"anchor_request_id {anchor_request_id!r} is not stored in session {session_id!r}")
-        if match_len > found[0]:
-            raise ValueError(
-                f"match_len {match_len} is longer than anchor {anchor_request_id!r}'s sequence ({found[0]} tokens)"
-            )
+        found = (self._conn if conn is None else conn).execute(query, (session_id, request_id)).fetchone()
+        return None if found is None else found[0]
+
+    # ---- the journal ----
+
+    def journal(self, turns: Sequence[NewTurn]) -> bool | None:
+        """Take finished requests durably without touching SQLite and without waiting (for an event loop):
+        checked as `append_many` checks them, written to the journal in one `write`, folded into SQLite
+        later by `flush`. Returns whether a fold is due (a segment is full), or None when nothing was taken
+        and `append_many` must store the records: a store in memory or under a size cap, a failing
+        fold, too many records waiting to be folded, another thread journaling, or an anchor only SQLite
+        knows while its connection is busy. ValueError for a malformed or inconsistent record; StoreError
+        when the journal cannot be written (nothing was taken)."""
+        if self.memory or self._max_bytes is not None or self._fold_error is not None or self._closed:
+            return None
+        if not self._journal_lock.acquire(blocking=False):
+            return None
+        try:
+            if self._unfolded + len(turns) > MAX_UNFOLDED:
+                return None
+            prepared = [_prepare(t) for t in turns]
+            if not self._check_journaled(prepared):
+                return None
+            frames = b"".join(_frame(row) for row in prepared)
+            if self._gone is not None or time.monotonic() - self._files_checked_s > CHECK_FILES_S:
+                self._refuse_if_gone("store a finished request")
+            segment = self._segment or self._open_segment()
+            try:
+                written = os.write(segment.fd, frames)
+                if written != len(frames):
+                    raise OSError(errno.ENOSPC, f"wrote {written} of {len(frames)} bytes")
+            except OSError as e:
+                with suppress(OSError):
+                    os.ftruncate(segment.fd, segment.size)  # no torn frame is left before later ones
+                self._seal()  # nor anything written after one
+                raise StoreError(f"the trajectory store {self.path} could not store a finished request: {e}") from e
+            segment.size += len(frames)
+            segment.rows += prepared
+            self._unfolded += len(prepared)
+            for row in prepared:
+                self._unfolded_sessions[row[0]] = self._unfolded_sessions.get(row[0], 0) + 1
+            self._remember(prepared, locked=True)
+            if len(segment.rows) >= FOLD_RECORDS:
+                self._seal()
+            return bool(self._sealed)
+        finally:
+            self._journal_lock.release()
+
+    def flush(self) -> int:
+        """Fold every journaled record into SQLite (from a worker thread: this waits for the write lock);
+        returns how many were folded. StoreError when SQLite cannot take them: they stay journaled,
+        `journal` declines until a fold succeeds, and the next `flush` or write tries again."""
+        with self._lock:
+            return self._fold()
+
+    @property
+    def unfolded(self) -> int:
+        """Records journaled and not yet folded into SQLite."""
+        return self._unfolded
+
+    @property
+    def fold_failing(self) -> bool:
+        """The last fold failed (its records are journaled; `journal` declines until a fold succeeds)."""
+        return self._fold_error is not None
+
+    def _check_journaled(self, prepared: list[tuple]) -> bool:
+        """The checks `_insert` makes, against the records in memory (and SQLite for an older anchor);
+        False when that lookup would wait."""
+        batch: dict[tuple[str, str], int] = {}
+        for session_id, request_id, anchor, match_len, num_tokens, *_ in prepared:
+            if (session_id, request_id) in batch or (session_id, request_id) in self._known:
+                raise ValueError(f"request_id {request_id!r} is already stored in session {session_id!r}")
+            if anchor is not None:
+                size = batch.get((session_id, anchor), self._known.get((session_id, anchor)))
+                if size is None:
+                    if not self._probe_lock.acquire(blocking=False):
+                        return False
+                    try:
+                        size = self._stored_size(session_id, anchor, self._probe_connection())
+                    except sqlite3.Error:
+                        return False
+                    finally:
+                        self._probe_lock.release()
+                _check_anchor(session_id, anchor, match_len, size)
+            batch[session_id, request_id] = num_tokens
+        return True
+
+    def _remember(self, prepared: list[tuple], locked: bool = False) -> None:
+        """Keep the sizes of the newest records (every unfolded one among them: MAX_UNFOLDED < KNOWN_RECORDS)."""
+        with nullcontext() if locked else self._journal_lock:
+            known = self._known
+            for row in prepared:
+                known[row[0], row[1]] = row[4]
+            while len(known) > KNOWN_RECORDS:
+                del known[next(iter(known))]
+
+    def _open_segment(self) -> _Segment:
+        """A new journal file of our own (under _journal_lock)."""
+        while True:
+            self._last_segment += 1
+            path = f"{self.path}{JOURNAL_INFIX}{self._last_segment}"
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise StoreError(f"the trajectory store {self.path} could not open its journal {path}: {e}") from e
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:  # not folded away by a store opened meanwhile
+                    self._segment = _Segment(path, fd)
+                    return self._segment
+            except OSError:
+                pass
+            os.close(fd)
+
+    def _seal(self) -> None:
+        """The current segment takes no more records and waits to be folded (under _journal_lock)."""
+        if self._segment is not None:
+            self._sealed.append(self._segment)
+            self._segment = None
+
+    def _fold(self) -> int:
+        """Fold every journaled record into SQLite in one transaction, then remove its files (under _lock)."""
+        with self._journal_lock:
+            self._seal()
+            sealed = list(self._sealed)
+        rows = [row for segment in sealed for row in segment.rows]
+        if rows:
+            try:
+                self._fold_rows(rows)
+            except StoreError as e:
+                self._fold_error = str(e)
+                raise
+        self._fold_error = None
+        with self._journal_lock:
+            del self._sealed[: len(sealed)]
+            self._unfolded -= len(rows)
+            counts = self._unfolded_sessions
+            for row in rows:
+                if counts[row[0]] == 1:
+                    del counts[row[0]]
+                else:
+                    counts[row[0]] -= 1
+        for segment in sealed:
+            with suppress(FileNotFoundError):
+                os.unlink(segment.path)
+            os.close(segment.fd)
+        return len(rows)
+
+    def _fold_rows(self, rows: list[tuple], skip_stored: bool = False) -> int:
+        """Insert journaled records in one transaction; if one is refused (a record `journal` could not
+        check, such as a request id reused from long ago), each alone, the refused ones logged and left out.
+        Returns how many were inserted."""
+        try:
+            with self._writing("store finished requests", locked=True):
+                return len(self._insert(rows, skip_stored))
+        except ValueError:
+            pass
+        inserted = 0
+        for row in rows:
+            try:
+                with self._writing("store a finished request", locked=True):
+                    inserted += len(self._insert([row], skip_stored))
+            except ValueError as e:
+                log.error("journaled request %r of session %r is left out of the store: %s", row[1], row[0], e)
+        return inserted
+
+    def _recover(self) -> None:
+        """Fold the journal segments a killed process left (not those another live process holds)."""
+        pattern = glob.escape(self.path) + JOURNAL_INFIX + "*"
+        found = []
+        for path in glob.glob(pattern):
+            suffix = path[len(self.path) + len(JOURNAL_INFIX) :]
+            if suffix.isdigit():
+                found.append((int(suffix), path))
+        for number, path in sorted(found):
+            self._last_segment = max(self._last_segment, number)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live store's
+                chunks = []
+                while chunk := os.read(fd, 1 << 20):
+                    chunks.append(chunk)
+                rows, left_out = _read_frames(b"".join(chunks))
+                if left_out:
+                    log.warning("%s ends in %d bytes that are not a whole record (a write cut short); left out",
+                                path, left_out)  # fmt: skip
+                with self._lock:
+                    inserted = self._fold_rows(rows, skip_stored=True)
+                if inserted:
+                    log.warning("folded %d records a previous process journaled in %s and did not fold", inserted, path)
+                os.unlink(path)
+            finally:
+                os.close(fd)
+
+    def _probe_connection(self) -> sqlite3.Connection:
+        if self._probe is None:
+            self._probe = self._conn if self.memory else self._connect(0.0)
+        return self._probe
 
     def annotate(self, session_id: str, updates: dict[str, Any], author: str = "") -> dict[str, Any]:
         """Merge `updates` into the session's annotations (dict values are merged key by key, others
@@ -479,8 +766,14 @@ class TrajectoryStore:
             ).fetchall()
         return [{"at_s": at, "author": author, "updates": json.loads(u)} for at, author, u in rows]
 
+    def _catch_up(self) -> None:
+        """Reads see every journaled record: what is journaled is folded first."""
+        if self._unfolded:
+            self.flush()
+
     def records(self, session_id: str) -> list[TurnRecord]:
         """The session's records in seq order; [] for an unknown session."""
+        self._catch_up()
         with self._read_lock:
             rows = self._read.execute(
                 f"SELECT {_COLUMNS} FROM turns WHERE session_id = ? ORDER BY seq", (session_id,)
@@ -489,6 +782,7 @@ class TrajectoryStore:
 
     def sessions(self) -> list[str]:
         """Every session id, in the order of their first record."""
+        self._catch_up()
         with self._read_lock:
             return [r[0] for r in self._read.execute("SELECT session_id FROM sessions ORDER BY rowid")]
 
@@ -496,14 +790,14 @@ class TrajectoryStore:
         """Whether the session is stored, if that can be told at once: a primary-key lookup on a connection of
         its own that never waits (None when it would: another process holds the database, or another
         thread is using the connection). For an event loop, where `has_session` could block."""
+        if session_id in self._unfolded_sessions:
+            return True
         lock = self._lock if self.memory else self._probe_lock
         if not lock.acquire(blocking=False):
             return None
         try:
-            if self._probe is None:
-                self._probe = self._conn if self.memory else self._connect(0.0)
             query = "SELECT 1 FROM sessions WHERE session_id = ?"
-            return self._probe.execute(query, (session_id,)).fetchone() is not None
+            return self._probe_connection().execute(query, (session_id,)).fetchone() is not None
         except sqlite3.Error:
             return None
         finally:
@@ -544,12 +838,14 @@ class TrajectoryStore:
         return sorted(r[0] for r in rows)
 
     def has_session(self, session_id: str) -> bool:
+        self._catch_up()
         with self._read_lock:
             query = "SELECT 1 FROM sessions WHERE session_id = ?"
             return self._read.execute(query, (session_id,)).fetchone() is not None
 
     def load_tree(self, session_id: str) -> PrefixTree:
         """Rebuild the session's tree by replaying its records in order (KeyError for an unknown session)."""
+        self._catch_up()
         with self._read_lock:
             rows = self._read.execute(
                 "SELECT request_id, anchor_request_id, match_len, new_prompt_token_ids, token_ids, logprobs, "
@@ -569,6 +865,16 @@ class TrajectoryStore:
                     f"the store recorded {match_len}: the store does not describe this tree"
                 )
         return tree
+
+
+def _check_anchor(session_id: str, anchor_request_id: str, match_len: int, size: int | None) -> None:
+    """An anchor must be stored in the session, with at least match_len tokens (`size`: its num_tokens)."""
+    if size is None:
+        raise ValueError(f"anchor_request_id {anchor_request_id!r} is not stored in session {session_id!r}")
+    if match_len > size:
+        raise ValueError(
+            f"match_len {match_len} is longer than anchor {anchor_request_id!r}'s sequence ({size} tokens)"
+        )
 
 
 def _record(row: tuple) -> TurnRecord:

@@ -77,23 +77,31 @@ def test_a_store_deleted_while_serving_is_noticed(fake_manager, http, tmp_path):
 
 
 def test_another_process_holding_the_write_lock_does_not_freeze_the_server(wait_for, fake_manager, http, tmp_path):
+    """Records are journaled, so requests keep being answered while another process holds SQLite's write
+    lock; once a fold has waited past the busy timeout, the store is unhealthy and writes answer 503 until
+    the lock is free, and then everything answered lands."""
     path = tmp_path / "t.sqlite"
     m, _ = fake_manager(store=TrajectoryStore(path, busy_timeout_s=1.0), reply_tokens=3)
     assert http("POST", f"{m.base_url('a')}/chat/completions", say("one"))[0] == 200
     other = sqlite3.connect(path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # another process takes the write lock and keeps it
     try:
+        assert http("POST", f"{m.base_url('b')}/chat/completions", say("two"))[0] == 200  # journaled, no wait
+        wait_for(lambda: http("GET", f"{m.url}/health")[0] == 503, what="the fold to give up on the lock")
+        assert http("GET", f"{m.url}/trajectories/a")[0] in (200, 503)  # answered, not frozen
         with ThreadPoolExecutor(1) as pool:
-            blocked = pool.submit(http, "POST", f"{m.base_url('b')}/chat/completions", say("two"))
+            blocked = pool.submit(http, "POST", f"{m.base_url('c')}/chat/completions", say("three"))
             wait_for(lambda: http("GET", f"{m.url}/stats")[1]["in_flight"] == 1, what="the request to start")
-            assert http("GET", f"{m.url}/health")[0] == 200  # answered while the write waits for the lock
-            assert http("GET", f"{m.url}/trajectories/a")[0] == 200  # reads do not wait for the writer
+            assert http("GET", f"{m.url}/health")[0] == 503  # answered while the write waits for the lock
             status, err = blocked.result(timeout=60)
         assert status == 503 and "locked" in err["error"]["message"], err
     finally:
         other.execute("ROLLBACK")
         other.close()
-    assert http("POST", f"{m.base_url('b')}/chat/completions", say("three"))[0] == 200
+    assert http("POST", f"{m.base_url('d')}/chat/completions", say("four"))[0] == 200
+    wait_for(lambda: http("GET", f"{m.url}/health")[0] == 200, what="the store to be healthy again")
+    with TrajectoryStore(path) as store:
+        assert sorted(store.sessions()) == ["a", "b", "d"]  # what was answered, folded; "c" left nothing
 
 
 # ---- the event loop ----
@@ -360,21 +368,22 @@ def test_serve_refuses_a_negative_gc_threshold(tmp_path):
 
 @pytest.mark.parametrize("where", ["loop", "thread"])
 def test_the_store_writer_survives_an_unexpected_error(fake_manager, http, monkeypatch, where):
-    """A write that fails unexpectedly, on the event loop (a small record, the lock free) or in the writer
-    thread (here: every write that may not wait finds the lock taken), fails its request alone."""
+    """A write that fails unexpectedly, on the event loop (the journal) or in the writer thread (here: the
+    journal declines every record), fails its request alone."""
     m, _ = fake_manager(reply_tokens=3)
-    real = m.store.append_many
+    name = "journal" if where == "loop" else "append_many"
+    real = getattr(m.store, name)
     calls = []
 
-    def broken_once(turns, wait=True):
-        if where == "thread" and not wait:
-            return None  # another writer holds the lock: the records go to the writer thread
+    def broken_once(turns):
         calls.append(len(turns))
         if len(calls) == 1:
             raise TypeError("something nobody expected")
-        return real(turns, wait=wait)
+        return real(turns)
 
-    monkeypatch.setattr(m.store, "append_many", broken_once)
+    if where == "thread":
+        monkeypatch.setattr(m.store, "journal", lambda turns: None)
+    monkeypatch.setattr(m.store, name, broken_once)
     status, err = http("POST", f"{m.base_url('w')}/chat/completions", say("one"))
     assert status == 503 and "something nobody expected" in err["error"]["message"], err
     assert http("POST", f"{m.base_url('w')}/chat/completions", say("two"))[0] == 200
@@ -382,50 +391,66 @@ def test_the_store_writer_survives_an_unexpected_error(fake_manager, http, monke
     assert tree["num_branches"] == 1 and len(tree["branches"][0]["request_ids"]) == 1
 
 
-def test_small_records_are_committed_on_the_loop_and_large_ones_by_the_writer_thread(fake_manager, http, monkeypatch):
+def test_small_records_are_journaled_on_the_loop_and_large_ones_stored_by_the_writer_thread(
+    fake_manager, http, monkeypatch
+):
     from reference.manager import recorder
 
-    monkeypatch.setattr(recorder, "INLINE_SLOW_S", 60.0)  # a busy machine's slow commit must not matter here
+    monkeypatch.setattr(recorder, "INLINE_SLOW_S", 60.0)  # a busy machine's slow write must not matter here
     m, _ = fake_manager(reply_tokens=3)
     rec = m.manager.recorder
     assert http("POST", f"{m.base_url('small')}/chat/completions", say("one"))[0] == 200
-    assert (rec.committed, rec.committed_on_loop) == (1, 1)
+    assert (rec.committed, rec.journaled) == (1, 1)
     monkeypatch.setattr(recorder, "INLINE_MAX_TOKENS", 1)  # every record is now too large for the loop
     assert http("POST", f"{m.base_url('large')}/chat/completions", say("two"))[0] == 200
-    assert (rec.committed, rec.committed_on_loop) == (2, 1)
+    assert (rec.committed, rec.journaled) == (2, 1)
     _, tree = http("GET", f"{m.url}/trajectories/large")
     assert tree["num_branches"] == 1
 
 
-def test_a_slow_commit_on_the_loop_sends_the_next_ones_to_the_writer_thread(fake_manager, http, monkeypatch):
+def test_a_slow_journal_write_sends_the_next_records_to_the_writer_thread(fake_manager, http, monkeypatch):
     m, _ = fake_manager(reply_tokens=3)
-    real = m.store.append_many
+    real = m.store.journal
 
-    def slow_disk(turns, wait=True):
-        if not wait:
-            time.sleep(0.05)  # a throttled disk: the loop's commit takes 50 ms
-        return real(turns, wait=wait)
+    def slow_disk(turns):
+        time.sleep(0.05)  # a throttled disk: the loop's write takes 50 ms
+        return real(turns)
 
-    monkeypatch.setattr(m.store, "append_many", slow_disk)
+    monkeypatch.setattr(m.store, "journal", slow_disk)
     for i in range(3):
         assert http("POST", f"{m.base_url('slow')}/chat/completions", say(f"turn {i}"))[0] == 200
     rec = m.manager.recorder
-    assert (rec.committed, rec.committed_on_loop) == (3, 1)  # after the slow one, the thread writes
+    assert (rec.committed, rec.journaled) == (3, 1)  # after the slow one, the thread writes
 
 
-def test_the_writer_thread_checkpoints_the_log_of_the_loops_commits(fake_manager, http, monkeypatch, wait_for):
-    from reference.manager import recorder
+def test_the_writer_thread_folds_the_journal_soon_after_and_when_a_segment_fills(
+    fake_manager, http, monkeypatch, wait_for, tmp_path
+):
+    from reference.manager import recorder, store
 
-    monkeypatch.setattr(recorder, "CHECKPOINT_EVERY", 2)
     monkeypatch.setattr(recorder, "INLINE_SLOW_S", 60.0)
-    m, _ = fake_manager(reply_tokens=3)
-    checkpoints = []
-    real = m.store.checkpoint
-    monkeypatch.setattr(m.store, "checkpoint", lambda: (checkpoints.append(1), real())[1])
-    for i in range(4):
+    monkeypatch.setattr(recorder, "FOLD_AFTER_S", 3600.0)  # only a full segment triggers a fold
+    monkeypatch.setattr(store, "FOLD_RECORDS", 3)
+    path = tmp_path / "t.sqlite"
+    m, _ = fake_manager(store=path, reply_tokens=3)
+
+    def folded() -> int:
+        outside = sqlite3.connect(path)  # what another process reading the file sees
+        try:
+            return outside.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
+        finally:
+            outside.close()
+
+    for i in range(3):
+        assert folded() == 0
         assert http("POST", f"{m.base_url(f'c{i}')}/chat/completions", say("hi"))[0] == 200
-    wait_for(lambda: len(checkpoints) == 2, what="two checkpoints by the writer thread")
-    assert m.manager.recorder.committed_on_loop == 4
+    wait_for(lambda: folded() == 3, what="the full segment to be folded")
+    monkeypatch.setattr(recorder, "FOLD_AFTER_S", 0.05)
+    monkeypatch.setattr(store, "FOLD_RECORDS", 100)
+    for i in range(3, 5):
+        assert http("POST", f"{m.base_url(f'c{i}')}/chat/completions", say("hi"))[0] == 200
+    wait_for(lambda: folded() == 5, what="the rest to be folded FOLD_AFTER_S after the first of them")
+    assert m.manager.recorder.journaled == 5 and m.store.unfolded == 0
 
 
 def test_the_admin_token_comes_from_a_file_or_the_environment(tmp_path, monkeypatch):

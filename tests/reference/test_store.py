@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from reference.manager.prefix_tree import PrefixTree
-from reference.manager.store import TrajectoryStore, TurnRecord
+from reference.manager.store import NewTurn, StoreError, TrajectoryStore, TurnRecord
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -216,54 +216,180 @@ def _turn(session: str, rid: str, anchor: str | None = None, match_len: int = 0)
                    [0, 0], "stop", f"text {rid}")  # fmt: skip
 
 
-def test_a_write_that_may_not_wait_gives_way_to_another_writer_and_writes_nothing(tmp_path):
+def _segments(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(path.name + "-records-*"))
+
+
+def test_journaled_records_are_read_like_stored_ones_and_folded_into_sqlite(tmp_path):
     path = tmp_path / "t.sqlite"
     with TrajectoryStore(path) as store:
-        assert store.append_many([_turn("s", "a")], wait=False) == [0]
-        other = sqlite3.connect(path, isolation_level=None)
-        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        assert store.journal([_turn("s", "a")]) is False  # taken; no fold due yet
+        assert store.journal([_turn("s", "b", "a", 5), _turn("t", "a")]) is False
+        assert store.unfolded == 3 and len(_segments(path)) == 1
+        assert store.probe_session("s") is True and store.probe_session("nobody") is False
+        outside = sqlite3.connect(path)  # another process sees SQLite only: nothing is folded yet
         try:
-            assert store.append_many([_turn("s", "b", "a", 5)], wait=False) is None  # at once, not after a wait
+            assert outside.execute("SELECT COUNT(*) FROM turns").fetchone()[0] == 0
+            assert [(r.request_id, r.seq) for r in store.records("s")] == [("a", 0), ("b", 1)]  # a read folds first
+            assert store.unfolded == 0 and _segments(path) == []
+            assert outside.execute("SELECT COUNT(*) FROM turns").fetchone()[0] == 3
         finally:
-            other.execute("ROLLBACK")
-            other.close()
-        assert [r.request_id for r in store.records("s")] == ["a"]
-        assert store.append_many([_turn("s", "b", "a", 5)], wait=False) == [1]
-        assert [r.seq for r in store.records("s")] == [0, 1]
-    with TrajectoryStore(":memory:") as memory:  # one connection only: every write goes through the waiting one
-        assert memory.append_many([_turn("s", "a")], wait=False) is None
-        assert memory.append_many([_turn("s", "a")]) == [0]
+            outside.close()
+        assert store.journal([_turn("s", "c", "b", 8)]) is False
+        assert store.append_many([_turn("s", "d", "c", 11)]) == [3]  # a direct write lands after the journal
+        assert [r.request_id for r in store.records("s")] == ["a", "b", "c", "d"]
+        assert store.load_tree("s").sequence("d") == (1, 2, 3, 4, 5, 7, 4, 5, 7, 4, 5, 7, 4, 5)
 
 
-def test_a_write_that_may_not_wait_fails_like_any_other_when_the_disk_is_full(tmp_path):
-    from reference.manager.store import NewTurn, StoreError
-
-    big = NewTurn("s", "big", None, 0, [1] * 3000, [2] * 3000, [-0.5] * 3000, [0] * 3000, "stop", "x" * 3000)
+def test_journal_checks_records_as_append_does_and_takes_nothing_it_refuses(tmp_path):
     with TrajectoryStore(tmp_path / "t.sqlite") as store:
-        store.set_max_bytes(1)  # no page can be added: the disk is full
-        with pytest.raises(StoreError, match="full"):
-            store.append_many([big], wait=False)
-        with pytest.raises(ValueError, match="is not stored"):  # a malformed record: refused, nothing written
-            store.append_many([_turn("s", "b", "missing", 2)], wait=False)
+        store.append_many([_turn("s", "a")])  # folded: its size comes from SQLite
+        with pytest.raises(ValueError, match="'missing' is not stored"):
+            store.journal([_turn("s", "b", "missing", 2)])
+        with pytest.raises(ValueError, match="longer than anchor 'a'"):
+            store.journal([_turn("s", "b", "a", 6)])
+        with pytest.raises(ValueError, match="already stored"):
+            store.journal([_turn("s", "a")])
+        with pytest.raises(ValueError, match="already stored"):  # twice in one batch
+            store.journal([_turn("s", "b", "a", 5), _turn("s", "b", "a", 5)])
+        with pytest.raises(ValueError, match="differ in length"):
+            store.journal([NewTurn("s", "b", None, 0, [1], [4, 5], [-0.5], [0, 0], "stop", "")])
+        assert store.unfolded == 0
+        assert store.journal([_turn("s", "b", "a", 5)]) is False  # an anchor in SQLite
+        assert store.journal([_turn("s", "c", "b", 5)]) is False  # an anchor still in the journal
+        assert [r.request_id for r in store.records("s")] == ["a", "b", "c"]
+
+
+def test_journal_declines_what_must_go_straight_to_sqlite(tmp_path):
+    with TrajectoryStore(":memory:") as memory:
+        assert memory.journal([_turn("s", "a")]) is None
+    with TrajectoryStore(tmp_path / "t.sqlite") as store:
+        store.set_max_bytes(1 << 30)  # under a size cap, which only SQLite can enforce
+        assert store.journal([_turn("s", "a")]) is None
         store.set_max_bytes(None)
-        assert store.append_many([_turn("s", "a")], wait=False) == [0]
+        assert store.journal([_turn("s", "a")]) is False
+        assert store.unfolded == 1
 
 
-def test_checkpoint_folds_the_log_that_writes_without_waiting_leave(tmp_path):
+def test_a_failing_fold_keeps_the_records_journaled_until_sqlite_takes_them(tmp_path):
+    path = tmp_path / "t.sqlite"
+    big = NewTurn("s", "big", None, 0, [1] * 3000, [2] * 3000, [-0.5] * 3000, [0] * 3000, "stop", "x" * 3000)
+    with TrajectoryStore(path) as store:
+        assert store.journal([big]) is False
+        store.set_max_bytes(1)  # the disk is full by the time the fold runs
+        with pytest.raises(StoreError, match="full"):
+            store.flush()
+        assert store.fold_failing and store.unfolded == 1 and len(_segments(path)) == 1
+        store.set_max_bytes(None)
+        with pytest.raises(StoreError, match="full"):  # a direct write folds first, and the disk is still full
+            store.set_max_bytes(1)
+            store.append_many([_turn("t", "a")])
+        store.set_max_bytes(None)
+        assert store.journal([_turn("t", "a")]) is None  # declined while the fold fails
+        assert store.append_many([_turn("t", "a")]) == [0]  # folds the journal, then writes
+        assert not store.fold_failing and store.unfolded == 0 and _segments(path) == []
+        assert [r.request_id for r in store.records("s")] == ["big"]
+
+
+def test_a_journal_write_that_fails_takes_nothing_and_leaves_no_torn_record(tmp_path, monkeypatch):
+    import reference.manager.store as store_module
+    from reference.manager.store import _read_frames
+
     path = tmp_path / "t.sqlite"
     with TrajectoryStore(path) as store:
-        for i in range(300):
-            assert store.append_many([_turn(f"s{i}", "a")], wait=False) == [0]
-        probe = sqlite3.connect(path, isolation_level=None)
-        try:
-            _, frames, done = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            assert frames > 0  # nothing folded the log until asked (and this probe just did)
-            for i in range(300, 600):
-                store.append_many([_turn(f"s{i}", "a")], wait=False)
-            store.checkpoint()
-            _, frames_after, done_after = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            assert done_after == frames_after  # every frame of the log is in the database
-        finally:
-            probe.close()
+        assert store.journal([_turn("s", "a")]) is False
+        real_write = os.write
+
+        def half_then_full(fd, data):
+            real_write(fd, data[: len(data) // 2])
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(store_module.os, "write", half_then_full)
+        with pytest.raises(StoreError, match="No space left"):
+            store.journal([_turn("s", "b", "a", 5)])
+        monkeypatch.setattr(store_module.os, "write", real_write)
+        assert store.unfolded == 1
+        assert store.journal([_turn("s", "b", "a", 5)]) is True  # a new segment; the old one is due to be folded
+        first, second = (_read_frames(p.read_bytes()) for p in _segments(path))
+        assert ([r[1] for r in first[0]], first[1]) == (["a"], 0)  # cut back to its last whole record
+        assert ([r[1] for r in second[0]], second[1]) == (["b"], 0)
     with TrajectoryStore(path) as again:
-        assert len(again.sessions()) == 600
+        assert [r.request_id for r in again.records("s")] == ["a", "b"]
+
+
+JOURNAL_WRITER = """
+import os, sys
+from reference.manager.store import NewTurn, TrajectoryStore
+store = TrajectoryStore(sys.argv[1])
+for i in range(300):
+    anchor = f"r{i - 1}" if i else None
+    turn = NewTurn("s", f"r{i}", anchor, 4 * i, [7, 7], [i % 50, 1], [-0.5, -1.0], [i, i], "stop", "x" * 10)
+    store.journal([turn])
+    if i == 200:
+        store.flush()  # some records reach SQLite before the kill
+    print(i, flush=True)
+sys.stdin.readline()
+"""
+
+
+def _killed_journaling_writer(path: Path) -> None:
+    """A process that journals 300 records (folding the first 201) and is SIGKILLed."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", JOURNAL_WRITER, str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        acknowledged = [int(proc.stdout.readline()) for _ in range(300)]
+        with TrajectoryStore(path) as live:  # a store opened beside a live one leaves its journal alone
+            assert len(live.records("s")) == 201 and len(_segments(path)) >= 1
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdin.close()
+        proc.stdout.close()
+    assert acknowledged == list(range(300))
+
+
+def test_a_killed_process_s_journal_is_folded_when_the_store_is_next_opened(tmp_path):
+    path = tmp_path / "t.sqlite"
+    _killed_journaling_writer(path)
+    with TrajectoryStore(path) as store:
+        records = store.records("s")
+        assert [r.request_id for r in records] == [f"r{i}" for i in range(300)]
+        assert [r.seq for r in records] == list(range(300))
+        assert store.load_tree("s").sequence("r299") == sum(((7, 7, i % 50, 1) for i in range(300)), ())
+    assert _segments(path) == []
+
+
+def test_a_journal_cut_short_or_folded_already_is_folded_once_up_to_its_last_whole_record(tmp_path):
+    path = tmp_path / "t.sqlite"
+    with TrajectoryStore(path) as store:
+        for rid, anchor, match_len in (("a", None, 0), ("b", "a", 5), ("c", "b", 8)):
+            store.journal([_turn("s", rid, anchor, match_len)])
+        (segment,) = _segments(path)
+        saved = segment.read_bytes()
+        assert store.records("s")  # folded: the segment is gone
+    segment.write_bytes(saved[:-3])  # as if the process died folding it, and died writing "c"
+    with TrajectoryStore(path) as store:
+        assert [r.request_id for r in store.records("s")] == ["a", "b", "c"]  # nothing twice, nothing lost
+    assert _segments(path) == []
+    fresh = tmp_path / "u.sqlite"
+    Path(f"{fresh}-records-7").write_bytes(saved[: len(saved) // 2])  # never folded, and cut short inside "b"
+    with TrajectoryStore(fresh) as store:
+        assert [r.request_id for r in store.records("s")] == ["a"]
+        store.journal([_turn("t", "a")])
+        assert [p.name for p in _segments(fresh)] == ["u.sqlite-records-8"]  # numbered after the ones found
+
+
+def test_journal_frames_refuse_anything_but_a_whole_record():
+    from reference.manager.store import _frame, _prepare, _read_frames, _unframe
+
+    row = _prepare(_turn("s", "b", "a", 5))
+    frame = _frame(row)
+    assert _unframe(frame[8:]) == row
+    assert _read_frames(frame * 2) == ([row, row], 0)
+    assert _read_frames(frame + frame[:-1]) == ([row], len(frame) - 1)
+    damaged = bytearray(frame)
+    damaged[20] ^= 0xFF
+    assert _read_frames(bytes(damaged) + frame) == ([], 2 * len(frame))  # nothing after a bad frame is trusted
+    with pytest.raises(ValueError, match="not a journal record"):
+        _unframe(frame[8:-1])
