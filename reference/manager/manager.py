@@ -465,8 +465,10 @@ class TrajectoryManager:
         ids = array("I", prompt)  # converted once for the plan, the store and the tree
         match_len, anchor = session.tree.plan(ids)
         meta = {"engines": p.engines, "model": self.config.model_name}
-        turn = NewTurn(session.session_id, request_id, anchor, match_len, ids[match_len:], p.token_ids,
-                       p.logprobs, p.versions, reason, text, meta)  # fmt: skip
+        # arrays once, for the store's blobs and the tree alike
+        generated = (array("I", p.token_ids), array("d", p.logprobs), array("i", p.versions))
+        turn = NewTurn(session.session_id, request_id, anchor, match_len, ids[match_len:], *generated, reason, text,
+                       meta)  # fmt: skip
         try:
             result = await self.recorder.record(session, turn, ids)
         except StoreError as e:

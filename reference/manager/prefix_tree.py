@@ -210,6 +210,8 @@ class PrefixTree:
         # insert nodes above, so the holder is found by walking up (see _locate).
         self._requests: dict[str, tuple[_Node, int]] = {}
         self.num_tokens = 0  # tokens held (each stored once, however many requests share it)
+        # the last `plan` since the last insert (every insert forgets it): (prompt, its length, node, off)
+        self._planned: tuple[array, int, _Node, int] | None = None
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._requests
@@ -234,8 +236,12 @@ class PrefixTree:
             raise ValueError(f"request_id {request_id!r} is already in session {self.session_id!r}")
         turn = _validated(prompt_token_ids, token_ids, logprobs, versions)
         prompt_view, gen_view = memoryview(turn.prompt).cast("B"), memoryview(turn.token_ids).cast("B")
+        planned, self._planned = self._planned, None
         try:
-            node, off = self._match(turn.prompt, prompt_view)
+            if planned and planned[0] is turn.prompt and planned[1] == len(turn.prompt):
+                node, off = planned[2], planned[3]  # `plan` matched this very prompt, and nothing changed since
+            else:
+                node, off = self._match(turn.prompt, prompt_view)
             match_len = node.start + off
             anchor = node.cover if match_len else None
             gen_start = 0
@@ -257,7 +263,8 @@ class PrefixTree:
     def plan(self, token_ids: Sequence[int]) -> tuple[int, str | None]:
         """(match_len, anchor_request_id) that `insert` would report for this prompt now, without changing
         the tree. The manager stores a request under its plan before inserting it; inserts made in
-        between can only lengthen the match (the tree never shrinks), so the plan stays a valid anchor."""
+        between can only lengthen the match (the tree never shrinks), so the plan stays a valid anchor.
+        An `insert` of the same array('I') object (unchanged) with no insert in between reuses this match."""
         ids = _as_ids("token_ids", token_ids)
         if not ids:
             return 0, None
@@ -266,6 +273,7 @@ class PrefixTree:
             node, off = self._match(ids, view)
         finally:
             view.release()
+        self._planned = (ids, len(ids), node, off)
         match_len = node.start + off
         return match_len, (node.cover if match_len else None)
 

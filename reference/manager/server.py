@@ -135,9 +135,20 @@ def _check_depth(value, limit: int = MAX_JSON_DEPTH) -> None:
         stack.extend((x, depth + 1) for x in items if isinstance(x, dict | list))
 
 
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)  # one for all requests: it keeps no state
+
+
+def _loads(raw: bytes):
+    """json.loads(raw, parse_constant=_reject_constant), without building a decoder per call."""
+    text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+    if text.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _DECODER.decode(text)
+
+
 def _parse_json(raw: bytes):
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
+        body = _loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:  # JSONDecodeError is a ValueError
         message = "it nests too deeply" if isinstance(e, RecursionError) else str(e)[:200]
         raise RequestError(f"the request body is not valid JSON: {message}", code="invalid_json") from None

@@ -106,7 +106,7 @@ log = logging.getLogger(__name__)
 JOURNAL_INFIX = "-records-"  # journal segments: <store>-records-<n>
 FOLD_RECORDS = 256  # journaled records in one segment; a full segment is sealed and due to be folded
 MAX_UNFOLDED = 8192  # journaled records not yet folded, at most (past it, `journal` declines)
-KNOWN_RECORDS = 65536  # the newest records' sizes kept in memory, so `journal` checks anchors at once
+KNOWN_RECORDS = 16384  # the newest records' sizes kept in memory, so `journal` checks anchors at once
 CHECK_FILES_S = 0.05  # `journal` checks that the store's files are still there at most this often
 _FRAME = struct.Struct("<II")  # a journal frame's header: payload length, CRC-32 of the payload
 # a record's numbers (match_len, num_tokens, created_s), then the lengths of its ten byte fields (session_id,
@@ -491,14 +491,15 @@ class TrajectoryStore:
         self._remember(prepared)
         return rows
 
-    def _insert(self, prepared: list[tuple], skip_stored: bool = False) -> list[tuple]:
+    def _insert(self, prepared: list[tuple], skip_stored: bool = False, checked: bool = False) -> list[tuple]:
         """The rows of prepared records, inserted inside the caller's transaction (`skip_stored`: leaving
-        out records already stored, as a journal folded again after a crash holds)."""
+        out records already stored, as a journal folded again after a crash holds; `checked`: their
+        anchors were checked when they were journaled)."""
         conn, rows, last_seq, sizes = self._conn, [], {}, {}
         for session_id, request_id, anchor, match_len, num_tokens, blobs, tail in prepared:
             if skip_stored and self._stored_size(session_id, request_id) is not None:
                 continue
-            if anchor is not None:
+            if anchor is not None and not checked:
                 size = sizes.get((session_id, anchor))
                 size = self._stored_size(session_id, anchor) if size is None else size
                 _check_anchor(session_id, anchor, match_len, size)
@@ -676,7 +677,7 @@ class TrajectoryStore:
         Returns how many were inserted."""
         try:
             with self._writing("store finished requests", locked=True):
-                return len(self._insert(rows, skip_stored))
+                return len(self._insert(rows, skip_stored, checked=not skip_stored))
         except ValueError:
             pass
         inserted = 0

@@ -311,3 +311,30 @@ def test_random_sessions_agree_with_the_naive_trie_and_replay_from_the_store(see
     assert doc["num_tokens"] == len(naive.toks) - 1
     assert sum(n["length"] for n in doc["nodes"]) == doc["num_tokens"]
     assert store.load_tree(tree.session_id).to_json() == doc
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_insert_after_a_plan_matches_as_a_fresh_insert_would(seed):
+    """The manager plans each request, then inserts it once stored, with other requests of the session
+    planned and inserted in between: an insert that reuses its plan's match (nothing inserted since) and
+    one that cannot both agree with the naive trie."""
+    rng = random.Random(seed)
+    tree, naive = PrefixTree(f"s{seed}"), NaiveTree()
+    pending: list[tuple] = []
+    requests = random_requests(rng, 80)
+    while requests or pending:
+        if requests and (not pending or rng.random() < 0.5):
+            prompt, ids, lps, vers, rid = requests.pop(0)
+            prompt_ids = array("I", prompt)
+            planned = tree.plan(prompt_ids)
+            pending.append((prompt_ids, ids, lps, vers, rid, planned))
+            continue
+        prompt_ids, ids, lps, vers, rid, (plan_len, _) = pending.pop(rng.randrange(len(pending)))
+        if rng.random() < 0.3:
+            tree.plan(prompt_ids)  # planned again just before: the match is reused
+        result = tree.insert(prompt_ids, ids, lps, vers, rid)
+        match_len, branch = naive.insert(list(prompt_ids), ids, lps, vers, rid)
+        assert (result.match_len, result.branch_id) == (match_len, branch)
+        assert result.match_len >= plan_len  # the tree only grows: a plan stays a valid anchor
+        assert tree.sequence(rid) == tuple(prompt_ids) + tuple(ids)
+    assert tree.branches() == naive.branch_list()
