@@ -28,7 +28,7 @@ import secrets
 import time
 from array import array
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import aclosing, asynccontextmanager, contextmanager
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 
 from reference.engine.base import (
@@ -241,16 +241,13 @@ class TrajectoryManager:
         except StoreError as e:  # rebuilding it from the store needs the journal folded, and that failed
             raise _store_unavailable(e) from None
 
-    @asynccontextmanager
-    async def accepted(self, session: Session, fresh_segments: dict | None = None) -> AsyncIterator[Session]:
-        """Hold `session` in memory for an accepted request (and cache the segments its prompt needed)."""
+    def accepted(self, session: Session, fresh_segments: dict | None = None) -> _Held:
+        """Hold `session` in memory for an accepted request (and cache the segments its prompt needed), until
+        the `with` block this is used in ends: `with manager.accepted(session) as session: ...`."""
         held = self.sessions.attach(session)
         if fresh_segments:
             held.renderer.commit(fresh_segments)
-        try:
-            yield held
-        finally:
-            self.sessions.release(held)
+        return _Held(self.sessions, held)
 
     async def session_ids(self) -> list[str]:
         try:
@@ -312,12 +309,13 @@ class TrajectoryManager:
         prompt, progress, request_id = tuple(prompt), _Progress([], [], [], [], True), self._new_request_id()
         max_tokens = self.budget(len(prompt), sampling)
         reason = "abort"
-        async with aclosing(
-            self._engines(session.session_id, request_id, prompt, sampling, max_tokens, progress)
-        ) as it:
-            async for item in it:
+        batches = self._engines(session.session_id, request_id, prompt, sampling, max_tokens, progress)
+        try:
+            async for item in batches:
                 if isinstance(item, Finished):
                     reason = str(item.reason)
+        finally:
+            await batches.aclose()  # (aclosing's work, without its object on every request)
         stops = self._stops(sampling)
         text = self.tok.decode([t for t in progress.token_ids if t not in stops])
         return await self._record(session, request_id, prompt, progress, text, reason)
@@ -651,6 +649,21 @@ class TrajectoryManager:
             "watchdog_resumes": self.watchdog_resumes,
             "engines": self.router.stats(),
         }
+
+
+class _Held:
+    """The context manager of `TrajectoryManager.accepted` (a class: it runs on every request)."""
+
+    __slots__ = ("table", "session")
+
+    def __init__(self, table: SessionTable, session: Session) -> None:
+        self.table, self.session = table, session
+
+    def __enter__(self) -> Session:
+        return self.session
+
+    def __exit__(self, *exc: object) -> None:
+        self.table.release(self.session)
 
 
 def _store_unavailable(e: StoreError, wrote: bool = True) -> RequestError:

@@ -157,14 +157,14 @@ def _parse_json(raw: bytes):
     return body
 
 
-async def _off_loop(size: int, fn, *args):
-    """fn(*args), in a worker thread when the request is large."""
-    return await asyncio.to_thread(fn, *args) if size > OFF_LOOP_BYTES else fn(*args)
+async def _off_loop(fn, *args):
+    """fn(*args) in a worker thread (for a large request; a small one calls fn directly)."""
+    return await asyncio.to_thread(fn, *args)
 
 
 async def _body(request: web.Request):
     raw = await request.read()  # aiohttp answers 413 here for a body over client_max_size
-    return await _off_loop(len(raw), _parse_json, raw), len(raw)
+    return (_parse_json(raw) if len(raw) <= OFF_LOOP_BYTES else await _off_loop(_parse_json, raw)), len(raw)
 
 
 def _trajectory_info(o: Outcome) -> dict:
@@ -183,12 +183,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     sid = check_session_id(request.match_info["session_id"])
     with manager.admit():
         body, size = await _body(request)
-        chat = await _off_loop(size, parse_chat, body)
+        small = size <= OFF_LOOP_BYTES
+        chat = parse_chat(body) if small else await _off_loop(parse_chat, body)
         manager.check_model(chat.model)
         session = await manager.session(sid)
-        prompt, fresh = await _off_loop(size, session.renderer.render_pending, chat.messages, chat.tools)
+        render = session.renderer.render_pending
+        prompt, fresh = (
+            render(chat.messages, chat.tools) if small else await _off_loop(render, chat.messages, chat.tools)
+        )
         manager.budget(len(prompt), chat.sampling)  # a rejected request leaves nothing behind
-        async with manager.accepted(session, fresh) as session:
+        with manager.accepted(session, fresh) as session:
             if chat.sampling.stream:
                 return await _stream(request, manager, session, prompt, chat.sampling, chat=True,
                                      tools=bool(chat.tools))  # fmt: skip
@@ -248,9 +252,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
         session = await manager.session(sid)
         prompt = req.prompt
         if isinstance(prompt, str):
-            prompt = await _off_loop(size, encode_text, manager.tok, prompt)
+            tok = manager.tok
+            prompt = encode_text(tok, prompt) if size <= OFF_LOOP_BYTES else await _off_loop(encode_text, tok, prompt)
         manager.budget(len(prompt), req.sampling)
-        async with manager.accepted(session) as session:
+        with manager.accepted(session) as session:
             if req.sampling.stream:
                 return await _stream(request, manager, session, prompt, req.sampling, chat=False)
             outcomes = await _run_n(manager, session, prompt, req.sampling)
