@@ -1,6 +1,6 @@
 """Offered more than it can serve, does the trajectory manager shed load or collapse? (overload benchmark)
 
-    python -m benchmarks.overload [--rates 200,400,...,2400] [--level-s 5] [--timeout-s 2] [--caps 0,32,default]
+    python -m benchmarks.overload [--rates 400,800,...,4000] [--level-s 5] [--timeout-s 2] [--caps 0,32,default]
                                   [--anchor] [--quick] [--json FILE]
 
 A fake engine that answers at once (`token_delay_s=0`) and the trajectory manager each get one core
@@ -200,8 +200,8 @@ def summary(levels: list[dict]) -> dict:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rates", help="offered requests per second, one level each (default 200,400,...,2400; "
-                    "quick: 400,1200,2400)")  # fmt: skip
+    ap.add_argument("--rates", help="offered requests per second, one level each (default 400,800,...,4000; "
+                    "quick: 800,2400,4000)")  # fmt: skip
     ap.add_argument("--level-s", type=float, help="seconds each level offers load (default 5; quick: 2)")
     ap.add_argument("--timeout-s", type=float, help="a client gives up after this long (default 2 s; quick: 1)")
     ap.add_argument("--caps", default="0,32,default",
@@ -212,8 +212,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="three short levels a run (under a minute in all)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
-    full = (",".join(str(r) for r in range(200, 2401, 200)), 5.0, 2.0)
-    defaults = ("400,1200,2400", 2.0, 1.0) if args.quick else full
+    full = (",".join(str(r) for r in range(400, 4001, 400)), 5.0, 2.0)
+    defaults = ("800,2400,4000", 2.0, 1.0) if args.quick else full
     given = (args.rates, args.level_s, args.timeout_s)
     rates, args.level_s, args.timeout_s = (d if g is None else g for g, d in zip(given, defaults, strict=True))
     args.rates = [int(r) for r in rates.split(",")]

@@ -1,10 +1,10 @@
 """Recording finished requests: durably first, then into the session's tree.
 
 A request becomes visible (in its session's tree, to later turns, to readers) only after its record is
-committed to the store, so a failed write leaves nothing behind and the session goes on from what is
-stored: when the disk has room again, the next turn works. The record is planned against the tree as it
-is (`PrefixTree.plan`: the longest stored prefix and the request it belongs to), which stays a valid
-anchor however many inserts land before it, since the tree only grows.
+durably in the store (journaled or committed), so a failed write leaves nothing behind and the session
+goes on from what is stored: when the disk has room again, the next turn works. The record is planned
+against the tree as it is (`PrefixTree.plan`: the longest stored prefix and the request it belongs to),
+which stays a valid anchor however many inserts land before it, since the tree only grows.
 
 Group commit: records that finish in the same turn of the event loop, or while a write is under way,
 are written together, in the order they finished, and inserted into their trees in that same order (the

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -62,6 +63,42 @@ def test_a_failed_store_write_answers_503_and_the_session_goes_on_when_space_ret
     assert tree["num_branches"] == 1 and len(tree["branches"][0]["request_ids"]) == 2  # the failed turn left nothing
     assert third["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # turn 3 extends turn 1 in the tree
     assert http("GET", f"{m.url}/health") == (200, {"ok": True, "status": "ok", "reasons": []})
+
+
+def test_every_answered_request_survives_the_manager_being_killed_before_a_fold(tmp_path, monkeypatch):
+    """A `serve` process answers requests (journaled, not yet folded into SQLite) and is SIGKILLed; the
+    store opened afterwards folds the journal the dead process left: every answered request is there, in
+    order, with trees that replay."""
+    import signal
+
+    from benchmarks.harness import engine_token, start_manager
+    from reference.engine.process import EngineProcess, EngineSpec
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    engine = EngineProcess(EngineSpec(backend="fake", fake_reply_tokens=4))
+    try:
+        manager = start_manager(engine.url, tmp_path, engine_token(engine))
+        try:
+            url = f"{manager.url}/s/killed/v1/chat/completions"
+            answered, messages = [], []
+            for turn in range(20):
+                messages.append({"role": "user", "content": f"turn {turn}"})
+                status, body, _ = raw("POST", url, json.dumps({"model": MODEL, "messages": messages}).encode())
+                assert status == 200, body
+                answered.append(body["trajectory"]["request_id"])
+                messages.append(body["choices"][0]["message"])
+            manager.proc.send_signal(signal.SIGKILL)  # at once: the last records are only in the journal
+            manager.proc.wait(timeout=30)
+        finally:
+            manager.close()
+    finally:
+        engine.close()
+    (path,) = tmp_path.glob("manager-*.sqlite")
+    with TrajectoryStore(path) as store:
+        assert [r.request_id for r in store.records("killed")] == answered
+        tree = store.load_tree("killed")
+    assert tree.to_json()["num_branches"] == 1  # each turn extends the last: one branch, nothing lost between
+    assert list(tmp_path.glob("manager-*.sqlite-records-*")) == []
 
 
 def test_a_store_deleted_while_serving_is_noticed(fake_manager, http, tmp_path):
