@@ -9,8 +9,8 @@ which stays a valid anchor however many inserts land before it, since the tree o
 Group commit: records that finish in the same turn of the event loop, or while a write is under way,
 are written together, in the order they finished, and inserted into their trees in that same order (the
 order in which the store replays them). A small batch is journaled on the loop itself
-(`TrajectoryStore.journal`: one `write` to the store's journal, a few microseconds, never a wait: a lone
-agent's request then costs no thread hand-off and no SQLite transaction of its own); one writer thread
+(`TrajectoryStore.journal`: one `write` to the store's journal, tens of microseconds, never a wait: a
+lone agent's request then costs no thread hand-off and no SQLite transaction of its own); one writer thread
 folds the journal into SQLite when a segment fills or `FOLD_AFTER_S` after a record was journaled, so a
 transaction carries hundreds of records. Anything the journal declines (a large batch, a store under a
 size cap, a fold that is failing, a malformed record to sort out) goes to the writer thread, which stores
@@ -67,6 +67,7 @@ class Recorder:
         self._inline_paused_until = 0.0  # monotonic time before which every batch goes to the thread
         self._fold_timer: asyncio.TimerHandle | None = None
         self._fold_queued = False
+        self._fold_failed = False  # the last fold failed (and set last_failure)
         self._closed = False
 
     async def record(self, session: Session, turn: NewTurn, prompt: Sequence[int]) -> InsertResult:
@@ -104,7 +105,10 @@ class Recorder:
         self._to_writer((loop, batch))
 
     def _to_writer(self, item: tuple | str) -> None:
-        if self._closed:
+        if self._closed:  # shutting down: a batch fails (its requests get 503), a fold is left to store.close
+            if isinstance(item, tuple):
+                loop, batch = item
+                self._landed(loop, batch, [StoreError("the trajectory manager is shutting down")] * len(batch))
             return
         if self._thread is None:
             self._thread = threading.Thread(target=self._writer, name="trajectory-store-writer", daemon=True)
@@ -178,9 +182,10 @@ class Recorder:
             message = str(e) if isinstance(e, StoreError) else f"the trajectory store failed: {e!r}"
             if message != self.last_failure:
                 log.error("the trajectory store could not fold its journal: %s", message)
-            self.last_failure, self.last_failure_s = message, time.time()
+            self.last_failure, self.last_failure_s, self._fold_failed = message, time.time(), True
             return
-        self.last_failure = None
+        if self._fold_failed:  # (a write's failure is cleared by the next write that succeeds)
+            self.last_failure, self._fold_failed = None, False
 
     def _write(self, batch: list[_Pending]) -> list[Exception | None]:
         """Each record's outcome (None: stored), from the writer thread."""
