@@ -8,6 +8,7 @@ that used to get a 500 or be accepted, overload.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -99,6 +100,40 @@ def test_every_answered_request_survives_the_manager_being_killed_before_a_fold(
         tree = store.load_tree("killed")
     assert tree.to_json()["num_branches"] == 1  # each turn extends the last: one branch, nothing lost between
     assert list(tmp_path.glob("manager-*.sqlite-records-*")) == []
+
+
+def test_a_full_disk_under_the_journal_answers_503_and_loses_nothing_answered(
+    fake_manager, http, tmp_path, monkeypatch
+):
+    import reference.manager.store as store_module
+
+    path = tmp_path / "t.sqlite"
+    m, _ = fake_manager(store=path, reply_tokens=3)
+    url = f"{m.base_url('full')}/chat/completions"
+    status, first = http("POST", url, say("hello"))
+    assert status == 200, first
+    real_write = os.write
+
+    def disk_full(fd, data):
+        if fd == getattr(m.store._segment, "fd", None):  # only the journal's writes find the disk full
+            real_write(fd, data[:7])  # a torn frame (the store cuts it off)
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(store_module.os, "write", disk_full)
+    history = [{"role": "user", "content": "hello"}, first["choices"][0]["message"]]
+    status, err = http("POST", url, {"model": MODEL, "messages": [*history, {"role": "user", "content": "more"}]})
+    assert status == 503 and err["error"]["code"] == "store_unavailable", err
+    assert "No space left on device" in err["error"]["message"]
+    assert http("GET", f"{m.url}/health")[0] == 503
+    monkeypatch.setattr(store_module.os, "write", real_write)  # space returns
+    status, third = http("POST", url, {"model": MODEL, "messages": [*history, {"role": "user", "content": "again"}]})
+    assert status == 200, third
+    assert http("GET", f"{m.url}/health")[0] == 200
+    m.close()
+    with TrajectoryStore(path) as store:  # both answered turns, nothing of the refused one
+        assert [r.request_id for r in store.records("full")] == [
+            first["trajectory"]["request_id"], third["trajectory"]["request_id"]]  # fmt: skip
 
 
 def test_a_store_deleted_while_serving_is_noticed(fake_manager, http, tmp_path):
