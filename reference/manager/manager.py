@@ -646,6 +646,8 @@ class TrajectoryManager:
             "evictions": self.sessions.evictions,
             "recorded": self.recorder.committed,
             "record_failures": self.recorder.failed,
+            "records_journaled": self.recorder.journaled,  # of "recorded", those the event loop journaled
+            "records_unfolded": self.store.unfolded,  # journaled, not yet in SQLite (other processes see them later)
             "watchdog_resumes": self.watchdog_resumes,
             "engines": self.router.stats(),
         }

@@ -522,7 +522,8 @@ def test_the_writer_thread_folds_the_journal_soon_after_and_when_a_segment_fills
     for i in range(3, 5):
         assert http("POST", f"{m.base_url(f'c{i}')}/chat/completions", say("hi"))[0] == 200
     wait_for(lambda: folded() == 5, what="the rest to be folded FOLD_AFTER_S after the first of them")
-    assert m.manager.recorder.journaled == 5 and m.store.unfolded == 0
+    _, stats = http("GET", f"{m.url}/stats")
+    assert (stats["recorded"], stats["records_journaled"], stats["records_unfolded"]) == (5, 5, 0)
 
 
 def test_the_admin_token_comes_from_a_file_or_the_environment(tmp_path, monkeypatch):
