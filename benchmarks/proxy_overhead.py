@@ -130,12 +130,14 @@ class PathStats:
         self.lat: list[float] = []
         self.wall_s = 0.0
         self.cpu_s = {"proxy": 0.0, "proxy_threads": 0.0, "engine": 0.0}
+        self.rounds_ms: list[float] = []  # the proxy's CPU per request in each round
 
     def add(self, lat: list[float], wall_s: float, before: dict[str, float], after: dict[str, float]) -> None:
         self.lat += lat
         self.wall_s += wall_s
         for name in self.cpu_s:
             self.cpu_s[name] += after[name] - before[name]
+        self.rounds_ms.append(1e3 * (after["proxy"] - before["proxy"]) / len(lat))
 
     def figures(self) -> dict:
         n, cpu = len(self.lat), self.cpu_s
@@ -177,17 +179,23 @@ def measure_level(args, tok, engine, servers: dict[str, ServerProcess], n: int, 
         stats[path].add(lat, wall, before, cpu_now(server, engine))
     figures = {path: s.figures() for path, s in stats.items()}
     figures["cpu_ratio"] = figures["manager"]["cpu_ms_per_request"] / figures["anchor"]["cpu_ms_per_request"]
+    # each round's ratio (the manager's CPU per request over the anchor's in the same round): how much the
+    # machine moves the figure within one run
+    figures["cpu_ratio_rounds"] = [
+        m / a if a else None for m, a in zip(stats["manager"].rounds_ms, stats["anchor"].rounds_ms, strict=True)
+    ]
     return figures
 
 
 HEADER = (f"{'sessions':>8} | {'direct p50/p99':>15} | {'anchor p50/p99':>15} | {'manager p50/p99':>15} | "
-          f"{'req/s dir/anc/mgr':>18} | {'CPU ms anc/mgr':>14} | {'ratio':>5} | {'mgr thr':>7} | "
+          f"{'req/s dir/anc/mgr':>18} | {'CPU ms anc/mgr':>14} | {'ratio':>5} | {'rounds':>9} | {'mgr thr':>7} | "
           f"{'busy anc/mgr':>12}")  # fmt: skip
 
 
 def legend(args, proxy_cpus: set[int] | None, load: float) -> str:
     return (f"fake engine, {args.reply_tokens} tokens a reply, {args.turns} turns a session; latency in ms; CPU: "
-            f"milliseconds per request of the proxy's process; ratio: manager / anchor; mgr thr: the part of the "
+            f"milliseconds per request of the proxy's process; ratio: manager / anchor (rounds: its lowest and "
+            f"highest in single rounds, the machine's noise); mgr thr: the part of the "
             f"manager's CPU spent in its worker threads; busy: share of a core; proxy cores "
             f"{sorted(proxy_cpus) if proxy_cpus else 'any'}; load average {load:.1f}")  # fmt: skip
 
@@ -195,8 +203,10 @@ def legend(args, proxy_cpus: set[int] | None, load: float) -> str:
 def row(n: int, f: dict) -> str:
     d, a, m = f["direct"], f["anchor"], f["manager"]
     lat = " | ".join(f"{x['p50_ms']:6.1f} / {x['p99_ms']:6.1f}" for x in (d, a, m))
+    rounds = [r for r in f["cpu_ratio_rounds"] if r is not None]
+    spread = f"{min(rounds):.2f}-{max(rounds):.2f}" if rounds else "-"
     return (f"{n:>8} | {lat} | {d['rps']:6.0f}{a['rps']:6.0f}{m['rps']:6.0f} | "
-            f"{a['cpu_ms_per_request']:6.2f} {m['cpu_ms_per_request']:6.2f} | {f['cpu_ratio']:5.2f} | "
+            f"{a['cpu_ms_per_request']:6.2f} {m['cpu_ms_per_request']:6.2f} | {f['cpu_ratio']:5.2f} | {spread:>9} | "
             f"{m['worker_thread_cpu_ms_per_request']:7.2f} | "
             f"{100 * a['busy']:5.0f}% {100 * m['busy']:4.0f}%")  # fmt: skip
 
