@@ -281,8 +281,16 @@ class _Segment:
 
     path: str
     fd: int
+    inode: int
     rows: list[tuple] = field(default_factory=list)  # prepared records, in the order written
     size: int = 0  # bytes of whole frames written
+
+    def intact(self) -> bool:
+        """Whether the file is still there under its name (someone may have removed it)."""
+        try:
+            return os.stat(self.path).st_ino == self.inode
+        except FileNotFoundError:
+            return False
 
 
 class TrajectoryStore:
@@ -547,6 +555,9 @@ class TrajectoryStore:
             frames = b"".join(_frame(row) for row in prepared)
             if self._gone is not None or time.monotonic() - self._files_checked_s > CHECK_FILES_S:
                 self._refuse_if_gone("store a finished request")
+                if self._segment is not None and not self._segment.intact():
+                    log.warning("the journal file %s was removed: records go to a new one", self._segment.path)
+                    self._seal()  # its records still fold from memory; new ones are durable again
             segment = self._segment or self._open_segment()
             try:
                 written = os.write(segment.fd, frames)
@@ -630,8 +641,9 @@ class TrajectoryStore:
                 raise StoreError(f"the trajectory store {self.path} could not open its journal {path}: {e}") from e
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if os.fstat(fd).st_ino == os.stat(path).st_ino:  # not folded away by a store opened meanwhile
-                    self._segment = _Segment(path, fd)
+                inode = os.fstat(fd).st_ino
+                if inode == os.stat(path).st_ino:  # not folded away by a store opened meanwhile
+                    self._segment = _Segment(path, fd, inode)
                     return self._segment
             except OSError:
                 pass

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from reference.manager.prefix_tree import PrefixTree
-from reference.manager.store import NewTurn, StoreError, TrajectoryStore, TurnRecord
+from reference.manager.store import NewTurn, StoreError, TrajectoryStore, TurnRecord, _read_frames
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -293,7 +293,6 @@ def test_a_failing_fold_keeps_the_records_journaled_until_sqlite_takes_them(tmp_
 
 def test_a_journal_write_that_fails_takes_nothing_and_leaves_no_torn_record(tmp_path, monkeypatch):
     import reference.manager.store as store_module
-    from reference.manager.store import _read_frames
 
     path = tmp_path / "t.sqlite"
     with TrajectoryStore(path) as store:
@@ -315,6 +314,21 @@ def test_a_journal_write_that_fails_takes_nothing_and_leaves_no_torn_record(tmp_
         assert ([r[1] for r in second[0]], second[1]) == (["b"], 0)
     with TrajectoryStore(path) as again:
         assert [r.request_id for r in again.records("s")] == ["a", "b"]
+
+
+def test_a_removed_journal_file_is_replaced_and_its_records_still_fold(tmp_path, monkeypatch):
+    import reference.manager.store as store_module
+
+    monkeypatch.setattr(store_module, "CHECK_FILES_S", 0.0)  # check the files on every write
+    path = tmp_path / "t.sqlite"
+    with TrajectoryStore(path) as store:
+        store.journal([_turn("s", "a")])
+        (first,) = _segments(path)
+        first.unlink()  # an operator's cleanup removes it while serving
+        store.journal([_turn("s", "b", "a", 5)])
+        (second,) = _segments(path)
+        assert second != first and [r[1] for r in _read_frames(second.read_bytes())[0]] == ["b"]
+        assert [r.request_id for r in store.records("s")] == ["a", "b"]  # "a" folds from memory
 
 
 JOURNAL_WRITER = """
