@@ -157,14 +157,9 @@ def _parse_json(raw: bytes):
     return body
 
 
-async def _off_loop(fn, *args):
-    """fn(*args) in a worker thread (for a large request; a small one calls fn directly)."""
-    return await asyncio.to_thread(fn, *args)
-
-
 async def _body(request: web.Request):
     raw = await request.read()  # aiohttp answers 413 here for a body over client_max_size
-    return (_parse_json(raw) if len(raw) <= OFF_LOOP_BYTES else await _off_loop(_parse_json, raw)), len(raw)
+    return (_parse_json(raw) if len(raw) <= OFF_LOOP_BYTES else await asyncio.to_thread(_parse_json, raw)), len(raw)
 
 
 def _trajectory_info(o: Outcome) -> dict:
@@ -184,12 +179,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     with manager.admit():
         body, size = await _body(request)
         small = size <= OFF_LOOP_BYTES
-        chat = parse_chat(body) if small else await _off_loop(parse_chat, body)
+        chat = parse_chat(body) if small else await asyncio.to_thread(parse_chat, body)
         manager.check_model(chat.model)
         session = await manager.session(sid)
         render = session.renderer.render_pending
         prompt, fresh = (
-            render(chat.messages, chat.tools) if small else await _off_loop(render, chat.messages, chat.tools)
+            render(chat.messages, chat.tools) if small else await asyncio.to_thread(render, chat.messages, chat.tools)
         )
         manager.budget(len(prompt), chat.sampling)  # a rejected request leaves nothing behind
         with manager.accepted(session, fresh) as session:
@@ -253,7 +248,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
         prompt = req.prompt
         if isinstance(prompt, str):
             tok = manager.tok
-            prompt = encode_text(tok, prompt) if size <= OFF_LOOP_BYTES else await _off_loop(encode_text, tok, prompt)
+            prompt = (
+                encode_text(tok, prompt)
+                if size <= OFF_LOOP_BYTES
+                else await asyncio.to_thread(encode_text, tok, prompt)
+            )
         manager.budget(len(prompt), req.sampling)
         with manager.accepted(session) as session:
             if req.sampling.stream:
