@@ -128,7 +128,7 @@ class Recorder:
             return None  # a malformed record: the writer thread stores the others one by one
         except Exception as e:  # noqa: BLE001 - as in _write
             log.exception("the trajectory store's journal failed")
-            return [StoreError(f"the trajectory store failed: {e!r}")] * len(batch)
+            return [_unexpected(e)] * len(batch)
         finally:
             if (took := time.monotonic() - started) > INLINE_SLOW_S:
                 self._inline_paused_until = time.monotonic() + INLINE_PAUSE_S
@@ -179,7 +179,7 @@ class Recorder:
         try:
             self.store.flush()
         except Exception as e:  # noqa: BLE001 - the writer thread must survive anything
-            message = str(e) if isinstance(e, StoreError) else f"the trajectory store failed: {e!r}"
+            message = str(e if isinstance(e, StoreError) else _unexpected(e))
             if message != self.last_failure:
                 log.error("the trajectory store could not fold its journal: %s", message)
             self.last_failure, self.last_failure_s, self._fold_failed = message, time.time(), True
@@ -197,7 +197,7 @@ class Recorder:
             return self._write_one_by_one(batch)
         except Exception as e:  # noqa: BLE001 - the writer thread must survive anything; callers learn why
             log.exception("the trajectory store writer failed")
-            return [StoreError(f"the trajectory store failed: {e!r}")] * len(batch)
+            return [_unexpected(e)] * len(batch)
         return [None] * len(batch)
 
     def _write_one_by_one(self, batch: list[_Pending]) -> list[Exception | None]:
@@ -210,7 +210,7 @@ class Recorder:
             except (StoreError, ValueError) as e:
                 errors.append(e)
             except Exception as e:  # noqa: BLE001 - as in _write
-                errors.append(StoreError(f"the trajectory store failed: {e!r}"))
+                errors.append(_unexpected(e))
         return errors
 
     def _landed(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending], errors: list[Exception | None]) -> None:
@@ -244,3 +244,8 @@ class Recorder:
             log.error("the trajectory store failed to record %d request(s): %s", len(failures), failures[-1])
         elif ok:
             self.last_failure = None
+
+
+def _unexpected(e: Exception) -> StoreError:
+    """What an agent (and /health) is told of an error the store was not expected to raise."""
+    return StoreError(f"the trajectory store failed: {e!r}")

@@ -114,6 +114,8 @@ _FRAME = struct.Struct("<II")  # a journal frame's header: payload length, CRC-3
 _HEAD = struct.Struct("<qqd10I")
 _ABSENT = 0xFFFFFFFF  # the length of anchor_request_id when it is None
 _META_JSON = json.JSONEncoder(sort_keys=True, allow_nan=False).encode
+_SIZE_QUERY = "SELECT num_tokens FROM turns WHERE session_id = ? AND request_id = ?"
+_BUSY = object()  # what `_probe` returns when the read would have waited
 
 
 class StoreError(RuntimeError):
@@ -325,7 +327,7 @@ class TrajectoryStore:
         try:
             self._open()
             self._read, self._read_lock = self._conn, self._lock
-            self._probe: sqlite3.Connection | None = None
+            self._probe_conn: sqlite3.Connection | None = None
             self._probe_lock = threading.Lock()
             if not self.memory:
                 self._read, self._read_lock = self._connect(5.0), threading.Lock()
@@ -455,9 +457,9 @@ class TrajectoryStore:
         if self._read is not self._conn:
             with self._read_lock:
                 self._read.close()
-        if self._probe is not None and self._probe is not self._conn:
+        if self._probe_conn is not None and self._probe_conn is not self._conn:
             with self._probe_lock:
-                self._probe.close()
+                self._probe_conn.close()
 
     def __enter__(self) -> TrajectoryStore:
         return self
@@ -527,9 +529,8 @@ class TrajectoryStore:
             rows.append(row)
         return rows
 
-    def _stored_size(self, session_id: str, request_id: str, conn: sqlite3.Connection | None = None) -> int | None:
-        query = "SELECT num_tokens FROM turns WHERE session_id = ? AND request_id = ?"
-        found = (self._conn if conn is None else conn).execute(query, (session_id, request_id)).fetchone()
+    def _stored_size(self, session_id: str, request_id: str) -> int | None:
+        found = self._conn.execute(_SIZE_QUERY, (session_id, request_id)).fetchone()
         return None if found is None else found[0]
 
     # ---- the journal ----
@@ -607,14 +608,10 @@ class TrajectoryStore:
             if anchor is not None:
                 size = batch.get((session_id, anchor), self._known.get((session_id, anchor)))
                 if size is None:
-                    if not self._probe_lock.acquire(blocking=False):
+                    found = self._probe(_SIZE_QUERY, (session_id, anchor))
+                    if found is _BUSY:
                         return False
-                    try:
-                        size = self._stored_size(session_id, anchor, self._probe_connection())
-                    except sqlite3.Error:
-                        return False
-                    finally:
-                        self._probe_lock.release()
+                    size = None if found is None else found[0]
                 _check_anchor(session_id, anchor, match_len, size)
             batch[session_id, request_id] = num_tokens
         return True
@@ -735,11 +732,6 @@ class TrajectoryStore:
             finally:
                 os.close(fd)
 
-    def _probe_connection(self) -> sqlite3.Connection:
-        if self._probe is None:
-            self._probe = self._conn if self.memory else self._connect(0.0)
-        return self._probe
-
     def annotate(self, session_id: str, updates: dict[str, Any], author: str = "") -> dict[str, Any]:
         """Merge `updates` into the session's annotations (dict values are merged key by key, others
         replaced) and append them to the session's annotation history, in one transaction; returns the
@@ -805,14 +797,21 @@ class TrajectoryStore:
         thread is using the connection). For an event loop, where `has_session` could block."""
         if session_id in self._unfolded_sessions:
             return True
+        found = self._probe("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,))
+        return None if found is _BUSY else found is not None
+
+    def _probe(self, query: str, args: tuple) -> tuple | None | object:
+        """The first row of a read on the connection that never waits; _BUSY when it would have waited
+        (another process holds the database, or another thread is using the connection)."""
         lock = self._lock if self.memory else self._probe_lock
         if not lock.acquire(blocking=False):
-            return None
+            return _BUSY
         try:
-            query = "SELECT 1 FROM sessions WHERE session_id = ?"
-            return self._probe_connection().execute(query, (session_id,)).fetchone() is not None
+            if self._probe_conn is None:
+                self._probe_conn = self._conn if self.memory else self._connect(0.0)
+            return self._probe_conn.execute(query, args).fetchone()
         except sqlite3.Error:
-            return None
+            return _BUSY
         finally:
             lock.release()
 
