@@ -114,6 +114,12 @@ class _Progress:
     engines: list[str]
     restartable: bool = False  # no text of it reached the agent yet, so it may start over from its prompt
 
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` generated tokens: ids, log-probs and versions are cut together (the store
+        refuses a record whose three lists differ in length)."""
+        for values in (self.token_ids, self.logprobs, self.versions):
+            del values[n:]
+
 
 def check_session_id(session_id: str) -> str:
     if not SESSION_ID.match(session_id):
@@ -345,7 +351,7 @@ class TrajectoryManager:
                         reason, text = "stop", decoder.text[:cut]
                         break
                 if text is not None:
-                    del progress.token_ids[len(decoder.ids) :]  # tokens after the stop string are not the answer
+                    progress.truncate(len(decoder.ids))  # tokens after the stop string are not the answer
                     break
                 if len(decoder.text) - held > emitted:
                     yield decoder.text[emitted : len(decoder.text) - held]

@@ -6,12 +6,16 @@ be checked against what the engine must have produced.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import pytest
 
-from reference.engine.fake import FakeEngine
+from reference.engine.base import Finished, TokenBatch, TokenEvent
+from reference.engine.fake import FakeEngine, ScriptedEngine
+from reference.manager.embedded import ManagerThread
+from reference.manager.manager import ManagerConfig
 
 MODEL = "seamlessflow-tiny"
 
@@ -497,3 +501,65 @@ def test_n_samples_of_one_prompt_are_recorded_as_siblings(fake_manager, openai_c
     assert sorted(rid for b in tree["branches"] for rid in b["request_ids"]) == sorted(
         [*ids, *(ch.model_extra["trajectory"]["request_id"] for ch in c.choices)]
     )
+
+
+class _BatchedScript(ScriptedEngine):
+    """A scripted engine that delivers its tokens in batches of `size`, as the HTTP client does (one batch a
+    wire line): a stop string can then complete in the middle of a batch."""
+
+    def __init__(self, script, size: int, **kw) -> None:
+        super().__init__(script, **kw)
+        self.size = size
+
+    async def stream_batches(self, request):
+        batch = TokenBatch([], [], [])
+        async for event in self.stream(request):
+            if isinstance(event, TokenEvent):
+                batch.token_ids.append(event.token_id)
+                batch.logprobs.append(event.logprob)
+                batch.versions.append(event.version)
+                if len(batch.token_ids) < self.size:
+                    continue
+            if batch.token_ids:
+                yield batch
+                batch = TokenBatch([], [], [])
+            if isinstance(event, Finished):
+                yield event
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_inside_a_batch_cuts_ids_logprobs_and_versions_together(tok, tmp_path, http, stream):
+    """A stop string completed mid-batch: the answer ends before it, and the record keeps exactly the tokens up
+    to it, each with its own log-prob and version (the store refused a record with more log-probs than ids)."""
+    reply = tok.encode("alpha beta END gamma delta epsilon zeta eta theta")
+    engine = _BatchedScript(lambda prompt: reply, size=len(reply), vocab_size=tok.vocab_size)
+    with ManagerThread({"scripted": engine}, tok, tmp_path / "t.sqlite", ManagerConfig(default_max_tokens=64)) as m:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 40, "stop": ["END"], "stream": stream}
+        url = m.base_url("stop") + "/completions"
+        if stream:
+            assert _stream(url, body)[0] == 200
+        else:
+            status, answer = http("POST", url, body)
+            assert status == 200
+            assert answer["choices"][0]["text"] == "alpha beta "
+            assert answer["choices"][0]["finish_reason"] == "stop"
+        status, tree = http("GET", f"{m.url}/trajectories/stop")
+    assert status == 200
+    (branch,) = tree["branches"]
+    generated = [i for i, g in enumerate(branch["generated_mask"]) if g]
+    kept = [branch["token_ids"][i] for i in generated]
+    assert tok.decode(kept).startswith("alpha beta END")
+    assert len(kept) < len(reply)
+    assert kept == reply[: len(kept)]
+    assert [branch["logprobs"][i] for i in generated] == [FakeEngine.logprob(t) for t in kept]
+    assert [branch["versions"][i] for i in generated] == [0] * len(kept)
+
+
+def _stream(url: str, body: dict) -> tuple[int, str]:
+    """(status, raw body) of a streamed completion."""
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.status, response.read().decode()
