@@ -207,16 +207,9 @@ class DockerGrader:
             raise GradingError(f"instance {task.instance_id!r}: the sandbox failed: {e}") from e
 
     def _image(self, task: Task) -> str:
-        from swebench_env.images import ensure_base_image, ensure_image, ensure_swebench_image
+        from swebench_env.images import task_image  # the task's own image, install recipe, or the default
 
-        if is_official(task):
-            image = task.extra.get("image")
-            if isinstance(image, str) and image:
-                return ensure_image(image, f"the image of {task.instance_id}", client=self._client)
-            return ensure_swebench_image(task.instance_id, client=self._client)
-        if self._base_image is None:
-            self._base_image = ensure_base_image(client=self._client)
-        return self._base_image
+        return task_image(task, self._base_image, client=self._client)
 
 
 @contextmanager

@@ -21,6 +21,14 @@ E.g. django__django-11099 -> swebench/sweb.eval.x86_64.django_1776_django-11099:
 hold the repository at /testbed with a conda environment `testbed`; `ensure_swebench_image` pulls one
 when it is not present locally.
 
+**Task images.** `task_image(task)` is how every caller picks the image a task runs in: an official
+SWE-bench record keeps its own image (above); another task runs in the image its `image` field names
+(used as is, pulled if absent), else the run's default (`--image`), else the base image; and when it
+carries an `install` recipe (`environments.py`), in a task image built on that one: `docker build` with
+the network off copies a wheelhouse in, runs `pip install --no-index --find-links` and the recipe's
+commands, and tags the result `seamlessflow/swe-task:<hash>` of (base image id, recipe, wheel files), so
+it is built once per machine and reused. A file lock per tag keeps concurrent builders from racing.
+
 Task repositories get into a sandbox by copying: `sandbox.copy_in(sandbox, checkout, "/testbed")`.
 """
 
@@ -28,17 +36,37 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swebench_env.docker_util import docker_client
+from swebench_env.environments import (
+    PROBE,
+    InstallRecipe,
+    RecipeError,
+    cache_dir,
+    fetch_wheels,
+    fetched_wheels_dir,
+    given_wheelhouse,
+    pip_failure,
+    target_from_probe,
+    wheel_files,
+    wheels_digest,
+)
+
+if TYPE_CHECKING:
+    from swebench_env.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +98,13 @@ IMAGE_CHANGES = (
     "WORKDIR /",
     'CMD ["bash"]',
 )
+
+
+TASK_REPOSITORY = "seamlessflow/swe-task"
+TASK_SCRIPT_VERSION = 1  # bump when the task image's build steps change
+INSTALL_TIMEOUT_S = 1800.0
+BUILD_DIR = "/tmp/seamlessflow-build"  # in the build container: wheels, requirements, the install script
+STEP = ">>> seamlessflow build step:"  # the install script names each step, so a failure names its own
 
 
 class ImageUnavailable(RuntimeError):
@@ -160,6 +195,146 @@ def ensure_swebench_image(instance_id: str, *, client=None, **naming) -> str:
 def ensure_image(name: str, what: str = "the image", *, client=None) -> str:
     """`name`, pulled first if this daemon does not have it; ImageUnavailable says what to do when it cannot be."""
     return _present_or_pulled(client or docker_client(), name, what)
+
+
+def task_image(task: Task, default_image: str | None = None, *, client=None, wheelhouse: Path | None = None) -> str:
+    """The image `task` runs in (see the module docstring), made present first: pulled, or built from its
+    `install` recipe with the wheels of `wheelhouse` (default $SEAMLESSFLOW_WHEELHOUSE, else `pip download`)."""
+    from swebench_env.grading import is_official  # grading asks this module for images; import it lazily
+
+    client = client or docker_client()
+    env = task.environment
+    if is_official(task):
+        if env.install is not None:
+            raise RecipeError(f"instance {task.instance_id!r}: field 'install': official SWE-bench records run in "
+                              "their own image; name an image that has what the tests need instead")  # fmt: skip
+        if env.image:
+            return ensure_image(env.image, f"the image of {task.instance_id}", client=client)
+        return ensure_swebench_image(task.instance_id, client=client)
+    if env.image:
+        base = ensure_image(env.image, f"the image of {task.instance_id}", client=client)
+    else:
+        base = default_image or ensure_base_image(client=client)
+    if env.install is None:
+        return base
+    try:
+        return ensure_task_image(base, env.install, client=client, wheelhouse=wheelhouse)
+    except RecipeError as e:
+        raise RecipeError(f"instance {task.instance_id!r}: {e}") from None
+
+
+def ensure_task_image(base: str, recipe: InstallRecipe, *, client=None, wheelhouse: Path | None = None) -> str:
+    """`base` with `recipe` installed: the cached task image, built here (offline) the first time."""
+    client = client or docker_client()
+    base_id = client.images.get(_present_or_pulled(client, base, "the base of a task image")).id
+    wheels = _wheels_for(recipe, base_id, client, wheelhouse)
+    digest = task_image_digest(base_id, recipe, wheels)
+    name = f"{TASK_REPOSITORY}:{digest}"
+    if _present(client, name):
+        return name
+    with _build_lock(cache_dir() / "locks", f"task-{digest}"):
+        if not _present(client, name):  # another builder may have finished while we waited
+            build_task_image(name, base_id, recipe, wheels, client=client)
+    return name
+
+
+def task_image_digest(base_id: str, recipe: InstallRecipe, wheels: Path | None) -> str:
+    """12 hex digits of a hash of what shapes a task image: the base image's id, the recipe, the wheel files."""
+    record = {"base": base_id, "pip": sorted(recipe.pip), "commands": list(recipe.commands)}
+    record |= {"wheels": wheels_digest(wheels) if wheels else [], "script_version": TASK_SCRIPT_VERSION}
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _wheels_for(recipe: InstallRecipe, base_id: str, client, wheelhouse: Path | None) -> Path | None:
+    """The wheelhouse the build installs from: the one given, else the recipe's download (fetched once)."""
+    if not recipe.pip:
+        return None
+    given = given_wheelhouse(wheelhouse)
+    if given is not None:
+        return given
+    dest = fetched_wheels_dir(recipe, base_id)
+    if not dest.is_dir():
+        with _build_lock(dest.parent, dest.name):
+            if not dest.is_dir():
+                log.warning("downloading wheels for %s into %s", list(recipe.pip), dest)
+                fetch_wheels(recipe, _target(client, base_id), dest)
+    return dest
+
+
+def _target(client, image: str):
+    """The Python version and platform of `image`, asked of its python3 in a short sandbox."""
+    from swebench_env.sandbox import Sandbox, SandboxConfig
+
+    with Sandbox(SandboxConfig(image=image, memory_mb=256, labels={"seamlessflow.role": "probe"}), client) as sb:
+        result = sb.exec(f"python3 -c {shlex.quote(PROBE)}", timeout_s=60)
+    if result.exit_code != 0:
+        raise RecipeError(f"install recipes need python3 in the base image; it said: {result.output.strip()[-200:]}")
+    return target_from_probe(result.output)
+
+
+def build_task_image(name: str, base_id: str, recipe: InstallRecipe, wheels: Path | None, *, client=None) -> str:
+    """`docker build` `name` from `base_id` with the network off: the wheels copied in and installed with
+    `pip install --no-index --find-links`, then the recipe's commands. RecipeError names a failing step."""
+    client = client or docker_client()
+    started = time.monotonic()
+    log.warning("building task image %s: %s", name, recipe.to_json())
+    context = _build_context(name, base_id, recipe, wheels)
+    output, error = [], None
+    try:
+        for chunk in client.api.build(fileobj=context, custom_context=True, tag=name, network_mode="none", rm=True,
+                                      forcerm=True, pull=False, decode=True, timeout=INSTALL_TIMEOUT_S):  # fmt: skip
+            output.extend(chunk.get("stream", "").splitlines())
+            error = chunk.get("error") or error
+    except Exception as e:  # the daemon went away, or the build timed out on the client
+        raise ImageUnavailable(f"building task image {name} failed: {e}") from e
+    if error is not None:
+        raise _build_failure(recipe, wheels, output, error)
+    log.warning("built %s in %.1f s", name, time.monotonic() - started)
+    return name
+
+
+def _build_context(name: str, base_id: str, recipe: InstallRecipe, wheels: Path | None) -> io.BytesIO:
+    copies = [f"COPY wheels/ {BUILD_DIR}/wheels/"] if wheels else []
+    dockerfile = "\n".join([
+        f"FROM {base_id}", *copies, f"COPY install.sh requirements.txt {BUILD_DIR}/",
+        f"RUN bash {BUILD_DIR}/install.sh && rm -rf {BUILD_DIR}",
+        f'LABEL seamlessflow.task_image="{name.rsplit(":", 1)[1]}" seamlessflow.base="{base_id}"',
+    ])  # fmt: skip
+    files = {"Dockerfile": dockerfile, "install.sh": _install_script(recipe), "requirements.txt": "\n".join(recipe.pip)}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for file_name, text in files.items():
+            data = (text + "\n").encode()
+            info = tarfile.TarInfo(file_name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for wheel in wheel_files(wheels) if wheels else []:
+            tar.add(wheel, arcname=f"wheels/{wheel.name}")
+    buffer.seek(0)
+    return buffer
+
+
+def _install_script(recipe: InstallRecipe) -> str:
+    pip_env = "PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_NO_INPUT=1"
+    lines = ["set -euo pipefail", f"export {pip_env} PIP_ROOT_USER_ACTION=ignore"]
+    if recipe.pip:
+        wheels, requirements = f"{BUILD_DIR}/wheels", f"{BUILD_DIR}/requirements.txt"
+        lines += [f'echo "{STEP} pip"', f"python3 -m pip install --no-index --find-links {wheels} -r {requirements}"]
+    for i, command in enumerate(recipe.commands):
+        lines += [f'echo "{STEP} command {i}"', f"bash -euo pipefail -c {shlex.quote(command)}"]
+    return "\n".join(lines)
+
+
+def _build_failure(recipe: InstallRecipe, wheels: Path | None, output: list[str], error: str) -> Exception:
+    steps = [line.split(STEP, 1)[1].strip() for line in output if STEP in line]
+    last = next((line.strip() for line in reversed(output) if line.strip() and STEP not in line), error.strip())
+    if steps and steps[-1] == "pip":
+        return RecipeError(pip_failure("\n".join(output), f"the wheelhouse {wheels}"))
+    if steps and steps[-1].startswith("command "):
+        i = int(steps[-1].split()[1])
+        command = f"{recipe.commands[i]!r:.80}"
+        return RecipeError(f"field 'install.commands' item {i} ({command}) failed at build time: {last}")
+    return ImageUnavailable(f"docker build of a task image failed: {error.strip()}")
 
 
 def _present(client, name: str) -> bool:

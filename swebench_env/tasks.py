@@ -9,6 +9,8 @@ GitHub's `repo`: a local git directory (work tree or bare) or a git bundle file,
 file. With it, tasks are added offline; without it, `repo` is GitHub's `owner/name` and official
 instances load unchanged. Fields a file carries beyond the schema (e.g. SWE-bench Verified's
 `difficulty`) are kept in `Task.extra` and written back; a misspelling of a known field is an error.
+Two of them are read: `image` and `install`, the task's environment (`environments.py`), checked when
+the task is made and read through `Task.environment`.
 
 `materialize_repo` fetches only `base_commit` and its history into a fresh repository on branch
 `main`, so commits after the base commit (the fix, for a real issue) are not in the checkout.
@@ -24,6 +26,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from swebench_env.environments import FIELDS as ENVIRONMENT_FIELDS
+from swebench_env.environments import RecipeError, TaskEnvironment, environment_of
 from swebench_env.git import DEFAULT_TIMEOUT_S, git, is_repository
 
 GITHUB_URL = "https://github.com/{repo}.git"
@@ -88,6 +92,15 @@ class Task:
             raise _bad(self, "FAIL_TO_PASS", "expected at least one test that the fix makes pass, got none")
         if self.repo_path is not None and not isinstance(self.repo_path, Path):
             raise _bad(self, "repo_path", f"expected a pathlib.Path or None, got {self.repo_path!r}")
+        try:
+            environment_of(self.extra)
+        except RecipeError as e:
+            raise TaskFormatError(f"instance {self.instance_id!r}: {e}") from None
+
+    @property
+    def environment(self) -> TaskEnvironment:
+        """The image and install recipe the record names (its `image` and `install` fields), if any."""
+        return environment_of(self.extra)
 
     def to_dict(self, relative_to: Path | None = None) -> dict[str, Any]:
         """The JSON record; `repo_path` relative to `relative_to` (a task file's folder) where it lies below it."""
@@ -127,8 +140,8 @@ def task_from_dict(record: Mapping[str, Any], base_dir: Path | None = None) -> T
     if missing:
         raise TaskFormatError(f"instance {name!r}: missing field(s) {missing}; a task needs {list(REQUIRED)}")
     for key in record:
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
-        if key not in known and close:
+        close = difflib.get_close_matches(key, [*known, *ENVIRONMENT_FIELDS], n=1, cutoff=0.8)
+        if key not in known and key not in ENVIRONMENT_FIELDS and close:
             raise TaskFormatError(f"instance {name!r}: unknown field {key!r} (did you mean {close[0]!r}?)")
     values = {k: v for k, v in record.items() if k in known}
     for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
@@ -178,25 +191,28 @@ def parse_tasks(
     """Tasks from the text of a JSON list (or one object) or of JSONL; `source` names the text in errors.
     With a `problems` list, a record that breaks the schema (or a JSONL line that is not JSON) is skipped
     and a line saying why is appended to it; without, the first one raises TaskFormatError."""
-    stripped = text.lstrip()
-    if stripped.startswith("["):
+    placed = parse_records(text, source, problems)
+    return _validated([r for _, r in placed], [p for p, _ in placed], base_dir, problems)
+
+
+def parse_records(text: str, source: str = "<tasks>", problems: list[str] | None = None) -> list[tuple[str, Any]]:
+    """(place, JSON record) for each record of a JSON list or JSONL text, unvalidated; a place reads
+    "<source> line 3" or "<source> item 2". A JSONL line that is not JSON: as for `parse_tasks`."""
+    if text.lstrip().startswith("["):
         try:
             records = json.loads(text)
         except json.JSONDecodeError as e:
             raise TaskFormatError(f"{source}: not valid JSON: {e}") from None
-        places = [f"{source} item {i}" for i in range(len(records))]
-    else:
-        records, places = [], []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                _problem(TaskFormatError(f"{source} line {number}: not valid JSON: {e}"), problems)
-                continue
-            places.append(f"{source} line {number}")
-    return _validated(records, places, base_dir, problems)
+        return [(f"{source} item {i}", r) for i, r in enumerate(records)]
+    placed = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            placed.append((f"{source} line {number}", json.loads(line)))
+        except json.JSONDecodeError as e:
+            _problem(TaskFormatError(f"{source} line {number}: not valid JSON: {e}"), problems)
+    return placed
 
 
 def _problem(error: TaskFormatError, problems: list[str] | None) -> None:
@@ -228,15 +244,19 @@ def load_tasks(path: Path | str, problems: list[str] | None = None) -> list[Task
     """Every task in a JSON or JSONL file; relative `repo_path`s are taken from the file's folder. `problems`:
     as for `parse_tasks` (skip bad records, say why there)."""
     path = Path(path)
+    return parse_tasks(read_task_file(path), source=str(path), base_dir=path.parent.resolve(), problems=problems)
+
+
+def read_task_file(path: Path) -> str:
+    """The text of a task file; FileNotFoundError or TaskFormatError (one line) when it cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"task file {path} does not exist") from None
     except OSError as e:  # a folder, no permission
         raise TaskFormatError(f"task file {path} cannot be read: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise TaskFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    return parse_tasks(text, source=str(path), base_dir=path.parent.resolve(), problems=problems)
 
 
 def dump_tasks(tasks: Iterable[Task], path: Path | str) -> Path:
