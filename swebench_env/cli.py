@@ -2,7 +2,8 @@
 
 suite     --out DIR: regenerate the offline suite into DIR and verify it; --verify: re-check a suite
 validate  FILE: check a task file (JSON list or JSONL) against the schema
-check     FILE: run each task's tests here (empty patch fails, gold patch resolves); trusted tasks only
+check     FILE: run each task's tests in its sandbox (empty patch fails, gold patch resolves)
+derive-tests FILE: compute FAIL_TO_PASS and PASS_TO_PASS by running the tests before and after the gold patch
 checkout  FILE ID DEST: check out one task's repository at its base commit
 eval      --tasks FILE --predictions FILE --out DIR: grade SWE-bench predictions in Docker, report as SWE-bench does
 rollout   --tasks FILE --base-url URL --out DIR: run an agent on tasks against a running manager, grade, store rewards
@@ -30,10 +31,20 @@ def parser() -> argparse.ArgumentParser:
     suite.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="tasks built or checked at once")
     validate = sub.add_parser("validate", help="check a task file against the schema")
     validate.add_argument("file", type=Path)
-    check = sub.add_parser("check", help="run the tasks of a file with the empty and the gold patch (runs their code!)")
+    check = sub.add_parser("check", help="run the tasks of a file with the empty and the gold patch in their sandbox")
     check.add_argument("file", type=Path)
     check.add_argument("--ids", nargs="+", default=None, help="check only these instance ids")
     check.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    derive = sub.add_parser("derive-tests", help="compute FAIL_TO_PASS and PASS_TO_PASS from runs before and after "
+                            "the gold patch")  # fmt: skip
+    derive.add_argument("file", type=Path, help="task file (JSON or JSONL); the lists may be absent")
+    derive.add_argument("--ids", nargs="+", default=None, help="derive only these instance ids")
+    derive.add_argument("--out", type=Path, default=None, help="write the file with the derived lists here")
+    derive.add_argument("--in-place", action="store_true", help="rewrite FILE with the derived lists")
+    derive.add_argument("--runs", type=int, default=1, help="runs before and after; all must agree (flaky tests)")
+    derive.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    for command in (check, derive):
+        _sandbox_arguments(command)
     checkout = sub.add_parser("checkout", help="check out a task's repository at its base commit")
     checkout.add_argument("file", type=Path, help="task file (JSON or JSONL)")
     checkout.add_argument("instance_id")
@@ -50,8 +61,24 @@ def parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--timeout-s", type=float, default=300.0, help="each instance's test run")
     evaluate.add_argument("--image", default=None, help="sandbox image for local-repository tasks (default: the "
                           "offline base image, built on first use)")  # fmt: skip
+    _wheelhouse_argument(evaluate)
     _rollout_parsers(sub)
     return p
+
+
+def _sandbox_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sandbox", choices=("docker", "local"), default="docker",
+                   help="where the tests run: each task's Docker sandbox, as grading runs them (default), or this "
+                   "machine's Python, unisolated (trusted tasks on a machine without Docker)")  # fmt: skip
+    p.add_argument("--image", default=None, help="Docker image for tasks that name none (default: the offline base "
+                   "image, built on first use)")  # fmt: skip
+    p.add_argument("--timeout-s", type=float, default=300.0, help="each test run")
+    _wheelhouse_argument(p)
+
+
+def _wheelhouse_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wheelhouse", type=Path, default=None, help="a folder of wheels that tasks' install recipes "
+                   "are built from, offline (default: $SEAMLESSFLOW_WHEELHOUSE, else pip download)")  # fmt: skip
 
 
 def _rollout_parsers(sub) -> None:
@@ -69,6 +96,7 @@ def _rollout_parsers(sub) -> None:
                        "or this machine, unisolated (trusted tasks only)")  # fmt: skip
         p.add_argument("--image", default=None, help="Docker image for local-repository tasks (default: the offline "
                        "base image, built on first use)")  # fmt: skip
+        _wheelhouse_argument(p)
     rollout.add_argument("--base-url", required=True, help="the trajectory manager, http://HOST:PORT")
     rollout.add_argument("--agent", default="builtin", help="the agent: builtin or mini-swe-agent")
     rollout.add_argument("--mini-config", type=Path, default=None, help="for --agent mini-swe-agent: its config file "
@@ -112,16 +140,23 @@ def _chosen(tasks, ids: list[str] | None, where: Path):
 
 
 def check(args: argparse.Namespace) -> int:
+    from swebench_env.taskcheck import check_tasks, evaluator
     from swebench_env.tasks import load_tasks
 
-    return _verify(_chosen(load_tasks(args.file), args.ids, args.file), {}, args.jobs)
+    tasks = _chosen(load_tasks(args.file), args.ids, args.file)
+    evaluate = evaluator(args.sandbox, args.image, args.timeout_s)
+    return _report(lambda: check_tasks(tasks, evaluate, jobs=args.jobs))
 
 
 def _verify(tasks, demos, jobs: int) -> int:
     from swebench_env.suite.verify import check_tasks
 
+    return _report(lambda: check_tasks(tasks, demos, jobs=jobs))
+
+
+def _report(run) -> int:
     start = time.perf_counter()
-    checks = check_tasks(tasks, demos, jobs=jobs)
+    checks = run()
     bad = [c for c in checks if not c.ok]
     for check in bad:
         for problem in check.problems:
@@ -129,6 +164,31 @@ def _verify(tasks, demos, jobs: int) -> int:
     seconds = time.perf_counter() - start
     print(f"verified {len(checks)} tasks in {seconds:.1f} s: {len(checks) - len(bad)} ok, {len(bad)} bad")
     return 1 if bad else 0
+
+
+def derive_tests(args: argparse.Namespace) -> int:
+    from swebench_env.taskcheck import derive_file, evaluator, updated_records, write_records
+
+    if args.out is not None and args.in_place:
+        raise ValueError("give --out FILE or --in-place, not both")
+    start = time.perf_counter()
+    evaluate = evaluator(args.sandbox, args.image, args.timeout_s)
+    derived = derive_file(args.file, evaluate, args.ids, args.runs, args.jobs)
+    verdicts = {"as in the file": 0, "differ from the file": 0, "errors": 0}
+    for iid, result in derived.results.items():
+        if not result.ok:
+            print(f"{iid}: {result.problem}", file=sys.stderr)
+            verdicts["errors"] += 1
+            continue
+        verdict = "as in the file" if derived.as_read(iid) == result.lists else "differ from the file"
+        verdicts[verdict] += 1
+        print(f"{iid}: {len(result.FAIL_TO_PASS)} FAIL_TO_PASS, {len(result.PASS_TO_PASS)} PASS_TO_PASS, {verdict}")
+    out = args.file if args.in_place else args.out
+    if out is not None:
+        print(f"wrote {write_records(updated_records(derived, out), out, derived.as_list)}", file=sys.stderr)
+    said = ", ".join(f"{n} {verdict}" for verdict, n in verdicts.items())
+    print(f"derived {len(derived.results)} tasks in {time.perf_counter() - start:.1f} s: {said}")
+    return 1 if verdicts["errors"] else 0
 
 
 def validate(args: argparse.Namespace) -> int:
@@ -170,11 +230,20 @@ def replay(args: argparse.Namespace) -> int:
     return replay_command(args, _chosen(load_tasks(args.tasks), args.ids, args.tasks))
 
 
+def _use_wheelhouse(path: Path | None) -> None:
+    """--wheelhouse DIR: what $SEAMLESSFLOW_WHEELHOUSE says, for every image this process builds."""
+    from swebench_env.environments import WHEELHOUSE_ENV, given_wheelhouse
+
+    if path is not None:
+        os.environ[WHEELHOUSE_ENV] = str(given_wheelhouse(path))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    commands = {"suite": suite, "validate": validate, "check": check, "checkout": checkout, "eval": evaluate,
-                "rollout": rollout, "replay": replay}  # fmt: skip
+    commands = {"suite": suite, "validate": validate, "check": check, "derive-tests": derive_tests,
+                "checkout": checkout, "eval": evaluate, "rollout": rollout, "replay": replay}  # fmt: skip
     try:
+        _use_wheelhouse(getattr(args, "wheelhouse", None))
         return commands[args.command](args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
