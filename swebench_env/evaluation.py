@@ -13,8 +13,31 @@ grading reads it too; `read_eval_log` applies its rules for a log it cannot trus
 not apply, a timeout, no test output, or a non-zero test exit with no failing test listed (a patch
 can print its own PASSED lines) give no test statuses at all, so nothing passes.
 
-The pure parts (`judged_files`, `pytest_command`, `parse_pytest_log`, `grade`, `read_eval_log`) are
-what the Docker grader (`grading.py`) uses. `evaluate_locally` is the plain-subprocess version the
+Protected files (`protected_paths`, the one rule both graders apply). SWE-bench resets only the test
+files of the test patch, so a patch that adds a root `conftest.py` forcing every test to pass resolves
+any task there. Here a candidate's change to any file that configures the test run or the interpreter's
+start-up, or that looks like a test, is undone before the tests run: the file is put back as it was
+before the patch (deleted if the patch added it). The rest of the patch is graded as usual, so a fix
+that also adds its own tests or touches `setup.cfg` is not punished, only its protected part dropped
+(a legitimate change to `pyproject.toml` or `setup.cfg` is dropped too; SWE-bench's gold patches keep
+test files out, and its environments are installed before the patch, so that rarely matters). Protected:
+- test configuration: `conftest.py`, `pytest.ini`, `.pytest.ini`, `pytest.toml`, `.pytest.toml`,
+  `tox.ini`, `setup.cfg`, `pyproject.toml` (the whole file: its pytest section can add `-p plugin`,
+  `--deselect` or `-k`), anywhere in the tree;
+- interpreter start-up: `sitecustomize.py`, `usercustomize.py`, `*.pth`, and compiled code
+  (`*.pyc`, `*.pyo`, anything under `__pycache__/`), anywhere;
+- tests: the files the test patch touches, `test_*.py`, `*_test.py`, `tests.py`, anything under a
+  `tests/` or `test/` folder;
+- a top-level module that shadows one pytest or the standard library imports (`pytest.py`, `json.py`,
+  `_pytest/__init__.py`...: `python -m pytest` puts the repository first on `sys.path`), and `.git/`.
+Not caught: source code that the tests import and that patches pytest or the tests at import time
+(`_pytest.python.Function.runtest = ...` in the package under test), a plugin module that the base
+commit's own configuration loads and the patch edits, and anything the tests themselves run (a
+subprocess that rewrites a test file). The tests also run with pytest's plugin auto-loading off, no
+cache plugin, no bytecode written, and `PYTEST_ADDOPTS` / `PYTEST_PLUGINS` unset.
+
+The pure parts (`judged_files`, `protected_paths`, `pytest_command`, `parse_pytest_log`, `grade`,
+`read_eval_log`) are what the Docker grader (`grading.py`) uses. `evaluate_locally` is the plain-subprocess version the
 suite generator uses; it runs the repository's code on this machine, so use it only on trusted tasks
 (the shipped suite, your own).
 
@@ -27,6 +50,7 @@ from __future__ import annotations
 import enum
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +64,7 @@ from swebench_env.tasks import Task, materialize_repo
 DEFAULT_TEST_TIMEOUT_S = 300.0
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _PYTEST_ARGS = ("-m", "pytest", "-rA", "-p", "no:cacheprovider", "--no-header", "-q")
+_PYTEST_ENV_CLEARED = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")  # options and plugins from outside the repository
 _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) +(\S+)", re.MULTILINE)
 _SKIP_COUNT = re.compile(r"\[\d+\]$")  # `SKIPPED [2] path:line: reason`: a count, not a test id
 # SWE-bench's log markers (swebench.harness.constants), written by the grader's script
@@ -88,6 +113,7 @@ class Evaluation:
     grade: Grade
     log: str  # git apply's complaint, or pytest's output (in Docker: the whole graded run's log)
     problem: str | None = None  # why the log's test results were not trusted (see `read_eval_log`)
+    undone: tuple[str, ...] = ()  # protected paths the patch touched, put back before the tests ran
 
     @property
     def resolved(self) -> bool:
@@ -107,6 +133,83 @@ def patch_files(patch: str) -> list[str]:
 def judged_files(task: Task) -> list[str]:
     """The test files that judge `task`: those its test patch touches."""
     return patch_files(task.test_patch)
+
+
+# The protected-file rule (see the module docstring): names anywhere in the tree, suffixes, folders.
+CONFIG_NAMES = frozenset(
+    {"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg"}
+    | {"pyproject.toml", "sitecustomize.py", "usercustomize.py", "tests.py"}
+)
+PROTECTED_SUFFIXES = (".pth", ".pyc", ".pyo")
+PROTECTED_DIRS = frozenset({"tests", "test", "__pycache__", ".git"})
+TEST_FILE = re.compile(r"(test_.*|.*_test)\.py")
+# Modules `python -m pytest` imports that a top-level file of the repository would shadow.
+SHADOWED = sys.stdlib_module_names | {"pytest", "_pytest", "py", "pluggy", "iniconfig", "packaging", "exceptiongroup",
+                                      "tomli", "pygments", "attr", "xdist"}  # fmt: skip
+_IMPORTABLE = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
+_PATCH_PATH = re.compile(r"^(?:diff --git |--- |\+\+\+ |\*\*\* |Index: |(?:rename|copy) (?:from|to) )(.+)$", re.M)
+
+
+def is_protected(path: str, judged: frozenset[str] = frozenset()) -> bool:
+    """Whether a candidate patch may not change `path` (a repository-relative path): the rule above."""
+    parts = path.split("/")
+    name = parts[-1]
+    return (
+        path in judged
+        or bool(PROTECTED_DIRS.intersection(parts))
+        or name in CONFIG_NAMES
+        or name.endswith(PROTECTED_SUFFIXES)
+        or TEST_FILE.fullmatch(name) is not None
+        or _shadows(parts)
+    )
+
+
+def _shadows(parts: list[str]) -> bool:
+    """A top-level module (`json.py`, `pytest/__init__.py`) named as one that the test run imports."""
+    if len(parts) == 2 and parts[1].split(".", 1)[0] in ("__init__", "__main__") and parts[1].endswith(_IMPORTABLE):
+        return parts[0] in SHADOWED
+    return len(parts) == 1 and parts[0].endswith(_IMPORTABLE) and parts[0].split(".", 1)[0] in SHADOWED
+
+
+def touched_paths(patch: str, unstripped: bool = True) -> list[str]:
+    """The repository paths a patch's headers name, read as `git apply` and `patch -p1` read them (quoted names
+    unquoted, timestamps dropped, the first component stripped) and, with `unstripped`, also as written. It may
+    name more than the patch changes (a removed line `-- x` reads as a header): harmless where the caller only
+    puts paths back as they were. Absolute paths and paths through `..` are left out: both tools refuse them."""
+    found: list[str] = []
+    for field in _PATCH_PATH.findall(patch):
+        for raw in _header_names(field):
+            if raw == "/dev/null":
+                continue
+            for path in (raw.split("/", 1)[-1], raw) if unstripped else (raw.split("/", 1)[-1],):
+                parts = path.split("/")
+                if path and not path.startswith("/") and ".." not in parts:
+                    found.append(path)
+    return list(dict.fromkeys(found))
+
+
+def _header_names(field: str) -> list[str]:
+    """The file names in a header line's tail: `a/x b/x` (git), `"a/q x" "b/q x"` (quoted), `x<TAB>date`."""
+    if field.startswith('"'):
+        return [_unquote(m) for m in re.findall(r'"((?:[^"\\]|\\.)*)"', field)]
+    field = field.split("\t", 1)[0].rstrip()
+    half = (len(field) - 1) // 2  # `a/X b/X`: the same name twice, a space between
+    if field[half : half + 1] == " " and field[:half].split("/", 1)[-1] == field[half + 1 :].split("/", 1)[-1]:
+        return [field[:half], field[half + 1 :]]
+    return [field, *field.split(" ")]
+
+
+def _unquote(quoted: str) -> str:
+    """Git's C-style quoting (`\\t`, `\\"`, octal bytes of UTF-8) undone."""
+    return quoted.encode("latin-1", "backslashreplace").decode("unicode_escape").encode("latin-1").decode(
+        "utf-8", "replace")  # fmt: skip
+
+
+def protected_paths(task: Task, patch: str, unstripped: bool = True) -> list[str]:
+    """The paths `patch` may touch that the grader puts back as they were before it (sorted); without
+    `unstripped`, only as the appliers read the headers (what the evaluation reports as undone)."""
+    judged = frozenset(judged_files(task))
+    return sorted(p for p in touched_paths(patch, unstripped) if is_protected(p, judged))
 
 
 def pytest_command(task: Task, python: str = "python") -> list[str]:
@@ -181,14 +284,16 @@ def apply_patch(repo: Path, patch: str, timeout_s: float = 60.0) -> str | None:
 def run_pytest(
     repo: Path, paths: list[str], timeout_s: float = DEFAULT_TEST_TIMEOUT_S
 ) -> tuple[dict[str, Outcome], str]:
-    """Run pytest with this Python on `paths` in `repo`: (test id -> outcome, log). A timeout keeps what ran."""
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    """Run pytest with this Python on `paths` in `repo`: (test id -> outcome, log). A run past `timeout_s` is
+    killed and its log ends with SWE-bench's `Tests Timed Out` marker (`read_eval_log` trusts none of it)."""
+    env = {k: v for k, v in os.environ.items() if k not in _PYTEST_ENV_CLEARED}
+    env |= {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = [sys.executable, *_PYTEST_ARGS, *paths]
     try:
         done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return parse_pytest_log(out), out + f"\n[tests timed out after {timeout_s:g} s]"
+        return {}, out + f"\n[tests killed after {timeout_s:g} s]\n{TESTS_TIMEOUT}\n"
     log = done.stdout + done.stderr
     return parse_pytest_log(log), log
 
@@ -214,13 +319,32 @@ def _exists_at(repo: Path, commit: str, path: str) -> bool:
     return True
 
 
+def undo_protected(task: Task, repo: Path, patch: str) -> list[str]:
+    """Put the protected paths `patch` touched back at the base commit in the checkout `repo` (remove those the
+    base commit lacks); the paths, for the record."""
+    paths = protected_paths(task, patch)
+    at_base = [p for p in paths if _exists_at(repo, task.base_commit, p)]
+    for path in set(paths) - set(at_base):
+        target = repo / path
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+    if at_base:
+        git("checkout", "-q", task.base_commit, "--", *at_base, cwd=repo)
+    return paths
+
+
 def evaluate_in(task: Task, repo: Path, patch: str, timeout_s: float = DEFAULT_TEST_TIMEOUT_S) -> Evaluation:
-    """Apply `patch` to the fresh checkout `repo` of `task`, run its tests there and grade them."""
+    """Apply `patch` to the fresh checkout `repo` of `task`, undo its protected part, run the tests, grade."""
     problem = apply_patch(repo, patch)
     if problem is not None:
         return Evaluation(task.instance_id, False, {}, grade(task, {}), problem)
+    undo_protected(task, repo, patch)
+    undone = tuple(protected_paths(task, patch, unstripped=False))
     statuses, log = run_tests(task, repo, timeout_s)
-    return Evaluation(task.instance_id, True, statuses, grade(task, statuses), log)
+    why = _UNTRUSTED[TESTS_TIMEOUT] if TESTS_TIMEOUT in log else None
+    return Evaluation(task.instance_id, True, statuses, grade(task, statuses), log, why, undone)
 
 
 def evaluate_locally(task: Task, patch: str, timeout_s: float = DEFAULT_TEST_TIMEOUT_S) -> Evaluation:

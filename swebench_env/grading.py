@@ -49,6 +49,7 @@ from swebench_env.evaluation import (
     grade,
     judged_files,
     parse_pytest_log,
+    protected_paths,
     pytest_command,
     read_eval_log,
 )
@@ -60,6 +61,13 @@ TESTBED = "/testbed"  # where the repository lies in a sandbox, as in SWE-bench'
 SCRATCH = "/tmp/swe"  # the patches and the script
 TEST_PATCH_FAIL = ">>>>> Test Patch Apply Failed"  # the task's own test patch: a broken task, not a bad patch
 KILL_GRACE_S = 10  # `timeout -k`: SIGKILL this long after SIGTERM
+PROTECTED_TAR = f"{SCRATCH}/protected.tar"  # the protected paths as they were before the candidate patch
+UNDONE = ">>>>> Undid Protected Changes"  # our marker (not SWE-bench's): what the candidate may not change
+# Options and plugins from outside the repository off; no bytecode, so nothing the run writes is reused.
+_CLEAN_ENV = [
+    "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1",
+    "unset PYTEST_ADDOPTS PYTEST_PLUGINS",
+]
 
 
 class GradingError(RuntimeError):
@@ -85,36 +93,79 @@ def is_official(task: Task) -> bool:
     return task.repo_path is None and isinstance(task.extra.get("eval_script"), str)
 
 
-def _apply_candidate() -> list[str]:
+def _apply_candidate(protected: list[str]) -> list[str]:
+    """Apply the candidate patch, with what it does to `protected` paths undone (see `_save` and `_restore`)."""
     patch = f"{SCRATCH}/model.patch"
     return [
+        *_save(protected),
         f"if [ -s {patch} ]; then",
         f"  if ! git apply --whitespace=nowarn {patch} && ! patch --batch --fuzz=5 -p1 -i {patch}; then",
         f'    echo "{APPLY_PATCH_FAIL}"; exit 0',
         "  fi",
         "fi",
         f'echo "{APPLY_PATCH_PASS}"',
+        *_restore(protected),
     ]
 
 
-def eval_script(task: Task, test_timeout_s: float) -> str:
-    """The bash script that grades a candidate for a task with a local repository (see the module docstring)."""
+def _save(protected: list[str]) -> list[str]:
+    """Before the candidate: the protected paths it may touch (`evaluation.protected_paths`) that exist, in a tar."""
+    if not protected:
+        return []
+    return [
+        f"protected=({' '.join(map(shlex.quote, protected))})",
+        "saved=()",
+        'for p in "${protected[@]}"; do if [ -e "$p" ] || [ -L "$p" ]; then saved+=("$p"); fi; done',
+        f'if [ ${{#saved[@]}} -gt 0 ]; then tar -cf {PROTECTED_TAR} -- "${{saved[@]}}" || {{',
+        f'  echo "{RESET_FAILED}"; exit 0; }}; fi',
+    ]
+
+
+def _restore(protected: list[str]) -> list[str]:
+    """After the candidate: the protected paths as they were before it (removed when they did not exist)."""
+    if not protected:
+        return []
+    return [
+        'rm -rf -- "${protected[@]}"',
+        f'if [ ${{#saved[@]}} -gt 0 ]; then tar -xf {PROTECTED_TAR} || {{ echo "{RESET_FAILED}"; exit 0; }}; fi',
+    ]
+
+
+def eval_script(task: Task, test_timeout_s: float, patch: str = "") -> str:
+    """The bash script that grades `patch` for a task with a local repository (see the module docstring)."""
     base = shlex.quote(task.base_commit)
-    lines = ["set -uo pipefail", f"cd {TESTBED}", "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1"]
-    lines += _apply_candidate()
+    lines = ["set -uo pipefail", f"cd {TESTBED}", *_CLEAN_ENV]
+    lines += _apply_candidate(protected_paths(task, patch))
+    undone = protected_paths(task, patch, unstripped=False)
+    if undone:
+        lines.append("echo " + shlex.quote(f"{UNDONE}: {' '.join(undone)}"))
     for path in map(shlex.quote, judged_files(task)):
         lines.append(f"if git cat-file -e {base}:{path} 2>/dev/null; then")
         lines.append(f'  git checkout -q {base} -- {path} || {{ echo "{RESET_FAILED}"; exit 0; }}')
         lines.append(f"else rm -rf -- {path}; fi")
     lines.append(f'git apply --whitespace=nowarn {SCRATCH}/test.patch || {{ echo "{TEST_PATCH_FAIL}"; exit 0; }}')
     lines.append(f'echo "{START_TEST_OUTPUT}"')
-    lines.append(f"timeout -k {KILL_GRACE_S} {test_timeout_s:g} {shlex.join(pytest_command(task))}")
-    lines += ["rc=$?", f'echo "{END_TEST_OUTPUT}"', f'echo "{TEST_EXIT_CODE}: $rc"']
-    lines.append(f'if [ "$rc" -eq 124 ]; then echo "{TESTS_TIMEOUT}"; fi')
+    lines += _timed(shlex.join(pytest_command(task)), test_timeout_s)
     return "\n".join(lines) + "\n"
 
 
-def official_script(task: Task) -> tuple[str, Callable[[str], dict[str, Outcome]]]:
+def _timed(command: str, timeout_s: float) -> list[str]:
+    """Run `command` under `timeout`, SIGKILLed `KILL_GRACE_S` after the SIGTERM it ignored; either way the log
+    says `Tests Timed Out` (`timeout` exits 124 after a SIGTERM, 137 after a SIGKILL; a 137 before the time
+    is up is the OOM killer, not a timeout)."""
+    return [
+        "start=$SECONDS",
+        f"timeout -k {KILL_GRACE_S} {timeout_s:g} {command}",
+        "rc=$?",
+        f'echo "{END_TEST_OUTPUT}"',
+        f'echo "{TEST_EXIT_CODE}: $rc"',
+        f'if [ "$rc" -eq 124 ] || {{ [ "$rc" -eq 137 ] && [ $((SECONDS - start)) -ge {int(timeout_s)} ]; }}; then',
+        f'  echo "{TESTS_TIMEOUT}"',
+        "fi",
+    ]
+
+
+def official_script(task: Task, patch: str = "") -> tuple[str, Callable[[str], dict[str, Outcome]]]:
     """(script, log parser) for an official SWE-bench record: the candidate applied, then its own eval script
     (with the test exit code recorded, as SWE-bench's `make_test_spec` does); parsed by its named parser."""
     try:
@@ -131,7 +182,8 @@ def official_script(task: Task) -> tuple[str, Callable[[str], dict[str, Outcome]
         parser = PARSER_REGISTRY[spec.log_parser]
     except (KeyError, ValueError, TypeError) as e:
         raise GradingError(f"instance {task.instance_id!r}: cannot read its SWE-bench evaluation fields: {e!r}") from e
-    script = "\n".join(["set -uo pipefail", f"cd {TESTBED}", *_apply_candidate(), spec.eval_script]) + "\n"
+    candidate = _apply_candidate(protected_paths(task, patch))
+    script = "\n".join(["set -uo pipefail", f"cd {TESTBED}", *candidate, spec.eval_script]) + "\n"
 
     def parse(log: str) -> dict[str, Outcome]:
         known = {o.value for o in Outcome}
@@ -140,12 +192,14 @@ def official_script(task: Task) -> tuple[str, Callable[[str], dict[str, Outcome]
     return script, parse
 
 
-def evaluation_from_log(task: Task, log: str, parse=parse_pytest_log) -> Evaluation:
+def evaluation_from_log(task: Task, log: str, parse=parse_pytest_log, patch: str = "") -> Evaluation:
     """Grade a run's log; GradingError when the task's own test patch did not apply."""
     if TEST_PATCH_FAIL in log:
         raise GradingError(f"instance {task.instance_id!r}: its test patch does not apply at its base commit")
     statuses, problem = read_eval_log(log, parse)
-    return Evaluation(task.instance_id, APPLY_PATCH_FAIL not in log, statuses, grade(task, statuses), log, problem)
+    applied = APPLY_PATCH_FAIL not in log
+    undone = tuple(protected_paths(task, patch, unstripped=False)) if applied else ()
+    return Evaluation(task.instance_id, applied, statuses, grade(task, statuses), log, problem, undone)
 
 
 def swebench_resolved(task: Task, log: str, patch: str) -> bool | None:
@@ -175,9 +229,9 @@ class DockerGrader:
 
     def __call__(self, task: Task, patch: str) -> Evaluation:
         if is_official(task):
-            script, parse = official_script(task)
+            script, parse = official_script(task, patch)
             with self._sandbox(task) as sandbox:
-                return evaluation_from_log(task, self._run(sandbox, task, patch, script), parse)
+                return evaluation_from_log(task, self._run(sandbox, task, patch, script), parse, patch)
         with tempfile.TemporaryDirectory(prefix=f"grade-{task.instance_id}-") as tmp:
             try:
                 repo = materialize_repo(task, Path(tmp) / "repo")
@@ -185,8 +239,8 @@ class DockerGrader:
                 raise GradingError(f"instance {task.instance_id!r}: its repository cannot be checked out: {e}") from e
             with self._sandbox(task) as sandbox:
                 copy_in(sandbox, repo, TESTBED)
-                log = self._run(sandbox, task, patch, eval_script(task, self.config.test_timeout_s))
-        return evaluation_from_log(task, log)
+                log = self._run(sandbox, task, patch, eval_script(task, self.config.test_timeout_s, patch))
+        return evaluation_from_log(task, log, patch=patch)
 
     def _run(self, sandbox: Sandbox, task: Task, patch: str, script: str) -> str:
         write_files(sandbox, SCRATCH, {"model.patch": patch, "test.patch": task.test_patch, "eval.sh": script})
