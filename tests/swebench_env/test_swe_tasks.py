@@ -201,3 +201,49 @@ def test_checkout_of_an_unknown_commit_says_what_git_said(tmp_path, local_repo):
     task = replace(task_from_dict(record()), repo_path=repo, base_commit="c" * 40)
     with pytest.raises(GitError, match=r"`git fetch .*` in .* failed"):
         materialize_repo(task, tmp_path / "checkout")
+
+
+# ---- a task's environment: the `image` and `install` fields ----
+
+
+def test_environment_fields_are_read_and_written_back(tmp_path):
+    install = {"pip": ["six==1.16.0", "attrs[tests]>=23; python_version >= '3.8'"], "commands": ["echo ok"]}
+    task = task_from_dict(record(image="python:3.11-slim", install=install))
+    assert task.environment.image == "python:3.11-slim"
+    assert task.environment.install.pip == ("six==1.16.0", "attrs[tests]>=23; python_version >= '3.8'")
+    assert task.environment.install.commands == ("echo ok",)
+    out = dump_tasks([task], tmp_path / "out.jsonl")
+    assert json.loads(out.read_text())["install"] == install
+
+
+def test_a_task_without_environment_fields_names_none():
+    environment = task_from_dict(record()).environment
+    assert (environment.image, environment.install) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"image": 3}, r"field 'image': expected a Docker image name such as 'python:3.11-slim', got 3"),
+        ({"image": "two words"}, r"field 'image': expected a Docker image name"),
+        ({"install": ["six"]}, r"field 'install': expected an object with 'pip' .* got list"),
+        ({"install": {}}, r"field 'install': empty; expected an object with 'pip'"),
+        ({"install": {"pips": ["six"]}}, r"field 'install': unknown key 'pips' \(did you mean 'pip'\?\); allowed: pip"),
+        ({"install": {"pip": "six"}}, r"field 'install.pip': expected a list of non-empty one-line strings"),
+        ({"install": {"pip": ["--index-url=http://x"]}}, r"field 'install.pip' item 0: '--index-url=http://x' is not"),
+        ({"install": {"pip": ["six", "pkg @ https://x/p.whl"]}}, r"field 'install.pip' item 1: 'pkg @ https"),
+        ({"install": {"commands": ["a\nb"]}}, r"field 'install.commands': expected a list of non-empty one-line"),
+        ({"instal": {"pip": ["six"]}}, r"unknown field 'instal' \(did you mean 'install'\?\)"),
+        ({"imag": "python:3"}, r"unknown field 'imag' \(did you mean 'image'\?\)"),
+    ],
+)
+def test_bad_environment_fields_are_one_line_errors(changes, message):
+    with pytest.raises(TaskFormatError, match=rf"^instance 'astropy__astropy-12907': {message}") as error:
+        task_from_dict(record(**changes))
+    assert "\n" not in str(error.value)
+
+
+def test_an_environment_field_is_checked_however_the_task_is_made():
+    task = task_from_dict(record())
+    with pytest.raises(TaskFormatError, match=r"field 'install.pip' item 0"):
+        replace(task, extra={"install": {"pip": ["-r reqs.txt"]}})
