@@ -68,11 +68,33 @@ def test_a_folder_given_as_a_file_is_one_line(capsys, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_check_runs_a_task_file(capsys):
+def test_check_runs_a_task_file_on_this_machine(capsys):
+    tasks = str(SUITE_DIR / "held_out.jsonl")
+    code, out, _ = run(capsys, "check", tasks, "--ids", "swesuite__statskit-4", "--sandbox", "local")
+    assert code == 0
+    assert out.startswith("verified 1 tasks in ")
+    assert out.endswith(": 1 ok, 0 bad\n")
+
+
+@pytest.mark.docker
+def test_check_runs_a_task_file_in_its_sandbox_by_default(capsys):
     code, out, _ = run(capsys, "check", str(SUITE_DIR / "held_out.jsonl"), "--ids", "swesuite__statskit-4")
     assert code == 0
     assert out.startswith("verified 1 tasks in ")
     assert out.endswith(": 1 ok, 0 bad\n")
+
+
+def test_check_names_a_broken_task_and_why_on_one_line(capsys, tmp_path):
+    record = json.loads((SUITE_DIR / "held_out.jsonl").read_text().splitlines()[0])
+    record["repo_path"] = str((SUITE_DIR / record["repo_path"]).resolve())
+    record["PASS_TO_PASS"] = [*record["PASS_TO_PASS"], "tests/test_semver.py::test_not_there"]
+    (tmp_path / "t.jsonl").write_text(json.dumps(record) + "\n")
+    code, out, err = run(capsys, "check", str(tmp_path / "t.jsonl"), "--sandbox", "local")
+    assert (code, out.endswith(": 0 ok, 1 bad\n")) == (1, True)
+    assert err.startswith(
+        f"{record['instance_id']}: PASS_TO_PASS tests fail at the base commit: ['tests/test_semver.py"
+    )
+    assert err.count("\n") == 2  # the empty patch, and the gold patch that does not resolve it
 
 
 def test_checkout_writes_the_base_commit(capsys, tmp_path):
