@@ -220,7 +220,7 @@ def measure_batch_read(lengths: tuple[int, int], prompts: int, group_size: int, 
     """Median seconds to read one step's batch (`prompts` groups of `group_size` samples of `lengths` tokens)
     from a trajectory store, as the runtime does at the start of each training step."""
     from reference.manager.store import TrajectoryStore
-    from reference.rollout.groups import GroupResult, SampleResult, training_batch
+    from reference.rollout.groups import Episode, GroupResult, training_batch
     from reference.tasks.base import Problem
 
     prompt, response = lengths
@@ -233,7 +233,7 @@ def measure_batch_read(lengths: tuple[int, int], prompts: int, group_size: int, 
                 rid = f"g{g}.{i}"
                 store.append(key, rid, None, 0, list(range(prompt)), [1] * response, [-1.0] * response,
                              [0] * response, "length", "x" * response)  # fmt: skip
-                samples.append(SampleResult(rid, i, 1.0, True, 0, 0, response))
+                samples.append(Episode(key, (rid,), 1.0, True, 0, 0, response))
             store.annotate(key, {"reward": 1.0})
             groups.append(GroupResult(g, key, Problem(key, "p", "a"), tuple(samples)))
         times = [_timed(lambda: training_batch(store, groups)) for _ in range(repeats + 1)]

@@ -148,34 +148,57 @@ class InstanceResult:
         return asdict(self)
 
 
-def run_instance(
-    task: Task, agent: Agent, config: RolloutConfig, grader: Grader, workspace: Workspace
-) -> InstanceResult:
-    """One episode of `task`, graded and annotated. Never raises for a failure of this instance: one broken
-    task must not end a rollout of hundreds; the result says what went wrong."""
-    sid = config.session_id(task)
+@dataclass(frozen=True)
+class Played:
+    """One episode of a task, graded: what a rollout and a training run both need of it."""
+
+    episode: Episode | None  # None: the workspace or the agent raised
+    evaluation: Evaluation | None  # None: not graded (no episode, or the grader raised)
+    reward: float | None  # 1 resolved, 0 not; None: no verdict on the policy (see the module docstring)
+    exit_reason: str  # an ExitReason, or "crashed" when the workspace or the agent raised
+    error: str | None
+    grade_s: float
+
+
+def play(task: Task, agent: Agent, manager_url: str, session_id: str, grader: Grader, workspace: Workspace) -> Played:
+    """One episode of `task` in session `session_id`, graded. Never raises for a failure of this episode: one
+    broken task or sandbox must not end a rollout of hundreds; the result says what went wrong."""
     try:
         with workspace(task) as runner:
-            episode = agent.run(task, runner, config.manager_url, sid)
+            episode = agent.run(task, runner, manager_url, session_id)
     except Exception as e:  # noqa: BLE001 - see the docstring
-        return _failed(task, sid, "crashed", f"workspace or agent failed: {type(e).__name__}: {e}")
+        return Played(None, None, None, "crashed", f"workspace or agent failed: {type(e).__name__}: {e}", 0.0)
     start = time.monotonic()
     try:
         evaluation = grader(task, episode.patch)
     except Exception as e:  # noqa: BLE001 - a grader failure is no verdict on the policy
-        return _failed(task, sid, str(episode.exit_reason), f"grading failed: {type(e).__name__}: {e}", episode)
+        error = f"grading failed: {type(e).__name__}: {e}"
+        return Played(episode, None, None, str(episode.exit_reason), error, time.monotonic() - start)
     grade_s = time.monotonic() - start
-    reward, error = 1.0 if evaluation.resolved else 0.0, episode.error
-    stored = False
     if episode.exit_reason == ExitReason.API_ERROR:
-        reward, error = None, f"no reward stored: the episode ended on an API error ({episode.error})"
-    else:
-        problem = annotate(config, sid, _annotation(task, episode, evaluation, reward, config))
+        error = f"no reward stored: the episode ended on an API error ({episode.error})"
+        return Played(episode, evaluation, None, str(episode.exit_reason), error, grade_s)
+    reward = 1.0 if evaluation.resolved else 0.0
+    return Played(episode, evaluation, reward, str(episode.exit_reason), episode.error, grade_s)
+
+
+def run_instance(
+    task: Task, agent: Agent, config: RolloutConfig, grader: Grader, workspace: Workspace
+) -> InstanceResult:
+    """One episode of `task`, graded and annotated. Never raises for a failure of this instance (see `play`)."""
+    sid = config.session_id(task)
+    played = play(task, agent, config.manager_url, sid, grader, workspace)
+    episode, evaluation = played.episode, played.evaluation
+    if evaluation is None:
+        return _failed(task, sid, played.exit_reason, played.error, episode)
+    stored, error = False, played.error
+    if played.reward is not None:
+        problem = annotate(config, sid, _annotation(task, episode, evaluation, played.reward, config))
         stored, error = problem is None, problem or error
     g = evaluation.grade
-    return InstanceResult(task.instance_id, sid, str(episode.exit_reason), episode.turns, episode.format_errors,
-                          evaluation.resolved, reward, stored, evaluation.applied, g.fail_to_pass, g.pass_to_pass,
-                          error, episode.total_s, grade_s, episode.patch)  # fmt: skip
+    return InstanceResult(task.instance_id, sid, played.exit_reason, episode.turns, episode.format_errors,
+                          evaluation.resolved, played.reward, stored, evaluation.applied, g.fail_to_pass,
+                          g.pass_to_pass, error, episode.total_s, played.grade_s, episode.patch)  # fmt: skip
 
 
 def _failed(task: Task, sid: str, reason: str, error: str, episode: Episode | None = None) -> InstanceResult:

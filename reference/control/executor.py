@@ -194,7 +194,7 @@ class RuntimeExecutor:
         self.post(ev.SyncFinished(d.version, d.resources, d.sync_id))
 
     def _step_metrics(self, step: int, groups, results: list[dict], handoff: dict, record: StepRecord) -> dict:
-        rewards = [s.reward for g in groups for s in g.samples]
+        rewards = [s.reward for g in groups for s in g.episodes]
         n = len(rewards)
         mean = sum(rewards) / n
         tokens = sum(r["tokens"] for r in results)
@@ -202,7 +202,7 @@ class RuntimeExecutor:
             "step": step,
             "reward_mean": mean,
             "reward_std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
-            "exact_match": sum(s.exact for g in groups for s in g.samples) / n,
+            "exact_match": sum(s.exact for g in groups for s in g.episodes) / n,
             "samples": n,
             "trained_tokens": record.tokens,
             "generated_tokens": record.generated_tokens,

@@ -38,7 +38,10 @@ def initial_weights(cfg: TrainConfig, task: Task, root: Path) -> str:
 
 
 def task_context(task: Task) -> int:
-    """Positions the model needs: the longest held-out prompt and its answer, with room to spare."""
+    """Positions the model needs: what the task says (`context_tokens`: an agent's whole conversation), else
+    the longest held-out prompt and its answer, with room to spare."""
+    if (declared := getattr(task, "context_tokens", None)) is not None:
+        return declared
     longest = max(len(task.tokenizer.encode(p.prompt)) for p in task.held_out())
     return max(64, 2 * (longest + task.max_tokens))
 

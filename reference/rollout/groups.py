@@ -1,17 +1,21 @@
-"""The rollout manager: GRPO prompt groups through the trajectory manager, graded, rewarded, streamed out.
+"""The rollout manager: GRPO groups of episodes through the trajectory manager, rewarded, streamed out.
 
-A group is one problem sampled `group_size` times, as one request with `n` samples in the group's own
-session of the trajectory manager (`/s/<run>-g<group>/v1/completions`, the raw prompt, no chat template):
-one HTTP round trip a group, not one a sample. The trainer reads exactly the tokens the engines consumed
-and produced, with their logprobs and versions, from the manager's durable store, one record per request
-(`reference.export.request_records`: two samples with the same tokens stay two samples). Each sample is
-graded by the task and the rewards are written with the session (`POST /trajectories/<sid>`: per branch,
-and per request in `meta.request_rewards`) before the group counts as finished; it is then announced once
-(`on_group`) with the oldest policy version among its tokens.
+A group is one problem run `group_size` times: the task makes the episodes (`Task.episodes`, the seam in
+`episodes.py`: one `/completions` request with `n` choices for a single-turn task, an agent in a sandbox
+per episode for a SWE task) and says what each earned. The group's record is then written with each of
+its episodes' sessions (`POST /trajectories/<sid>`: the problem, the group's key and revision, its
+episodes, and each request's reward in `meta.request_rewards`) before the group counts as finished; it
+is then announced once (`on_group`) with the oldest policy version among its tokens. An episode with no
+verdict (`reward=None`) is left out of its group; a group with none left is run again (`retries` times).
 
-`refresh` regenerates the samples of finished groups that hold tokens older than a version (fresh samples
-of the same problem, in the same session); the group finishes anew. Concurrency is bounded by
-`max_concurrency` samples in flight (whole groups). Everything runs on one asyncio loop; `on_group` is called on it.
+The trainer reads exactly the tokens the engines consumed and produced, with their logprobs and
+versions, from the manager's durable store (`training_batch`, by `episodes.episode_records`' rule: every
+generated token once, each episode counted once in its group).
+
+`refresh` runs again the episodes of finished groups that hold tokens older than a version (fresh
+episodes of the same problem, in new sessions); the group finishes anew. Concurrency is bounded by
+`max_concurrency` samples in flight (whole groups). Everything runs on one asyncio loop; `on_group` is
+called on it.
 """
 
 from __future__ import annotations
@@ -20,27 +24,30 @@ import asyncio
 import dataclasses
 import logging
 import random
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 
-from reference.export import request_records
 from reference.manager.store import TrajectoryStore
+from reference.rollout.episodes import Episode, EpisodeContext, RolloutError, episode_records
 from reference.tasks.base import Problem, Task
 from reference.trainer.batch import Trajectory
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Episode", "GroupResult", "RolloutConfig", "RolloutError", "RolloutManager", "stored_groups",
+           "training_batch", "untrained_groups"]  # fmt: skip
+
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    group_size: int = 16  # samples per problem (GRPO's n)
-    max_concurrency: int = 64  # completion requests in flight at once
+    group_size: int = 16  # episodes per problem (GRPO's n)
+    max_concurrency: int = 64  # samples in flight at once (whole groups)
     temperature: float = 1.0
     request_timeout_s: float = 600.0  # one completion, waits included (pauses for weight syncs, preemptions)
-    retries: int = 3  # a failed request (5xx, connection) is retried this often before the run fails
+    retries: int = 3  # a failed request (5xx, connection) or a group with no verdict is retried this often
 
     def __post_init__(self) -> None:
         for name in ("group_size", "max_concurrency"):
@@ -53,34 +60,19 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class SampleResult:
-    request_id: str  # the manager's request (one sample of the group's session)
-    branch_id: int
-    reward: float
-    exact: bool
-    min_version: int  # oldest policy version among its generated tokens
-    max_version: int
-    tokens: int  # generated tokens
-
-
-@dataclass(frozen=True)
 class GroupResult:
     group_id: int
-    key: str  # the group's session id; unique across runs of one store: also its consumed-marker
+    key: str  # unique across runs of one store: its episodes' sessions start with it; also its consumed-marker
     problem: Problem
-    samples: tuple[SampleResult, ...]
+    episodes: tuple[Episode, ...]  # the rewarded ones
 
     @property
     def min_version(self) -> int:
-        return min(s.min_version for s in self.samples)
+        return min(e.min_version for e in self.episodes)
 
     @property
     def mean_reward(self) -> float:
-        return sum(s.reward for s in self.samples) / len(self.samples)
-
-
-class RolloutError(RuntimeError):
-    """A sample could not be generated or rewarded after its retries: the run cannot go on."""
+        return sum(e.reward for e in self.episodes) / len(self.episodes)
 
 
 class RolloutManager:
@@ -99,20 +91,26 @@ class RolloutManager:
         self._rng = random.Random(seed)
         self._headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._http: aiohttp.ClientSession | None = None
+        self._ctx: EpisodeContext | None = None
         self._slots: asyncio.Semaphore | None = None
         self._next_group = 0
         self.groups: dict[int, GroupResult] = {}  # finished (and not yet refreshed) groups
         self._problems: dict[int, Problem] = {}
-        self._keys: dict[int, str] = {}  # group id -> its session id (and consumed-marker)
+        self._keys: dict[int, str] = {}  # group id -> its key (and consumed-marker)
+        self._revisions: dict[int, int] = defaultdict(int)  # group id -> episode runs started for it
         self._adopted: deque[GroupResult] = deque()
         self._tasks: set[asyncio.Task] = set()
         self.failure: BaseException | None = None
-        self.requests = 0  # completion requests (one per group, or per refresh of a group)
+        self.requests = 0  # episode runs (one per group, or per refresh or retry of a group)
+        self.dropped = 0  # episodes with no verdict, left out of their group
 
     async def __aenter__(self) -> RolloutManager:
         limit = self.config.max_concurrency
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit + 8))
-        self._slots = asyncio.Semaphore(max(1, limit // self.config.group_size))  # a request holds a group
+        c = self.config
+        self._ctx = EpisodeContext(self.base_url, self._http, self._headers, c.temperature, c.request_timeout_s,
+                                   c.retries, self._rng)  # fmt: skip
+        self._slots = asyncio.Semaphore(max(1, limit // self.config.group_size))  # a run holds a group
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -124,15 +122,19 @@ class RolloutManager:
 
     # ---- what the control plane asks ----
 
-    def submit(self, num_groups: int) -> list[int]:
-        """Start `num_groups` groups: adopted ones first (they finish at once), then fresh training problems."""
+    def submit(self, num_groups: int, problems: Sequence[Problem] | None = None) -> list[int]:
+        """Start `num_groups` groups: adopted ones first (they finish at once), then fresh training problems
+        (`problems`, when given, instead of drawing them from the task)."""
         ids = []
         while self._adopted and len(ids) < num_groups:
             ids.append(self._adopt(self._adopted.popleft()))
-        for problem in self.task.sample_train(self._rng, num_groups - len(ids)):
+        if problems is not None and len(problems) != num_groups - len(ids):
+            raise ValueError(f"{len(problems)} problems given for {num_groups - len(ids)} fresh groups")
+        fresh = self.task.sample_train(self._rng, num_groups - len(ids)) if problems is None else problems
+        for problem in fresh:
             gid, self._next_group = self._next_group, self._next_group + 1
             self._problems[gid], self._keys[gid] = problem, f"{self.run_id}-g{gid}"
-            self._spawn(self._run_group(gid, range(self.config.group_size), {}))
+            self._spawn(self._run_group(gid, self.config.group_size, ()))
             ids.append(gid)
         return ids
 
@@ -145,34 +147,35 @@ class RolloutManager:
         gid, self._next_group = self._next_group, self._next_group + 1
         group = dataclasses.replace(old, group_id=gid)
         self._problems[gid], self._keys[gid], self.groups[gid] = group.problem, group.key, group
+        self._revisions[gid] = 1 + max((_revision(e.session_id, group.key) for e in group.episodes), default=0)
         asyncio.get_running_loop().call_soon(self.on_group, group)  # after the Submit that asked for it
         return gid
 
     def refresh(self, group_ids: Sequence[int], min_keep_version: int) -> None:
-        """Regenerate each sample of these finished groups that holds tokens older than `min_keep_version`."""
+        """Run again each episode of these finished groups that holds tokens older than `min_keep_version`."""
         for gid in group_ids:
             old = self.groups.pop(gid)
-            kept = {i: s for i, s in enumerate(old.samples) if s.min_version >= min_keep_version}
-            redo = [i for i in range(len(old.samples)) if i not in kept]
-            self._spawn(self._run_group(gid, redo, kept))
+            kept = tuple(e for e in old.episodes if e.min_version >= min_keep_version)
+            self._spawn(self._run_group(gid, len(old.episodes) - len(kept), kept))
 
     def take(self, group_ids: Sequence[int]) -> list[GroupResult]:
         """Remove finished groups for a training step."""
         return [self.groups.pop(gid) for gid in group_ids]
 
     async def evaluate(self, problems: Sequence[Problem], label: str) -> dict:
-        """One sample of each problem (not trained on): mean reward and exact-match rate."""
-        grades = await asyncio.gather(*(self._evaluate_one(p, f"{self.run_id}-eval-{label}-{i}")
-                                        for i, p in enumerate(problems)))  # fmt: skip
-        n = len(grades)
-        return {"reward_mean": sum(g.reward for g in grades) / n, "exact_match": sum(g.exact for g in grades) / n,
-                "problems": n}  # fmt: skip
+        """One episode of each problem (not trained on): mean reward and exact-match rate over the episodes
+        with a verdict (`dropped`: those without)."""
+        runs = await asyncio.gather(*(self._evaluate_one(p, f"{self.run_id}-eval-{label}-{i}")
+                                      for i, p in enumerate(problems)))  # fmt: skip
+        judged = [e for e in runs if e.rewarded]
+        n = max(1, len(judged))
+        return {"reward_mean": sum(e.reward for e in judged) / n, "exact_match": sum(e.exact for e in judged) / n,
+                "problems": len(problems), "dropped": len(runs) - len(judged)}  # fmt: skip
 
-    async def _evaluate_one(self, problem: Problem, sid: str):
-        body = self._request(problem, 1)
+    async def _evaluate_one(self, problem: Problem, key: str) -> Episode:
         async with self._slots:
-            answer = await self._post(f"/s/{sid}/v1/completions", body)
-        return self.task.grade(problem, answer["choices"][0]["text"])
+            (episode,) = await self.task.episodes(problem, 1, key, self._ctx)
+        return episode
 
     def key(self, group_id: int) -> str:
         return self._keys[group_id]
@@ -190,101 +193,114 @@ class RolloutManager:
             self.failure = task.exception()
             log.error("rollout failed: %s", self.failure)
 
-    async def _run_group(self, gid: int, indices: Sequence[int], kept: dict[int, SampleResult]) -> None:
-        """Sample the group's problem len(indices) times in one request (`n`), grade each sample and write the
-        rewards with the session; then the group (with the samples `kept` from before) is finished."""
-        problem, sid = self._problems[gid], self.key(gid)
-        body = self._request(problem, len(indices))
-        async with self._slots:
-            answer = await self._post(f"/s/{sid}/v1/completions", body)
-        self.requests += 1
-        fresh = [self._graded(problem, choice) for choice in answer["choices"]]
-        samples = {**kept, **dict(zip(indices, fresh, strict=True))}
-        ordered = tuple(samples[i] for i in sorted(samples))
-        await self._post(f"/trajectories/{sid}", {
-            "branch_rewards": {str(s.branch_id): s.reward for s in fresh},
-            "task_id": problem.problem_id,
-            "meta": {"group": sid, "problem": dataclasses.asdict(problem),
-                     "request_rewards": {s.request_id: s.reward for s in ordered}},
-        })  # fmt: skip
-        group = GroupResult(gid, sid, problem, ordered)
+    async def _run_group(self, gid: int, n: int, kept: tuple[Episode, ...]) -> None:
+        """Run `n` episodes of the group's problem (again, while none has a verdict), write the group's record
+        with its episodes' sessions; then the group (with the episodes `kept` from before) is finished."""
+        problem, key = self._problems[gid], self.key(gid)
+        episodes: tuple[Episode, ...] = ()
+        for _ in range(self.config.retries + 1):
+            episodes = await self._episodes(gid, problem, n)
+            if kept or episodes:
+                break
+            log.warning("group %s: no episode of %d had a verdict; running it again", key, n)
+        else:
+            raise RolloutError(f"group {key}: no episode had a verdict in {self.config.retries + 1} runs")
+        group = GroupResult(gid, key, problem, kept + episodes)
+        await self._write_record(group)
         self.groups[gid] = group
         self.on_group(group)
 
-    def _request(self, problem: Problem, n: int) -> dict:
-        """The completions body for `n` samples of `problem` (seeded from the run's RNG, in call order)."""
-        return {"prompt": problem.prompt, "max_tokens": problem.max_tokens or self.task.max_tokens,
-                "ignore_eos": problem.ignore_eos, "n": n, "temperature": self.config.temperature,
-                "seed": self._rng.getrandbits(62)}  # fmt: skip
+    async def _episodes(self, gid: int, problem: Problem, n: int) -> tuple[Episode, ...]:
+        """`n` fresh episodes of `problem` under the group's next key (`<key>` first, then `<key>.<revision>`);
+        only those with a verdict."""
+        revision = self._revisions[gid]
+        self._revisions[gid] += 1
+        key = self.key(gid) if revision == 0 else f"{self.key(gid)}.{revision}"
+        async with self._slots:
+            episodes = await self.task.episodes(problem, n, key, self._ctx)
+        self.requests += 1
+        if len(episodes) != n:
+            raise RolloutError(f"task {self.task.name!r} returned {len(episodes)} episodes for {n} asked")
+        judged = tuple(e for e in episodes if e.rewarded)
+        self.dropped += n - len(judged)
+        return judged
 
-    def _graded(self, problem: Problem, choice: dict) -> SampleResult:
-        t = choice["trajectory"]
-        grade = self.task.grade(problem, choice["text"])
-        versions = t["versions"] or [0]
-        return SampleResult(t["request_id"], t["branch_id"], grade.reward, grade.exact, min(versions), max(versions),
-                            len(t["token_ids"]))  # fmt: skip
+    async def _write_record(self, group: GroupResult) -> None:
+        """The group's record, with each session that holds its episodes (the newest record of a group wins:
+        `stored_groups`). `request_rewards`: every request's reward, which `training_batch` trains with."""
+        sessions: dict[str, list[Episode]] = defaultdict(list)
+        for e in group.episodes:
+            sessions[e.session_id].append(e)
+        meta = {"group": group.key, "revision": self._revisions[group.group_id],
+                "problem": dataclasses.asdict(group.problem),
+                "episodes": [e.to_meta() for e in group.episodes]}  # fmt: skip
+        for sid, episodes in sessions.items():
+            rewards = {rid: e.reward for e in episodes for rid in e.request_ids}
+            body = {"task_id": group.problem.problem_id, "meta": {**meta, "request_rewards": rewards}}
+            if len(episodes) == 1:  # the session is one episode: its reward is the session's (for export)
+                body["reward"] = episodes[0].reward
+            branches = {str(e.info["branch_id"]): e.reward for e in episodes if "branch_id" in e.info}
+            if branches:
+                body["branch_rewards"] = branches
+            await self._ctx.post(f"/trajectories/{sid}", body)
 
-    async def _post(self, path: str, body: dict) -> dict:
-        """POST with retries: a 5xx or a lost connection is retried `retries` times with backoff; a 429 (the
-        manager sheds load) is retried after its Retry-After for as long as `request_timeout_s` allows."""
-        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s)
-        deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
-        failures, last = 0, None
-        while failures <= self.config.retries and asyncio.get_running_loop().time() < deadline:
-            wait = min(5.0, 0.2 * 2**failures)
-            try:
-                async with self._http.post(self.base_url + path, json=body, headers=self._headers,
-                                           timeout=timeout) as r:  # fmt: skip
-                    data = await r.json(content_type=None)
-                    if r.status == 200:
-                        return data
-                    last = f"HTTP {r.status}: {str(data)[:300]}"
-                    if r.status == 429:
-                        await asyncio.sleep(float(r.headers.get("Retry-After", 1)))
-                        continue
-                    if r.status < 500:
-                        break  # our request is wrong: retrying will not help
-            except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
-                last = f"{type(e).__name__}: {e}"
-            failures += 1
-            await asyncio.sleep(wait)
-        raise RolloutError(f"POST {path} failed: {last}")
+
+def _revision(session_id: str, key: str) -> int:
+    """The revision whose run named this session (`<key>`, `<key>.<r>`, or a task's `<key>...-e<i>` below it)."""
+    rest = session_id[len(key) :]
+    if rest.startswith("."):
+        digits = rest[1:].split("-", 1)[0].split(".", 1)[0]
+        return int(digits) if digits.isdigit() else 0
+    return 0
 
 
 def untrained_groups(store: TrajectoryStore) -> list[GroupResult]:
     """Every finished rollout group in the store that no training step consumed, oldest first (what a
     resumed run adopts, so that no finished group is lost)."""
     consumed = store.consumed()
-    keys = [sid for sid in store.sessions() if sid not in consumed and "request_rewards" in
-            store.annotations(sid).get("meta", {})]  # fmt: skip
-    return stored_groups(store, keys)
+    newest: dict[str, tuple[int, str]] = {}  # group key -> (revision, a session holding its newest record)
+    for sid in store.sessions():
+        meta = store.annotations(sid).get("meta", {})
+        key = meta.get("group")
+        if key is None or "episodes" not in meta or key in consumed:
+            continue
+        if key not in newest or meta.get("revision", 0) > newest[key][0]:
+            newest[key] = (meta.get("revision", 0), sid)
+    return stored_groups(store, [sid for _, sid in newest.values()])
 
 
-def stored_groups(store: TrajectoryStore, keys: Sequence[str]) -> list[GroupResult]:
-    """Finished groups as the rollout manager wrote them to the store (their current samples are the
-    requests named in `meta.request_rewards`); group ids are assigned when they are adopted."""
+def stored_groups(store: TrajectoryStore, sessions: Sequence[str]) -> list[GroupResult]:
+    """Finished groups as the rollout manager wrote them to the store, one per session named (a session that
+    holds the group's newest record); group ids are assigned when they are adopted."""
     out = []
-    for key in keys:
-        notes = store.annotations(key)
-        meta = notes.get("meta", {})
-        if "problem" not in meta or "request_rewards" not in meta:
-            raise ValueError(f"session {key!r} is not a finished rollout group (no problem or rewards)")
-        rewards = meta["request_rewards"]
-        records = {r.request_id: r for r in store.records(key)}
-        samples = []
-        for rid, reward in rewards.items():
-            versions = records[rid].versions or (0,)
-            samples.append(SampleResult(rid, -1, reward, reward >= 1.0, min(versions), max(versions),
-                                        len(records[rid].token_ids)))  # fmt: skip
-        out.append(GroupResult(-1, key, Problem(**meta["problem"]), tuple(samples)))
+    for sid in sessions:
+        meta = store.annotations(sid).get("meta", {})
+        if "problem" not in meta or "episodes" not in meta or "group" not in meta:
+            raise ValueError(f"session {sid!r} holds no finished rollout group (no problem, group or episodes)")
+        episodes = []
+        for e in meta["episodes"]:
+            stub = Episode(e["session_id"], tuple(e["request_ids"]), e["reward"], e["exact"], 0, 0, 0, e["exit_reason"])
+            low, high, tokens = _stats(store, stub)
+            episodes.append(dataclasses.replace(stub, min_version=low, max_version=high, tokens=tokens))
+        out.append(GroupResult(-1, meta["group"], Problem(**meta["problem"]), tuple(episodes)))
     return out
+
+
+def _stats(store: TrajectoryStore, episode: Episode) -> tuple[int, int, int]:
+    """(oldest version, newest version, generated tokens) of an episode's requests."""
+    wanted = set(episode.request_ids)
+    versions = [v for r in store.records(episode.session_id) if r.request_id in wanted for v in r.versions]
+    return min(versions, default=0), max(versions, default=0), len(versions)
 
 
 def training_batch(store: TrajectoryStore, groups: Sequence[GroupResult]) -> list[Trajectory]:
     """The trainer's records of these groups, read from the manager's durable store: exactly the tokens the
-    engines consumed and produced, with their logprobs, versions and the rewards written with them."""
+    engines consumed and produced, with their logprobs, versions and the episodes' rewards
+    (`episodes.episode_records`: every generated token once, each episode one sample of its group)."""
+    episodes = [e for g in groups for e in g.episodes]
+    records = iter(episode_records(store, episodes))
     out = []
     for g in groups:
-        for record in request_records(store, g.key, [s.request_id for s in g.samples]):
-            out.append(Trajectory.from_export(record, group_id=g.key))
+        for i in range(len(g.episodes)):
+            out += [Trajectory.from_export(r, group_id=g.key, episode_id=i) for r in next(records)]
     return out

@@ -1,12 +1,15 @@
-"""The task seam: prompts in, graded completions out, with a held-out split.
+"""The task seam: problems in, rewarded episodes out, with a held-out split.
 
-A task is verifiable by code: `grade` compares a completion string with the problem's answer and
-returns a dense reward in [0, 1] and whether it was an exact match. Prompts are raw strings sent to the
-trajectory manager's `/completions` endpoint without a chat template; `max_tokens` is the answer's
-length in tokens. A problem may name its own `max_tokens` (at most the task's, which sizes the model's
-context) and ask for `ignore_eos`: stop tokens are then ordinary tokens and every sample is exactly
-`max_tokens` long (a throughput workload forces its response lengths that way). `sample_train` draws
-from the training split only; `held_out` is a fixed list of problems that training never sees.
+A task draws training problems (`sample_train`), keeps a fixed held-out list, and runs episodes of a
+problem (`episodes`, the seam of `reference.rollout.episodes`): the group rollout never looks further. A
+single-turn task (`SingleTurn`) runs an episode as one request and is verifiable by code: `grade`
+compares a completion string with the problem's answer and returns a dense reward in [0, 1] and whether
+it was an exact match. Prompts are raw strings sent to the trajectory manager's `/completions` endpoint
+without a chat template; `max_tokens` is the answer's length in tokens. A problem may name its own
+`max_tokens` (at most the task's, which sizes the model's context) and ask for `ignore_eos`: stop tokens
+are then ordinary tokens and every sample is exactly `max_tokens` long (a throughput workload forces its
+response lengths that way). `sample_train` draws from the training split only; `held_out` is a fixed
+list of problems that training never sees.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
+from reference.rollout.episodes import Episode, EpisodeContext, single_turn_episodes
 from reference.tokenizer import Tokenizer
 
 
@@ -48,4 +52,15 @@ class Task(Protocol):
 
     def held_out(self) -> list[Problem]: ...
 
-    def grade(self, problem: Problem, completion: str) -> Grade: ...
+    async def episodes(self, problem: Problem, n: int, key: str, ctx: EpisodeContext) -> list[Episode]:
+        """`n` episodes of `problem`, in that order, each with its reward (None: no verdict). Their sessions are
+        `key` or start with it (`key` is new at every call); `ctx` gives the manager and the sampling settings."""
+        ...
+
+
+class SingleTurn:
+    """For a task whose episode is one request graded by `grade(problem, completion) -> Grade`: the group's
+    episodes are one `/completions` request with `n` choices (`single_turn_episodes`)."""
+
+    async def episodes(self, problem: Problem, n: int, key: str, ctx: EpisodeContext) -> list[Episode]:
+        return await single_turn_episodes(self, problem, n, key, ctx)

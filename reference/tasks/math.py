@@ -25,7 +25,7 @@ import zlib
 from dataclasses import dataclass
 from functools import cached_property
 
-from reference.tasks.base import Grade, Problem
+from reference.tasks.base import Grade, Problem, SingleTurn
 from reference.tasks.tokenizer import task_tokenizer
 from reference.tokenizer import Tokenizer
 
@@ -58,7 +58,7 @@ class MathConfig:
         return 10**self.digits * len(self.addends)
 
 
-class MathTask:
+class MathTask(SingleTurn):
     """See the module docstring. `MathTask(digits=4)` etc. override `MathConfig` fields."""
 
     name = "math"

@@ -42,7 +42,7 @@ import random
 from dataclasses import dataclass
 from functools import cached_property
 
-from reference.tasks.base import Grade, Problem
+from reference.tasks.base import Grade, Problem, SingleTurn
 from reference.tasks.tokenizer import task_tokenizer
 from reference.tokenizer import Tokenizer
 
@@ -98,7 +98,7 @@ def draw_tokens(dist: dict, rng: random.Random) -> int:
     return max(1, round(min(dist["max"], max(dist["min"], value))))
 
 
-class ThroughputTask:
+class ThroughputTask(SingleTurn):
     """See the module docstring. `ThroughputTask(response_median_tokens=20)` etc. override `ThroughputConfig`."""
 
     name = "throughput"

@@ -3,8 +3,9 @@
 `Trajectory` is the contract between rollout and trainer: the exact token ids an engine consumed and
 produced, which of them the policy generated (prompt and tool-output tokens are not trained on), the
 engine's raw log-probability and policy version of every generated token, the group the sample
-belongs to (GRPO normalises rewards within a group) and its reward. `collate` turns a list of them
-into right-padded tensors aligned on *targets*: position i of the [B, L-1] tensors describes token
+belongs to (GRPO normalises rewards within a group), the episode it is part of (an agent's episode may
+give several records; its group counts it once: `reference.rollout.episodes`) and its reward. `collate`
+turns a list of them into right-padded tensors aligned on *targets*: position i of the [B, L-1] tensors describes token
 i+1, the one predicted from logits at position i.
 """
 
@@ -27,6 +28,7 @@ class Trajectory:
     versions: tuple[int, ...]  # the policy version that generated each generated token
     group_id: Hashable  # samples of one prompt share it
     reward: float
+    episode_id: Hashable | None = None  # records of one episode share it (and its reward); None: its own episode
 
     def __post_init__(self) -> None:
         for name in ("token_ids", "generated_mask", "logprobs", "versions"):
@@ -54,7 +56,9 @@ class Trajectory:
         return len(self.logprobs)
 
     @classmethod
-    def from_export(cls, record: dict, group_id: Hashable | None = None) -> Trajectory:
+    def from_export(
+        cls, record: dict, group_id: Hashable | None = None, episode_id: Hashable | None = None
+    ) -> Trajectory:
         """From one line of `reference.export` (logprobs/versions per position, null for prompt tokens).
         `group_id` defaults to the record's task_id."""
         mask = record["generated_mask"]
@@ -67,6 +71,7 @@ class Trajectory:
             versions=[v for v, m in zip(record["versions"], mask, strict=True) if m],
             group_id=record.get("task_id") if group_id is None else group_id,
             reward=float(record["reward"]),
+            episode_id=episode_id,
         )
 
 

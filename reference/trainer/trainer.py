@@ -111,7 +111,7 @@ class Trainer:
         self._check(trajectories)
         advantages = group_advantages(
             [t.reward for t in trajectories], [t.group_id for t in trajectories],
-            self.config.normalize_std, self.config.std_eps,
+            self.config.normalize_std, self.config.std_eps, [t.episode_id for t in trajectories],
         )  # fmt: skip
         # Shortest first (stable, so deterministic): micro-batches of similar lengths pad little. The loss is
         # the step's global token mean, so the order changes only the order of the gradient sums.

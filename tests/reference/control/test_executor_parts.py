@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reference.control.executor import KEEP_LATEST_VERSIONS, _shard, prune_versions
-from reference.rollout.groups import GroupResult, SampleResult
+from reference.rollout.groups import Episode, GroupResult
 from reference.tasks.base import Problem
 from reference.trainer.batch import Trajectory
 from reference.trainer.handoff import version_dir
@@ -20,7 +20,7 @@ def test_old_published_versions_are_pruned_but_the_kept_ones_stay(tmp_path):
 
 
 def _group(key: str, n: int) -> GroupResult:
-    samples = tuple(SampleResult(f"{key}-r{i}", i, 0.5, False, 0, 0, 1) for i in range(n))
+    samples = tuple(Episode(key, (f"{key}-r{i}",), 0.5, False, 0, 0, 1) for i in range(n))
     return GroupResult(0, key, Problem("p", "1+1=", "2"), samples)
 
 

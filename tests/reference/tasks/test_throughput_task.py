@@ -136,7 +136,7 @@ def test_lengths_are_forced_end_to_end_through_the_rollout_manager(task, tmp_pat
         groups = asyncio.run(asyncio.wait_for(_rollout(task, m.url, num_groups=3), timeout=60))
     assert len(groups) == 3
     for g in groups:
-        assert [s.tokens for s in g.samples] == [g.problem.max_tokens] * 4
+        assert [s.tokens for s in g.episodes] == [g.problem.max_tokens] * 4
         assert g.mean_reward == 1.0
 
 

@@ -1,0 +1,184 @@
+"""SWE tasks as a training task: how `swebench_env` plugs into the runtime's group rollout (the episode seam).
+
+`SweTask` is registered in `reference.tasks.TASKS` as `swe`. A problem is one SWE task (its instance id);
+an episode is one agent run on it: a fresh workspace (a Docker sandbox with the checkout at /testbed, or
+a local checkout), the agent (`builtin` or the unmodified `mini-swe-agent`) talking to the trajectory
+manager in a session of its own (`<key>-e<i>`), then the patch graded in a fresh sandbox (`rollout.play`,
+the same code as `python -m swebench_env rollout`). Reward 1 when the task is resolved, else 0; an
+episode whose workspace, agent or grader failed, or that ended on an API error, has no verdict
+(`reward=None`) and is left out of its group (a sandbox killed mid-episode fails that episode alone).
+An episode cut off by the turn limit or the context is graded on the diff it left, like any other: its
+exit reason is kept with the group's record.
+
+Episodes run in threads of the task's own pool (`concurrency` of them: agents and sandboxes block), never
+in the event loop's default executor, which the manager needs for its store. The requests that make an
+episode are read back from the manager (`GET /trajectories/<session>`), so the agent needs no hook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.errors import UserError, unknown_name
+from reference.rollout.episodes import Episode, EpisodeContext
+from reference.tasks.base import Problem
+from reference.tokenizer import Tokenizer, default_tokenizer
+from swebench_env.agent import AgentConfig
+from swebench_env.rollout import AGENTS, SANDBOXES, Played, environment, make_agent, play
+from swebench_env.tasks import Task as Instance
+from swebench_env.tasks import load_tasks
+
+SPLITS = ("train", "held_out")
+
+
+@dataclass(frozen=True)
+class SweTaskConfig:
+    train_tasks: str = ""  # a task file (JSON or JSONL); "": the shipped suite's train split
+    held_out_tasks: str = ""  # a task file; "": the shipped suite's held-out split
+    agent: str = "builtin"  # a name in swebench_env.rollout.AGENTS
+    sandbox: str = "docker"  # docker, or local (no isolation: trusted tasks only)
+    image: str | None = None  # the Docker image for local-repository tasks; None: the offline base image
+    max_turns: int = 12  # model calls an episode
+    max_tokens: int = 256  # tokens a model call may generate
+    command_timeout_s: float = 30.0  # each bash command
+    max_observation_chars: int = 2000  # command output shown to the model (head and tail kept)
+    concurrency: int = 4  # episodes (and their sandboxes) in flight at once
+    context_tokens: int = 4096  # the model's context: an episode that outgrows it ends as context_limit
+    tokenizer: str | None = None  # a tokenizer directory; None: the project's default
+
+    def __post_init__(self) -> None:
+        if self.agent not in AGENTS:
+            raise unknown_name("agent", self.agent, AGENTS)
+        if self.sandbox not in SANDBOXES:
+            raise unknown_name("sandbox", self.sandbox, SANDBOXES)
+        for name in ("max_turns", "max_tokens", "max_observation_chars", "concurrency", "context_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"task.{name} must be an integer >= 1, got {value!r}")
+        if not self.command_timeout_s > 0:
+            raise UserError(f"task.command_timeout_s must be > 0, got {self.command_timeout_s!r}")
+
+
+class SweTask:
+    name = "swe"
+
+    def __init__(self, config: SweTaskConfig | None = None, **overrides) -> None:
+        self.config = c = config or SweTaskConfig(**overrides)
+        self._tokenizer = Tokenizer.load(c.tokenizer) if c.tokenizer else default_tokenizer()
+        self.instances = {s: _load(s, getattr(c, f"{s}_tasks")) for s in SPLITS}
+        self._by_id = {t.instance_id: t for split in self.instances.values() for t in split}
+        self._pool: ThreadPoolExecutor | None = None
+        self._environment = None
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @property
+    def max_tokens(self) -> int:
+        return self.config.max_tokens
+
+    @property
+    def context_tokens(self) -> int:
+        """Positions a fresh model needs (`reference.control.layout.task_context`)."""
+        return self.config.context_tokens
+
+    def sample_train(self, rng: random.Random, n: int) -> list[Problem]:
+        return [_problem(rng.choice(self.instances["train"])) for _ in range(n)]
+
+    def held_out(self) -> list[Problem]:
+        return [_problem(t) for t in self.instances["held_out"]]
+
+    def train_problems(self) -> list[Problem]:
+        """Every training task once (pass@1 on the train split)."""
+        return [_problem(t) for t in self.instances["train"]]
+
+    async def episodes(self, problem: Problem, n: int, key: str, ctx: EpisodeContext) -> list[Episode]:
+        instance = self._by_id[problem.problem_id]
+        agent = make_agent(self.config.agent, self._agent_config(ctx.temperature))
+        loop = asyncio.get_running_loop()
+        sessions = [f"{key}-e{i}" for i in range(n)]
+        played = await asyncio.gather(*(loop.run_in_executor(self._threads(), self._play, instance, agent, sid,
+                                                             ctx.base_url) for sid in sessions))  # fmt: skip
+        return [await self._episode(sid, p, ctx) for sid, p in zip(sessions, played, strict=True)]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    # ---- one episode ----
+
+    def _agent_config(self, temperature: float) -> AgentConfig:
+        c = self.config
+        return AgentConfig(max_turns=c.max_turns, command_timeout_s=c.command_timeout_s, max_tokens=c.max_tokens,
+                           max_observation_chars=c.max_observation_chars, temperature=temperature)  # fmt: skip
+
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="swe-episode")
+        return self._pool
+
+    def _play(self, instance: Instance, agent, session_id: str, manager_url: str) -> Played:
+        if self._environment is None:
+            self._environment = environment(self.config.sandbox, self.config.image)
+        workspace, grader = self._environment
+        return play(instance, agent, manager_url, session_id, grader, workspace)
+
+    async def _episode(self, session_id: str, played: Played, ctx: EpisodeContext) -> Episode:
+        """The seam's record of a played episode: its requests and their versions, read from the manager."""
+        request_ids, versions = await _requests(ctx, session_id)
+        reward = played.reward if request_ids else None  # no request reached the model: nothing to train
+        run = played.episode
+        info = {"turns": run.turns if run else 0, "format_errors": run.format_errors if run else 0,
+                "error": played.error, "patch_chars": len(run.patch) if run else 0}  # fmt: skip
+        resolved = played.evaluation is not None and played.evaluation.resolved
+        return Episode(session_id, request_ids, reward, resolved, min(versions, default=0), max(versions, default=0),
+                       len(versions), played.exit_reason, info)  # fmt: skip
+
+
+async def _requests(ctx: EpisodeContext, session_id: str) -> tuple[tuple[str, ...], list[int]]:
+    """(the session's request ids, the versions of its generated tokens); empty for a session never opened."""
+    tree = await ctx.get(f"/trajectories/{session_id}")
+    if tree is None:
+        return (), []
+    request_ids: list[str] = []
+    seen: set[tuple[int, int]] = set()  # (position, token) of generated tokens: branches share their prefix
+    versions: list[int] = []
+    for branch in tree["branches"]:
+        request_ids += [r for r in branch["request_ids"] if r not in request_ids]
+        for i, (token, g, v) in enumerate(zip(branch["token_ids"], branch["generated_mask"], branch["versions"],
+                                              strict=True)):  # fmt: skip
+            if g and (i, token) not in seen:
+                seen.add((i, token))
+                versions.append(v)
+    return tuple(request_ids), versions
+
+
+def _problem(instance: Instance) -> Problem:
+    """A problem names its task; the statement stays in the task file (a group's record holds the problem)."""
+    return Problem(instance.instance_id, "", "")
+
+
+def _load(split: str, path: str) -> list[Instance]:
+    """The tasks of a split; a broken record in a task file is skipped with one `warning:` line on stderr."""
+    if path:
+        problems: list[str] = []
+        try:
+            tasks = load_tasks(Path(path), problems=problems)
+        except (OSError, ValueError) as e:
+            raise UserError(str(e)) from None
+        for line in problems:
+            print(f"warning: {line} (skipped)", file=sys.stderr)
+    else:
+        from swebench_env.suite import load_suite
+
+        tasks = load_suite(split)
+    if not tasks:
+        raise UserError(f"no usable task in the {split} tasks {path or '(the shipped suite)'}")
+    return tasks

@@ -1,0 +1,108 @@
+"""SWE tasks through the runtime's group rollout (the episode seam): `swebench_env.training.SweTask`.
+
+The manager's engine plays the shipped demonstrations of some tasks (`scripted.demonstration_engine`); for
+a task it has no demonstration of it answers without a tool call, so that episode ends at the turn limit
+unresolved. Groups of episodes then come out rewarded 1 and 0, with one record an episode for the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from core.errors import UserError
+from reference.rollout.episodes import episode_records
+from reference.rollout.groups import RolloutConfig, RolloutManager, training_batch
+from reference.tasks import make_task
+from reference.tokenizer import default_tokenizer
+from swebench_env.scripted import demonstration_manager
+from swebench_env.suite import load_suite, load_suite_demonstrations
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    return list(zip(load_suite("train"), load_suite_demonstrations("train"), strict=True))
+
+
+async def _groups(task, url: str, problems, group_size: int) -> list:
+    done: list = []
+    config = RolloutConfig(group_size=group_size, max_concurrency=8)
+    async with RolloutManager(task, url, config, "swe", 0, done.append) as rollout:
+        rollout.submit(len(problems), problems)
+        while len(done) < len(problems) and rollout.failure is None:
+            await asyncio.sleep(0.05)
+        if rollout.failure is not None:
+            raise rollout.failure
+    return sorted(done, key=lambda g: g.group_id)
+
+
+def _train(task, pairs, tmp_path, group_size: int = 2):
+    """A group of the task the engine has a demonstration of, then one of a task it has none of."""
+    by_id = {p.problem_id: p for p in task.train_problems()}
+    problems = [by_id[pairs[0][0].instance_id], by_id[pairs[1][0].instance_id]]
+    with demonstration_manager(pairs[:1], store=tmp_path / "t.sqlite") as m:
+        groups = asyncio.run(asyncio.wait_for(_groups(task, m.url, problems, group_size), timeout=600))
+        batch = training_batch(m.store, groups)
+        records = episode_records(m.store, [e for g in groups for e in g.episodes])
+    return groups, batch, records
+
+
+def _check(groups, batch, records, pairs) -> None:
+    solved, unsolved = groups
+    assert solved.problem.problem_id == pairs[0][0].instance_id
+    assert [e.reward for e in solved.episodes] == [1.0, 1.0]
+    assert [e.exit_reason for e in solved.episodes] == ["submitted", "submitted"]
+    assert [e.reward for e in unsolved.episodes] == [0.0, 0.0]
+    assert [e.exit_reason for e in unsolved.episodes] == ["turn_limit", "turn_limit"]
+    assert len(batch) == 4  # the built-in agent only appends: one record an episode, all its turns in it
+    assert [t.episode_id for t in batch] == [0, 1, 0, 1]
+    steps = len(pairs[0][1].steps)
+    for episode, (record,) in zip(solved.episodes, records, strict=False):
+        assert len(episode.request_ids) == steps
+        assert sum(record["generated_mask"]) == episode.tokens
+    tok = default_tokenizer()
+    record = records[0][0]
+    generated = tok.decode([t for t, g in zip(record["token_ids"], record["generated_mask"], strict=True) if g])
+    context = tok.decode([t for t, g in zip(record["token_ids"], record["generated_mask"], strict=True) if not g])
+    assert "exit code" in context  # the observations are context ...
+    assert "exit code" not in generated  # ... never trained on
+    assert "<tool_call>" in generated
+
+
+def test_swe_groups_in_local_checkouts(pairs, tmp_path):
+    task = make_task("swe", sandbox="local", max_turns=9, concurrency=2)
+    try:
+        _check(*_train(task, pairs, tmp_path), pairs)
+    finally:
+        task.close()
+
+
+@pytest.mark.docker
+def test_swe_groups_in_docker_sandboxes(pairs, tmp_path):
+    task = make_task("swe", sandbox="docker", max_turns=9, concurrency=2)
+    try:
+        _check(*_train(task, pairs, tmp_path), pairs)
+    finally:
+        task.close()
+
+
+def test_bad_task_settings_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(UserError, match="unknown agent 'nope'"):
+        make_task("swe", agent="nope")
+    with pytest.raises(UserError, match="max_turns must be an integer >= 1, got 0"):
+        make_task("swe", max_turns=0)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"instance_id": "x"}\n')
+    with pytest.raises(UserError, match="no usable task"):
+        make_task("swe", train_tasks=str(broken), sandbox="local")
+    assert "warning: " in capsys.readouterr().err
+    good = load_suite("train")[0]
+    mixed = tmp_path / "mixed.jsonl"
+    line = json.dumps(good.to_dict(relative_to=tmp_path))
+    mixed.write_text(f'{line}\n{{"instance_id": "x"}}\n')
+    task = make_task("swe", train_tasks=str(mixed), sandbox="local")
+    assert [p.problem_id for p in task.train_problems()] == [good.instance_id]
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith("warning: ") and "line 2" in warning and warning.endswith("(skipped)")
