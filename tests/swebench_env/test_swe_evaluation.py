@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import replace
 
 import pytest
@@ -93,6 +94,17 @@ def test_a_patch_that_does_not_apply_is_a_result(task):
     assert not outcome.applied
     assert not outcome.resolved
     assert "git apply" in outcome.log
+
+
+def test_a_local_run_past_its_timeout_is_killed_and_graded_as_timed_out(task, tmp_path):
+    repo = materialize_repo(task, tmp_path / "repo")
+    source = repo / patch_files(task.patch)[0]
+    source.write_text(source.read_text() + "\nimport time\ntime.sleep(3600)\n")
+    hang = subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True, check=True).stdout
+    outcome = evaluate_locally(task, hang, timeout_s=2)
+    assert outcome.problem == "the tests timed out"
+    assert outcome.statuses == {}
+    assert not outcome.resolved
 
 
 def test_edits_to_the_judging_tests_are_undone(task):

@@ -181,6 +181,20 @@ def test_a_patch_that_hangs_the_tests_times_out_and_does_not_resolve(grader, tas
 
 
 @pytest.mark.docker
+def test_tests_that_ignore_sigterm_are_killed_and_logged_as_timed_out(grader, task, tmp_path):
+    repo = materialize_repo(task, tmp_path / "repo")
+    source = repo / patch_files(task.patch)[0]
+    source.write_text(source.read_text() + "\nimport signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                      "time.sleep(3600)\n")  # fmt: skip
+    stubborn = subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True, check=True).stdout
+    e = DockerGrader(replace(grader.config, test_timeout_s=2), None)(task, stubborn)
+    assert f"{TEST_EXIT_CODE}: 137" in e.log  # SIGKILLed by `timeout -k` after the SIGTERM it ignored
+    assert TESTS_TIMEOUT in e.log
+    assert e.problem == "the tests timed out"
+    assert swebench_resolved(task, e.log, stubborn) is False
+
+
+@pytest.mark.docker
 def test_a_task_whose_test_patch_does_not_apply_cannot_be_graded(grader, task):
     stale = "diff --git a/t/gone.py b/t/gone.py\n--- a/t/gone.py\n+++ b/t/gone.py\n@@ -1 +1 @@\n-x\n+y\n"
     broken = replace(task, test_patch=stale)  # edits a file the base commit does not have
