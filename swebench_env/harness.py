@@ -90,11 +90,14 @@ def load_predictions(path: Path, problems: list[str]) -> list[Prediction]:
 
 
 def _is_jsonl(text: str) -> bool:
+    """JSON lines when the first line is a whole object that is a prediction (it names its instance) or is
+    followed by more lines; a single-line object of objects is keyed by instance id."""
     first = text.split("\n", 1)[0].strip()
     try:
-        return isinstance(json.loads(first), dict) and "\n" in text.strip()
+        record = json.loads(first)
     except json.JSONDecodeError:
         return False
+    return isinstance(record, dict) and ("instance_id" in record or "\n" in text.strip())
 
 
 def _prediction(place: str, record: Any, problems: list[str]) -> Prediction | None:

@@ -107,12 +107,22 @@ def test_predictions_load_from_a_list_an_object_keyed_by_id_and_jsonl(tmp_path):
         "list.json": json.dumps(records),
         "keyed.json": json.dumps({r["instance_id"]: r for r in records}),
         "lines.jsonl": "".join(json.dumps(r) + "\n" for r in records),
+        "one-line keyed.json": json.dumps({r["instance_id"]: r for r in records}) + "\n",
     }
     for name, text in forms.items():
         (tmp_path / name).write_text(text)
         problems: list[str] = []
         assert [p.instance_id for p in load_predictions(tmp_path / name, problems)] == ["a__b-0", "a__b-1", "a__b-2"]
         assert problems == []
+
+
+@pytest.mark.parametrize("ending", ["\n", ""])
+def test_a_jsonl_file_of_one_line_is_one_prediction(tmp_path, ending):
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"instance_id": "a__b-1", "model_patch": "", "model_name_or_path": "m"}) + ending)
+    problems: list[str] = []
+    assert [p.instance_id for p in load_predictions(path, problems)] == ["a__b-1"]
+    assert problems == []
 
 
 def test_bad_prediction_records_cost_only_themselves_with_one_line_each(tmp_path):
