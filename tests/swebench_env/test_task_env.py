@@ -36,18 +36,20 @@ RECIPE = {"pip": ["tinyhelper==1.0"]}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def scratch_cache(tmp_path_factory):
-    """Fetched wheels and build locks in a fresh folder; task images built here removed afterwards."""
+def scratch_cache(tmp_path_factory, daemon):
+    """Fetched wheels and build locks in a fresh folder; the task images these tests built removed afterwards
+    (only those: others may be in use by another run)."""
+    before = task_images(daemon)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
         patch.delenv(WHEELHOUSE_ENV, raising=False)
         yield
-    from swebench_env.docker_util import docker_client
+    for tag in task_images(daemon) - before:
+        daemon.images.remove(tag, force=True)
 
-    client = docker_client()
-    for image in client.images.list(name=TASK_REPOSITORY):
-        for tag in image.tags:
-            client.images.remove(tag, force=True)
+
+def task_images(client) -> set[str]:
+    return {tag for image in client.images.list(name=TASK_REPOSITORY) for tag in image.tags}
 
 
 @pytest.fixture(autouse=True)
@@ -136,6 +138,7 @@ def test_check_reports_the_task_broken_without_the_recipe(capsys, files):
 def test_the_task_image_is_built_once_and_reused(daemon, task, wheelhouse, caplog):
     caplog.set_level(logging.WARNING, logger="swebench_env.images")
     name = task_image(task, client=daemon, wheelhouse=wheelhouse)
+    assert name.startswith(f"{TASK_REPOSITORY}:")  # removed next: never a shared image
     daemon.images.remove(name, force=True)
     caplog.clear()
     assert task_image(task, client=daemon, wheelhouse=wheelhouse) == name
