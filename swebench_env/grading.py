@@ -81,6 +81,7 @@ class DockerGraderConfig:
     memory_mb: int = 2048
     cpus: float = 1.0
     pids_limit: int = 512
+    disk_mb: int | None = 1024  # writable storage (SandboxConfig.disk_mb: tmpfs, charged on top of memory_mb)
     output_limit_bytes: int = 4 * 1024 * 1024  # log kept per run (first and last halves)
 
     def __post_init__(self) -> None:
@@ -253,7 +254,7 @@ class DockerGrader:
         labels = {"seamlessflow.role": "grader", "seamlessflow.instance": task.instance_id}
         config = SandboxConfig(image=self._image(task), memory_mb=c.memory_mb, cpus=c.cpus, pids_limit=c.pids_limit,
                                workdir=TESTBED if is_official(task) else "/", output_limit_bytes=c.output_limit_bytes,
-                               labels=labels)  # fmt: skip
+                               disk_mb=c.disk_mb, labels=labels)  # fmt: skip
         try:
             with Sandbox(config, self._client) as sandbox:
                 yield sandbox

@@ -36,6 +36,7 @@ import os
 import select
 import shlex
 import signal
+import socket
 import tarfile
 import tempfile
 import threading
@@ -71,6 +72,11 @@ kill -s KILL -- "-$t" 2>/dev/null
 exit "$rc"
 """
 POLL_S = 1.0  # with no output for this long, ask the daemon whether the command has ended
+# Where a sandbox with a read-only root may write, and each place's permissions.
+WRITABLE_PATHS = ("/testbed", "/tmp", "/var/tmp", "/root", "/home")
+_TMPFS_MODE = {"/tmp": "1777", "/var/tmp": "1777", "/root": "700"}
+PUT_TIMEOUT_S = 600.0  # copying files in (`put_archive`) gives up after this long
+CACHED_CONTENT_BYTES = 1 << 20  # an image's content at the writable places, kept in memory up to this size
 SIGKILL_STATUS = 128 + signal.SIGKILL
 
 
@@ -90,6 +96,8 @@ class SandboxConfig:
     client_grace_s: float = 10.0  # the client gives up on a command at timeout_s + this
     output_limit_bytes: int = 256 * 1024  # output kept per command (first and last halves)
     max_lifetime_s: float = 6 * 3600.0  # the container stops by itself after this long
+    disk_mb: int | None = 1024  # writable storage (see "Disk" above); None: none, a writable root as plain Docker
+    writable_paths: tuple[str, ...] = WRITABLE_PATHS  # where commands may write when the root is read-only
     env: Mapping[str, str] = field(default_factory=dict)  # environment of every command
     labels: Mapping[str, str] = field(default_factory=dict)  # extra container labels
     name_prefix: str = "seamlessflow-sbx"
@@ -105,8 +113,12 @@ class SandboxConfig:
             "output_limit_bytes": self.output_limit_bytes >= 64,
             "max_lifetime_s": self.max_lifetime_s >= 1,
             "workdir": self.workdir.startswith("/"),
+            "disk_mb": self.disk_mb is None or self.disk_mb >= 16,
+            "writable_paths": all(p.startswith("/") and p.rstrip("/") for p in self.writable_paths),
         }
-        allowed = "memory_mb >= 16, cpus > 0, pids_limit >= 8, timeouts > 0, output >= 64 B, absolute workdir"
+        allowed = "memory_mb >= 16, cpus > 0, pids_limit >= 8, timeouts > 0, output >= 64 B, absolute workdir, " + (
+            "disk_mb >= 16 or None, writable_paths absolute and not /"
+        )
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"SandboxConfig.{name}={getattr(self, name)!r} is not allowed ({allowed})")
@@ -131,6 +143,7 @@ class Sandbox:
         self._lock = threading.Lock()
         self._pid = os.getpid()  # the process that may close it (a forked child's exit hooks must not)
         self.name = f"{config.name_prefix}-{os.getpid()}-{uuid.uuid4().hex[:10]}"
+        self.disk_limit: str | None = None  # once started: "storage_opt", "tmpfs" or None (see "Disk" above)
 
     def __enter__(self) -> Sandbox:
         return self if self._container is not None else self.start()
@@ -149,18 +162,40 @@ class Sandbox:
                 raise SandboxError(f"sandbox {self.name} is already started")
             self._client = self._client or docker_client()
             _on_first_start(self._client)
+            if self.config.disk_mb is not None:
+                self.disk_limit = "storage_opt" if _storage_opt_supported(self._client, self.config) else "tmpfs"
             self._container = self._create()
             with _live_lock:
                 _LIVE.add(self)
         try:
             self._container.start()
+            if self.disk_limit == "tmpfs":
+                self._copy_up()
         except Exception as e:
             self.close()
             raise SandboxError(f"sandbox {self.name} did not start from image {self.config.image!r}: {e}") from e
         return self
 
+    def _copy_up(self) -> None:
+        """Fill the writable places (empty tmpfs mounts) with what the image holds there, as a volume would be.
+        What a small image holds there is read once a process (the image is immutable)."""
+        key = (self._container.attrs.get("Image", self.config.image), self.config.writable_paths)
+        with tempfile.TemporaryFile() as buf:
+            if key in _image_content:
+                buf.write(_image_content[key])
+            else:
+                with tarfile.open(fileobj=buf, mode="w") as tar:
+                    found = sum(_add_image_dir(tar, self._container, p) for p in self.config.writable_paths)
+                if buf.tell() <= CACHED_CONTENT_BYTES:
+                    buf.seek(0)
+                    _image_content[key] = buf.read() if found else b""
+            if buf.tell():
+                buf.seek(0)
+                self.put_archive("/", buf)
+
     def _create(self):
         c = self.config
+        storage, memory_mb = _storage_options(c, self.disk_limit)
         try:
             return self._client.containers.create(
                 c.image,
@@ -169,8 +204,9 @@ class Sandbox:
                 labels={**c.labels, **Owner.current().labels()},
                 init=True,
                 network_mode="bridge" if c.network else "none",
-                mem_limit=f"{c.memory_mb}m",
-                memswap_limit=f"{c.memory_mb}m",
+                mem_limit=f"{memory_mb}m",
+                memswap_limit=f"{memory_mb}m",
+                **storage,
                 nano_cpus=int(c.cpus * 1e9),
                 pids_limit=c.pids_limit,
                 security_opt=["no-new-privileges"],
@@ -215,11 +251,25 @@ class Sandbox:
         return ExecResult(exit_code, out.text(), timed_out, out.dropped > 0, duration_s)
 
     def put_archive(self, dest: str, tar_stream) -> None:
-        """Unpack a tar stream at `dest` (an existing folder) in the container."""
+        """Unpack a tar (a binary file object) at `dest`, an existing folder, with `tar -x` in the container: the
+        daemon's own copy cannot write into tmpfs mounts, and files written in the container count against its
+        limits. A full disk or a read-only `dest` raises SandboxError with tar's complaint."""
+        api, container = self._client.api, self._require()
         try:
-            self._require().put_archive(dest, tar_stream)
+            exec_id = api.exec_create(container.id, ["tar", "-x", "-C", dest, "-f", "-"], stdin=True)["Id"]
+            sock = api.exec_start(exec_id, socket=True)
         except Exception as e:
             raise SandboxError(f"sandbox {self.name}: could not copy files into {dest}: {e}") from e
+        out = _Output(4096)
+        try:
+            _send(sock, tar_stream, out)
+            status = _exit_status(api, exec_id)
+        except Exception as e:
+            raise SandboxError(f"sandbox {self.name}: lost the copy into {dest}: {e}") from e
+        finally:
+            _close_socket(sock)
+        if status != 0:
+            raise SandboxError(f"sandbox {self.name}: copying files into {dest} failed: {out.text().strip()}")
 
     def close(self) -> None:
         """Remove the container (idempotent; never raises for a container that is already gone)."""
@@ -335,6 +385,85 @@ def _pump(sock, out: _Output, finished, deadline: float, config: SandboxConfig) 
         frames += data
         _unframe(frames, out)
     return finished()
+
+
+def _send(sock, stream, out: _Output) -> None:
+    """Write `stream` to an exec's stdin, close it, and read the exec's output into `out` until it ends."""
+    raw = getattr(sock, "_sock", sock)
+    raw.settimeout(PUT_TIMEOUT_S)
+    while chunk := stream.read(1 << 20):
+        raw.sendall(chunk)
+    raw.shutdown(socket.SHUT_WR)
+    frames = bytearray()
+    while data := raw.recv(65536):
+        frames += data
+        _unframe(frames, out)
+
+
+def _add_image_dir(tar: tarfile.TarFile, container, path: str) -> int:
+    """Add to `tar` what the image holds at `path` (the daemon's view: not the container's tmpfs mounts); the
+    number of entries below the folder itself (0 when the image has nothing there)."""
+    try:
+        stream, _ = container.get_archive(path)
+    except Exception as e:
+        if getattr(getattr(e, "response", None), "status_code", None) == 404:
+            return 0
+        raise
+    with tempfile.TemporaryFile() as part:
+        for chunk in stream:
+            part.write(chunk)
+        part.seek(0)
+        parent = path.rstrip("/").rsplit("/", 1)[0].lstrip("/")
+        members = 0
+        with tarfile.open(fileobj=part, mode="r|") as image_tar:
+            for info in image_tar:
+                members += "/" in info.name.rstrip("/")
+                info.name = f"{parent}/{info.name}" if parent else info.name
+                tar.addfile(info, image_tar.extractfile(info) if info.isfile() else None)
+    return members
+
+
+def _storage_options(config: SandboxConfig, limit: str | None) -> tuple[dict, int]:
+    """(container-create arguments, memory limit in MB) for a disk limit: tmpfs pages are charged to the
+    container's memory, so with tmpfs the memory limit grows by `disk_mb`."""
+    if limit is None:
+        return {}, config.memory_mb
+    if limit == "storage_opt":
+        return {"storage_opt": {"size": f"{config.disk_mb}m"}}, config.memory_mb
+    tmpfs = {p: f"size={config.disk_mb}m,mode={_TMPFS_MODE.get(p, '755')},exec" for p in config.writable_paths}
+    return {"read_only": True, "tmpfs": tmpfs}, config.memory_mb + config.disk_mb
+
+
+_image_content: dict[tuple[str, tuple[str, ...]], bytes] = {}  # (image id, writable paths) -> tar ("": nothing)
+_storage_opt: dict[str, bool] = {}  # daemon -> whether it limits a container's writable layer (`--storage-opt size`)
+_storage_opt_lock = threading.Lock()
+
+
+def _storage_opt_supported(client, config: SandboxConfig) -> bool:
+    """Whether the daemon takes `storage_opt size` (overlay2 on xfs with pquota, btrfs, zfs...): asked once a
+    daemon, by creating (and removing) a container that asks for it."""
+    key = str(getattr(client.api, "base_url", id(client)))
+    with _storage_opt_lock:
+        if key not in _storage_opt:
+            answer = _probe_storage_opt(client, config)
+            if answer is None:
+                return False  # the probe failed for another reason (the image is missing): ask again next time
+            _storage_opt[key] = answer
+        return _storage_opt[key]
+
+
+def _probe_storage_opt(client, config: SandboxConfig) -> bool | None:
+    name = f"{config.name_prefix}-probe-{os.getpid()}-{uuid.uuid4().hex[:10]}"
+    try:
+        probe = client.containers.create(config.image, entrypoint=["true"], name=name, network_mode="none",
+                                         labels=Owner.current().labels(), storage_opt={"size": "64m"})  # fmt: skip
+    except Exception as e:  # "--storage-opt is supported only for overlay over xfs with 'pquota' mount option"
+        if "storage" not in str(e).lower():
+            return None
+        log.info("the Docker daemon does not limit a container's storage (%s); sandboxes use tmpfs", e)
+        return False
+    probe.remove(force=True, v=True)
+    return True
 
 
 def _drain(sock, poller, frames: bytearray, out: _Output) -> None:

@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from swebench_env.docker_util import DockerUnavailable, docker_client
+from swebench_env.grading import DockerGrader, DockerGraderConfig
 from swebench_env.reaper import CREATED, LABEL, Owner, is_stale
-from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, copy_in
+from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, _storage_options, copy_in
+from swebench_env.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 # A child process that starts a sandbox, prints its name, and is in the middle of a command when killed.
@@ -45,11 +47,22 @@ with Sandbox(SandboxConfig(image=sys.argv[1], memory_mb=256)) as sandbox:
 
 @pytest.mark.parametrize(
     "field, value",
-    [("memory_mb", 8), ("cpus", 0), ("pids_limit", 2), ("command_timeout_s", 0), ("workdir", "rel"), ("image", "")],
+    [("memory_mb", 8), ("cpus", 0), ("pids_limit", 2), ("command_timeout_s", 0), ("workdir", "rel"), ("image", "")]
+    + [("disk_mb", 8), ("writable_paths", ("tmp",)), ("writable_paths", ("/",))],
 )
 def test_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
         SandboxConfig(**{"image": "x", field: value})
+
+
+def test_tmpfs_storage_is_charged_to_the_memory_limit_and_the_root_is_read_only():
+    config = SandboxConfig(image="x", memory_mb=2048, disk_mb=512, writable_paths=("/testbed", "/tmp"))
+    options, memory_mb = _storage_options(config, "tmpfs")
+    assert memory_mb == 2048 + 512
+    assert options == {"read_only": True, "tmpfs": {"/testbed": "size=512m,mode=755,exec",
+                                                    "/tmp": "size=512m,mode=1777,exec"}}  # fmt: skip
+    assert _storage_options(config, "storage_opt") == ({"storage_opt": {"size": "512m"}}, 2048)
+    assert _storage_options(replace(config, disk_mb=None), None) == ({}, 2048)
 
 
 def test_no_daemon_raises_docker_unavailable_saying_how_to_start_one():
@@ -202,11 +215,48 @@ def test_fork_bomb_is_stopped_by_the_pids_limit(sandbox_config):
 
 @pytest.mark.docker
 def test_memory_hog_is_killed_and_the_sandbox_survives(sandbox_config):
-    with Sandbox(replace(sandbox_config, memory_mb=256)) as sb:
+    with Sandbox(replace(sandbox_config, memory_mb=256, disk_mb=64)) as sb:  # a 320 MB limit: tmpfs counts
         hog = sb.exec("python3 -c 'x = b\"a\" * (1 << 30)'", timeout_s=120)
         after = sb.exec("echo alive", timeout_s=30)
     assert (hog.exit_code, hog.timed_out) == (137, False)
     assert after.output == "alive\n"
+
+
+@pytest.mark.docker
+def test_a_write_past_the_disk_limit_fails_alone_and_the_sandbox_stays_usable(sandbox_config):
+    with Sandbox(replace(sandbox_config, disk_mb=64)) as sb:
+        full = sb.exec("dd if=/dev/zero of=/testbed/big bs=1M count=100", timeout_s=60)
+        elsewhere = sb.exec("touch /opt/x /usr/x /x", timeout_s=30)
+        after = sb.exec("rm /testbed/big && echo ok > /testbed/small && cat /testbed/small", timeout_s=30)
+        assert sb.disk_limit in ("tmpfs", "storage_opt")
+    assert (full.exit_code != 0, full.timed_out) == (True, False)
+    assert "No space left on device" in full.output or "quota exceeded" in full.output
+    assert elsewhere.exit_code != 0  # a read-only root (tmpfs) or the same quota (storage_opt)
+    assert after.output == "ok\n"
+
+
+@pytest.mark.docker
+def test_the_image_content_of_the_writable_places_is_there(sandbox):
+    assert sandbox.exec("test -f /root/.bashrc && test -d /tmp && echo ok", timeout_s=30).output == "ok\n"
+
+
+@pytest.mark.docker
+def test_copying_in_past_the_disk_limit_is_a_sandbox_error(sandbox_config, tmp_path):
+    (tmp_path / "big.bin").write_bytes(os.urandom(40 << 20))
+    with Sandbox(replace(sandbox_config, disk_mb=32)) as sb:
+        with pytest.raises(SandboxError, match="copying files into /testbed failed: tar: "):
+            copy_in(sb, tmp_path, "/testbed")
+        assert sb.exec("echo alive", timeout_s=30).output == "alive\n"
+
+
+@pytest.mark.docker
+def test_a_full_sandbox_does_not_touch_the_grading_of_another_task(sandbox_config, base_image):
+    task = next(t for t in load_suite("train") if t.instance_id == "swesuite__intervalset-3")
+    grader = DockerGrader(DockerGraderConfig(image=base_image, test_timeout_s=120, memory_mb=1024))
+    with Sandbox(replace(sandbox_config, disk_mb=64)) as sb:
+        assert sb.exec("cat /dev/zero > /tmp/fill", timeout_s=60).exit_code != 0
+        assert grader(task, task.patch).resolved
+        assert grader(task, "").resolved is False
 
 
 @pytest.mark.docker
