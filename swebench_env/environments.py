@@ -13,19 +13,23 @@ $SEAMLESSFLOW_WHEELHOUSE) or a cached folder filled once by `pip download` from 
 base image's Python and platform (so the host's own Python does not matter). A requirement that cannot be
 satisfied says so by name, in one line.
 
-This module is the pure half (the recipe, its validation, the wheelhouse on the host); `images.py` builds.
+This module is the Docker-free half (the recipe, its validation, the wheelhouse on the host, the build's
+context and script); `images.py` builds.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+import io
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +44,8 @@ RECIPE_KEYS = ("pip", "commands")
 WHEELHOUSE_ENV = "SEAMLESSFLOW_WHEELHOUSE"  # a folder of wheels to install from instead of the index
 CACHE_ENV = "SEAMLESSFLOW_CACHE"  # where fetched wheels and build locks live (default ~/.cache/seamlessflow)
 FETCH_TIMEOUT_S = 600.0
+BUILD_DIR = "/tmp/seamlessflow-build"  # in the build container: wheels, requirements, the install script
+STEP = ">>> seamlessflow build step:"  # the install script names each step, so a failure names its own
 IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
 # a PEP 508 requirement without a URL: name, optional [extras], optional version specifiers, optional ; marker
 REQUIREMENT = re.compile(
@@ -214,7 +220,39 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:  # size and mtime: a ch
     return digest.hexdigest()
 
 
-def copy_wheels(folder: Path, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    for wheel in wheel_files(folder):
-        shutil.copy2(wheel, dest / wheel.name)
+# ---- the build context ----
+
+
+def build_context(name: str, base_id: str, recipe: InstallRecipe, wheels: Path | None) -> io.BytesIO:
+    """The `docker build` context (a tar) of task image `name`: a Dockerfile from `base_id`, the wheels, the
+    requirements and the install script; the build directory is removed in the same step that uses it."""
+    copies = [f"COPY wheels/ {BUILD_DIR}/wheels/"] if wheels else []
+    dockerfile = "\n".join([
+        f"FROM {base_id}", *copies, f"COPY install.sh requirements.txt {BUILD_DIR}/",
+        f"RUN bash {BUILD_DIR}/install.sh && rm -rf {BUILD_DIR}",
+        f'LABEL seamlessflow.task_image="{name.rsplit(":", 1)[1]}" seamlessflow.base="{base_id}"',
+    ])  # fmt: skip
+    files = {"Dockerfile": dockerfile, "install.sh": install_script(recipe), "requirements.txt": "\n".join(recipe.pip)}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for file_name, text in files.items():
+            data = (text + "\n").encode()
+            info = tarfile.TarInfo(file_name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for wheel in wheel_files(wheels) if wheels else []:
+            tar.add(wheel, arcname=f"wheels/{wheel.name}")
+    buffer.seek(0)
+    return buffer
+
+
+def install_script(recipe: InstallRecipe) -> str:
+    """The build's bash script: pip from the wheelhouse only, then each command; STEP lines name each step."""
+    pip_env = "PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_NO_INPUT=1"
+    lines = ["set -euo pipefail", f"export {pip_env} PIP_ROOT_USER_ACTION=ignore"]
+    if recipe.pip:
+        wheels, requirements = f"{BUILD_DIR}/wheels", f"{BUILD_DIR}/requirements.txt"
+        lines += [f'echo "{STEP} pip"', f"python3 -m pip install --no-index --find-links {wheels} -r {requirements}"]
+    for i, command in enumerate(recipe.commands):
+        lines += [f'echo "{STEP} command {i}"', f"bash -euo pipefail -c {shlex.quote(command)}"]
+    return "\n".join(lines)

@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import io
 import json
 import logging
 import os
 import shlex
 import shutil
 import subprocess
-import tarfile
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -53,15 +51,16 @@ from typing import TYPE_CHECKING
 from swebench_env.docker_util import docker_client
 from swebench_env.environments import (
     PROBE,
+    STEP,
     InstallRecipe,
     RecipeError,
+    build_context,
     cache_dir,
     fetch_wheels,
     fetched_wheels_dir,
     given_wheelhouse,
     pip_failure,
     target_from_probe,
-    wheel_files,
     wheels_digest,
 )
 
@@ -103,8 +102,6 @@ IMAGE_CHANGES = (
 TASK_REPOSITORY = "seamlessflow/swe-task"
 TASK_SCRIPT_VERSION = 1  # bump when the task image's build steps change
 INSTALL_TIMEOUT_S = 1800.0
-BUILD_DIR = "/tmp/seamlessflow-build"  # in the build container: wheels, requirements, the install script
-STEP = ">>> seamlessflow build step:"  # the install script names each step, so a failure names its own
 
 
 class ImageUnavailable(RuntimeError):
@@ -278,7 +275,7 @@ def build_task_image(name: str, base_id: str, recipe: InstallRecipe, wheels: Pat
     client = client or docker_client()
     started = time.monotonic()
     log.warning("building task image %s: %s", name, recipe.to_json())
-    context = _build_context(name, base_id, recipe, wheels)
+    context = build_context(name, base_id, recipe, wheels)
     output, error = [], None
     try:
         for chunk in client.api.build(fileobj=context, custom_context=True, tag=name, network_mode="none", rm=True,
@@ -291,38 +288,6 @@ def build_task_image(name: str, base_id: str, recipe: InstallRecipe, wheels: Pat
         raise _build_failure(recipe, wheels, output, error)
     log.warning("built %s in %.1f s", name, time.monotonic() - started)
     return name
-
-
-def _build_context(name: str, base_id: str, recipe: InstallRecipe, wheels: Path | None) -> io.BytesIO:
-    copies = [f"COPY wheels/ {BUILD_DIR}/wheels/"] if wheels else []
-    dockerfile = "\n".join([
-        f"FROM {base_id}", *copies, f"COPY install.sh requirements.txt {BUILD_DIR}/",
-        f"RUN bash {BUILD_DIR}/install.sh && rm -rf {BUILD_DIR}",
-        f'LABEL seamlessflow.task_image="{name.rsplit(":", 1)[1]}" seamlessflow.base="{base_id}"',
-    ])  # fmt: skip
-    files = {"Dockerfile": dockerfile, "install.sh": _install_script(recipe), "requirements.txt": "\n".join(recipe.pip)}
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for file_name, text in files.items():
-            data = (text + "\n").encode()
-            info = tarfile.TarInfo(file_name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        for wheel in wheel_files(wheels) if wheels else []:
-            tar.add(wheel, arcname=f"wheels/{wheel.name}")
-    buffer.seek(0)
-    return buffer
-
-
-def _install_script(recipe: InstallRecipe) -> str:
-    pip_env = "PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_NO_INPUT=1"
-    lines = ["set -euo pipefail", f"export {pip_env} PIP_ROOT_USER_ACTION=ignore"]
-    if recipe.pip:
-        wheels, requirements = f"{BUILD_DIR}/wheels", f"{BUILD_DIR}/requirements.txt"
-        lines += [f'echo "{STEP} pip"', f"python3 -m pip install --no-index --find-links {wheels} -r {requirements}"]
-    for i, command in enumerate(recipe.commands):
-        lines += [f'echo "{STEP} command {i}"', f"bash -euo pipefail -c {shlex.quote(command)}"]
-    return "\n".join(lines)
 
 
 def _build_failure(recipe: InstallRecipe, wheels: Path | None, output: list[str], error: str) -> Exception:
