@@ -6,10 +6,23 @@ base commit, and runs one script there that does what SWE-bench's `run_instance`
 
 1. apply the candidate patch with `git apply`, or failing that `patch --batch --fuzz=5 -p1` (SWE-bench's
    fallbacks); if neither applies, log `>>>>> Patch Apply Failed` and stop;
-2. reset the files the test patch touches to the base commit (so a patch cannot edit its judges) and
+2. undo what the patch did to protected paths (`evaluation.protected_paths`: test configuration such as
+   `conftest.py` or `pyproject.toml`, interpreter start-up files such as `sitecustomize.py` or `*.pth`,
+   test files, modules shadowing pytest's or the standard library's): each is put back as it was before
+   the patch (saved in a tar first; removed if the patch added it) and the log names them
+   (`>>>>> Undid Protected Changes: ...`). This departs from SWE-bench, whose harness lets a patch that
+   adds a root `conftest.py` forcing every test to pass resolve the task; see `evaluation.py` for the
+   whole rule, why it resets rather than rejects, and what it does not catch (source code that patches
+   pytest when the tests import it);
+3. reset the files the test patch touches to the base commit (so a patch cannot edit its judges) and
    apply the test patch;
-3. run the tests between `>>>>> Start Test Output` and `>>>>> End Test Output`, under `timeout`, and
-   log `>>>>> Test Exit Code: N` (and `>>>>> Tests Timed Out` when the timeout struck).
+4. run the tests between `>>>>> Start Test Output` and `>>>>> End Test Output`, under `timeout`, with
+   plugin auto-loading off and `PYTEST_ADDOPTS` / `PYTEST_PLUGINS` unset, and log `>>>>> Test Exit
+   Code: N` and `>>>>> Tests Timed Out` when the timeout struck (exit 124 after SIGTERM, or 137 after
+   the SIGKILL that follows `KILL_GRACE_S` later when SIGTERM was ignored).
+
+Official SWE-bench records get steps 1-2 from us and the rest from their own eval script. The sandbox's
+writable storage is limited (`disk_mb`; see `sandbox.py`).
 
 The log is read by `evaluation.read_eval_log` and graded by `evaluation.grade` (SWE-bench's rules), so
 the `swebench` package's `get_eval_report` reads the same log the same way; `swebench_resolved` asks

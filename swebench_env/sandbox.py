@@ -20,6 +20,14 @@ itself failed (the container vanished, the daemon went away). `timed_out` is inf
 (SIGKILL) after at least `timeout_s` on the client's clock, which cannot be earlier than the
 container's. A command that the memory limit's OOM killer stops gets 137 without `timed_out`.
 
+Disk: the writable storage is limited to `disk_mb`, so a runaway write fails alone (ENOSPC, a result) and
+cannot fill the host's Docker storage. Where the daemon takes `storage_opt size` (overlay2 on xfs with
+pquota, btrfs, zfs: probed once a daemon) the writable layer is capped. Elsewhere (overlay2 on ext4, the
+usual case) the root file system is read-only and each of `writable_paths` is a tmpfs of `disk_mb`, filled
+at start with what the image holds there; tmpfs pages are charged to the container's memory cgroup, so
+its memory limit is `memory_mb + disk_mb`. Files are copied in with `tar -x` inside the container, since
+the daemon's own copy (`put_archive`) writes beneath tmpfs mounts, where the container cannot see them.
+
 Clean-up: `close()` (or leaving the `with` block) removes the container. At interpreter exit, and on
 SIGTERM or SIGHUP where the process had the default handler (it is replaced by one that raises
 SystemExit), the sandboxes still open are removed. A process killed outright leaves its containers
