@@ -1,0 +1,514 @@
+"""SWE warm-start probe: supervised training on the suite's demonstrations, in one process, with a pass@1 proxy.
+
+FINDINGS
+
+What it does, per command (`python -m reference.trainer.swe_probe COMMAND ...`):
+
+- `record`: runs every step of the suite's demonstrations (train and held-out) in a fresh local checkout with
+  `LocalRunner`, the runner the built-in agent uses under `--sandbox local`, and caches each step's exit code,
+  output and timeout flag in a JSON file (default /tmp/swe_probe/outputs.json), with the step that first
+  changes the checkout (the fix turn) and the diff it leaves. `demos.replay` is not used because it appends
+  stderr after stdout, where the runner (and the Docker sandbox) interleave them as the agent sees them.
+- `lengths`: renders each demonstration as the manager stores the built-in agent's episode (`render_episode`:
+  the agent's system prompt, tools and problem statement, each assistant turn = the text the demonstration
+  engine of `swebench_env.scripted` emits, each tool result = `agent.observation` of the recorded output, all
+  through the manager's own `ChatRenderer` with its splicing of sampled turns) and prints token counts.
+- `sft`: trains a tiny Qwen3 from random init on the train split's rendered episodes (cross-entropy on the
+  generated tokens only) and every `--eval-every` steps prints (a) the proxy pass@1 on each split: for each
+  task, `--samples` temperature-1 samples of the fix turn given the demonstration's history up to it, each
+  parsed like the manager parses tool calls and its command run in a checkout of the task; a sample resolves
+  when the checkout's diff equals the demonstration's, or else when the task's tests pass with it; (b) the
+  teacher-forced argmax exact match of the fix turn and of all turns. `--save DIR` writes a checkpoint the
+  engines load (`python -m reference serve --model DIR`).
+- `rollout`: the real thing for a checkpoint: the built-in agent (`BashAgent`) through a trajectory manager
+  (`ManagerThread`) and the built-in engine in this process, on local checkouts, graded by the task's tests
+  (`swebench_env.rollout.run_rollout` with `--sandbox local`'s workspace and grader).
+- `grpo`: GRPO on the fix turn alone from a checkpoint (the project's `Trainer`; reward = the proxy's verdict),
+  to see whether RL moves the proxy from a warm start.
+
+    python -m reference.trainer.swe_probe record
+    python -m reference.trainer.swe_probe sft --hidden 128 --layers 2 --steps 300 --eval-every 50 --seed 0
+    python -m reference.trainer.swe_probe rollout --model /tmp/swe_probe/ckpt --split train --samples 2
+    python -m reference.trainer.swe_probe grpo --model /tmp/swe_probe/ckpt --steps 40
+
+Sampled commands run on this machine with no isolation, as `--sandbox local` rollouts do: trusted models only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import random
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from reference.engine.base import GenerateRequest, GenerateResult, SamplingParams, generate
+from reference.engine.builtin import BuiltinEngine
+from reference.manager.chat import ChatRenderer
+from reference.manager.tools import parse_tool_calls
+from reference.model import build_model, load_checkpoint, save_checkpoint, tiny_config
+from reference.tokenizer import Tokenizer, default_tokenizer
+from swebench_env.agent import TOOLS, AgentConfig, instance_messages, observation
+from swebench_env.demos import Demonstration
+from swebench_env.runner import LocalRunner
+from swebench_env.scripted import step_message
+from swebench_env.tasks import Task, materialize_repo
+
+DEFAULT_DIR = Path(tempfile.gettempdir()) / "swe_probe"
+STEP_TIMEOUT_S = 60.0  # each demonstration command while recording (the agent's default command timeout)
+FIX_TIMEOUT_S = 20.0  # a sampled fix command
+FIX_MAX_TOKENS = 512  # the longest demonstrated fix turn is 391 tokens
+
+
+# ---- recorded outputs ----
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A demonstration's outputs in a fresh checkout: per step (exit code, output, timed out); the first step
+    that changes the checkout (the fix) and the diff it leaves."""
+
+    outputs: tuple[tuple[int, str, bool], ...]
+    fix_step: int
+    fix_diff: str
+
+
+def _diff(repo: Path) -> str:
+    done = subprocess.run(["git", "diff", "--no-color"], cwd=repo, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def record_demonstration(task: Task, demo: Demonstration) -> Recording:
+    """Run `demo` step by step in a fresh checkout of `task` (see the module docstring)."""
+    with tempfile.TemporaryDirectory(prefix=f"swe-probe-{task.instance_id}-") as tmp:
+        repo = materialize_repo(task, Path(tmp) / "repo")
+        runner, outputs, fix_step, fix_diff = LocalRunner(repo), [], -1, ""
+        for k, step in enumerate(demo.steps[:-1]):  # the last step submits: the agent never runs it
+            result = runner.exec(step.command, STEP_TIMEOUT_S)
+            outputs.append((result.exit_code, result.output, result.timed_out))
+            if fix_step < 0 and (diff := _diff(repo)):
+                fix_step, fix_diff = k, diff
+    if fix_step < 0:
+        raise ValueError(f"the demonstration of {task.instance_id!r} changes nothing")
+    return Recording(tuple(outputs), fix_step, fix_diff)
+
+
+def load_recordings(pairs: Sequence[tuple[Task, Demonstration]], path: Path) -> dict[str, Recording]:
+    """Every pair's `Recording`, from the JSON cache at `path`; missing ones are recorded and added."""
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    missing = [(t, d) for t, d in pairs if t.instance_id not in cached]
+    for task, demo in missing:
+        r = record_demonstration(task, demo)
+        cached[task.instance_id] = {"outputs": r.outputs, "fix_step": r.fix_step, "fix_diff": r.fix_diff}
+    if missing:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cached, ensure_ascii=False))
+    return {t.instance_id: Recording(tuple(map(tuple, cached[t.instance_id]["outputs"])),
+                                     cached[t.instance_id]["fix_step"], cached[t.instance_id]["fix_diff"])
+            for t, _ in pairs}  # fmt: skip
+
+
+# ---- rendering, as the manager stores the built-in agent's episode ----
+
+
+@dataclass(frozen=True)
+class RenderedEpisode:
+    instance_id: str
+    token_ids: tuple[int, ...]  # the final request's prompt and completion: the stored branch
+    generated_mask: tuple[int, ...]  # 1 on each assistant turn's tokens (its <|im_end|> included)
+    turns: tuple[tuple[int, int], ...]  # [start, end) of each assistant turn in token_ids
+    fix_turn: int  # index into turns of the turn that fixes the code
+
+
+def render_episode(
+    task: Task, demo: Demonstration, recording: Recording, tok: Tokenizer, config: AgentConfig | None = None
+) -> RenderedEpisode:
+    """The token ids the manager records when the built-in agent plays `demo` (see the module docstring): the
+    messages are built as `BashAgent` builds them and rendered by the manager's `ChatRenderer`, which splices
+    each earlier reply back as the ids the (demonstration) engine produced."""
+    config = config or AgentConfig()
+    renderer, messages = ChatRenderer(tok), instance_messages(task, config)
+    turns: list[tuple[int, int]] = []
+    ids: list[int] = []
+    for k, step in enumerate(demo.steps):
+        prompt = renderer.render(messages, TOOLS)
+        assert prompt[: len(ids)] == ids, "a session's prompt extends its previous request"
+        text = step_message(step)
+        completion = [*tok.encode(text), tok.im_end_id]
+        renderer.remember(text, completion)
+        turns.append((len(prompt), len(prompt) + len(completion)))
+        ids = prompt + completion
+        content, calls = parse_tool_calls(text)
+        messages.append({"role": "assistant", "content": content, "tool_calls": calls})
+        if k == len(demo.steps) - 1:
+            break
+        code, output, timed_out = recording.outputs[k]
+        seen = observation(code, output, timed_out, config)
+        messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": seen})
+    mask = [0] * len(ids)
+    for start, end in turns:
+        mask[start:end] = [1] * (end - start)
+    return RenderedEpisode(task.instance_id, tuple(ids), tuple(mask), tuple(turns), recording.fix_step)
+
+
+# ---- the model and supervised training ----
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    intermediate: int = 512
+    max_positions: int = 4096  # the longest rendered train episode is 2,599 tokens
+
+    def config(self, vocab_size: int):
+        return tiny_config(vocab_size, hidden_size=self.hidden, num_hidden_layers=self.layers,
+                           num_attention_heads=self.heads, num_key_value_heads=self.kv_heads, head_dim=self.head_dim,
+                           intermediate_size=self.intermediate, max_position_embeddings=self.max_positions,
+                           initializer_range=0.02)  # fmt: skip
+
+
+def _padded(episodes: Sequence[RenderedEpisode], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [B, L], generated mask [B, L]), right-padded (causal attention: padding is never attended to)."""
+    width = max(len(e.token_ids) for e in episodes)
+    ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(episodes), width), dtype=torch.bool)
+    for i, e in enumerate(episodes):
+        ids[i, : len(e.token_ids)] = torch.tensor(e.token_ids)
+        mask[i, : len(e.token_ids)] = torch.tensor(e.generated_mask, dtype=torch.bool)
+    return ids, mask
+
+
+def target_logits(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [N, V] predicting each generated token, those tokens [N]); the vocabulary projection runs on the
+    N generated positions only (a third of an episode), not on every position."""
+    hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]  # [B, L-1, H]
+    targets = mask[:, 1:]
+    return model.lm_head(hidden[targets]).float(), ids[:, 1:][targets]
+
+
+def sft_step(model, optimizer, episodes: Sequence[RenderedEpisode], pad_id: int, grad_clip: float = 1.0) -> float:
+    """One AdamW step of token-mean cross-entropy on the generated tokens of `episodes`; the loss."""
+    ids, mask = _padded(episodes, pad_id)
+    logits, targets = target_logits(model, ids, mask)
+    loss = torch.nn.functional.cross_entropy(logits, targets)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.item()
+
+
+@torch.no_grad()
+def turn_exact_match(model, episodes: Sequence[RenderedEpisode], pad_id: int) -> tuple[float, float]:
+    """(share of fix turns, share of all turns) whose every token is the teacher-forced argmax."""
+    fix = every = turns = 0
+    for e in episodes:
+        ids, mask = _padded([e], pad_id)
+        logits = model(input_ids=ids).logits[0, :-1]
+        right = (logits.argmax(-1) == ids[0, 1:]).tolist()
+        for k, (start, end) in enumerate(e.turns):
+            ok = all(right[start - 1 : end - 1])
+            every, turns = every + ok, turns + 1
+            fix += ok and k == e.fix_turn
+    return fix / len(episodes), every / turns
+
+
+# ---- the proxy: sampled fix turns, run in a checkout ----
+
+
+def sample_completions(model, prompts: Sequence[Sequence[int]], n: int, stop_ids: Sequence[int], max_tokens: int,
+                       seed: int, max_batch: int = 32) -> list[list[GenerateResult]]:  # fmt: skip
+    """`n` temperature-1 completions of each prompt (each up to and including a stop token, or `max_tokens`
+    long), with their raw logprobs, from the project's built-in engine (continuous batching, a KV cache, the
+    prompt's KV shared by its samples) over a copy of `model`."""
+    params = [SamplingParams(max_tokens, 1.0, stop_token_ids=tuple(stop_ids), seed=seed * 1_000_003 + i)
+              for i in range(len(prompts) * n)]  # fmt: skip
+    requests = [GenerateRequest(f"r{i}", tuple(prompts[i // n]), p) for i, p in enumerate(params)]
+
+    async def run(engine) -> list[GenerateResult]:
+        return list(await asyncio.gather(*(generate(engine, r) for r in requests)))
+
+    with BuiltinEngine(copy.deepcopy(model), max_batch=max_batch, seed=seed) as engine:
+        results = asyncio.run(run(engine))
+    return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+def bash_command(text: str) -> str | None:
+    """The command of a reply's first tool call when it is a `bash` call with a string command, as the agent
+    reads it (the manager's `parse_tool_calls`, then the call's JSON arguments)."""
+    _, calls = parse_tool_calls(text)
+    if not calls or calls[0]["function"]["name"] != "bash":
+        return None
+    try:
+        command = json.loads(calls[0]["function"]["arguments"]).get("command")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return command if isinstance(command, str) and command.strip() else None
+
+
+class FixJudge:
+    """Whether a fix command resolves a task: run in a kept checkout of it (reset after each command), the diff
+    compared with the demonstration's; a different non-empty diff is graded by the task's tests. Cached."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._cache: dict[tuple[str, str], bool] = {}
+
+    def __call__(self, task: Task, recording: Recording, command: str | None) -> bool:
+        if command is None:
+            return False
+        key = (task.instance_id, command)
+        if key not in self._cache:
+            self._cache[key] = self._judge(task, recording, command)
+        return self._cache[key]
+
+    def _judge(self, task: Task, recording: Recording, command: str) -> bool:
+        from swebench_env.evaluation import evaluate_locally
+
+        repo = self.root / task.instance_id
+        if not repo.is_dir():
+            materialize_repo(task, repo)
+        try:
+            LocalRunner(repo).exec(command, FIX_TIMEOUT_S)
+            diff = _diff(repo)
+        finally:
+            subprocess.run(["git", "checkout", "-q", "--", "."], cwd=repo, check=False)
+            subprocess.run(["git", "clean", "-qfdx"], cwd=repo, check=False)
+        if diff == recording.fix_diff:
+            return True
+        return bool(diff) and evaluate_locally(task, diff + ("" if diff.endswith("\n") else "\n")).resolved
+
+
+def fix_prompt(episode: RenderedEpisode) -> tuple[int, ...]:
+    return episode.token_ids[: episode.turns[episode.fix_turn][0]]
+
+
+def proxy_pass_at_1(model, tok: Tokenizer, items, judge: FixJudge, samples: int, seed: int) -> float:
+    """Mean over `items` (task, recording, episode) of the share of `samples` sampled fix turns that resolve."""
+    prompts = [fix_prompt(episode) for _, _, episode in items]
+    groups = sample_completions(model, prompts, samples, tok.stop_token_ids, FIX_MAX_TOKENS, seed)
+    total = 0.0
+    for (task, recording, _), group in zip(items, groups, strict=True):
+        total += sum(judge(task, recording, bash_command(tok.decode(r.token_ids))) for r in group) / samples
+    return total / len(items)
+
+
+# ---- the runs ----
+
+
+@dataclass(frozen=True)
+class Data:
+    """The rendered suite: (task, recording, episode) per task of each split."""
+
+    train: list
+    held_out: list
+
+
+def load_data(tok: Tokenizer, cache: Path, config: AgentConfig | None = None) -> Data:
+    from swebench_env.suite import load_suite, load_suite_demonstrations
+
+    splits = {}
+    for split in ("train", "held_out"):
+        pairs = list(zip(load_suite(split), load_suite_demonstrations(split), strict=True))
+        recordings = load_recordings(pairs, cache)
+        splits[split] = [(t, recordings[t.instance_id], render_episode(t, d, recordings[t.instance_id], tok, config))
+                         for t, d in pairs]  # fmt: skip
+    return Data(splits["train"], splits["held_out"])
+
+
+def evaluate(model, tok: Tokenizer, data: Data, judge: FixJudge, samples: int, seed: int) -> dict:
+    """The proxy pass@1 of each split and the teacher-forced exact match of the fix turn / all turns (train)."""
+    was_training = model.training
+    model.eval()
+    train = proxy_pass_at_1(model, tok, data.train, judge, samples, seed)
+    held = proxy_pass_at_1(model, tok, data.held_out, judge, samples, seed) if data.held_out else float("nan")
+    fix_em, turn_em = turn_exact_match(model, [e for *_, e in data.train], tok.pad_token_id)
+    model.train(was_training)
+    return {"proxy_train": train, "proxy_held_out": held, "fix_exact": fix_em, "turn_exact": turn_em}
+
+
+def run_sft(dims: ModelDims, data: Data, tok: Tokenizer, *, steps: int, batch: int, lr: float, warmup: int,
+            seed: int, eval_every: int, samples: int, judge: FixJudge,
+            log: Callable[[str], None] = print):  # fmt: skip
+    """SFT from a random init (seeded by `seed`) on the train episodes; returns (model, eval log)."""
+    model = build_model(dims.config(tok.vocab_size), seed=seed).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, warmup)))
+    rng, episodes = random.Random(seed), [e for *_, e in data.train]
+    params = sum(p.numel() for p in model.parameters())
+    generated, tokens = sum(sum(e.generated_mask) for e in episodes), sum(len(e.token_ids) for e in episodes)
+    log(f"model {dims} ({params / 1e6:.2f}M parameters); {len(episodes)} episodes, {generated} generated tokens "
+        f"of {tokens}")  # fmt: skip
+    history, order, losses, start, train_s = [], [], [], time.perf_counter(), 0.0
+    for step in range(1, steps + 1):
+        if len(order) < batch:
+            order += rng.sample(episodes, len(episodes))  # epochs in a fresh order
+        chosen, order = order[:batch], order[batch:]
+        t0 = time.perf_counter()
+        losses.append(sft_step(model, optimizer, chosen, tok.pad_token_id))
+        schedule.step()
+        train_s += time.perf_counter() - t0
+        if step % 10 == 0:
+            log(f"step {step} loss {sum(losses[-10:]) / 10:.3f} ({train_s:.0f} s)")
+        if step % eval_every == 0 or step == steps:
+            loss = sum(losses[-len(episodes) // batch :]) / (len(episodes) // batch)  # the last epoch's worth
+            metrics = {"step": step, "epochs": step * batch / len(episodes), "loss": loss, "train_s": train_s,
+                       **evaluate(model, tok, data, judge, samples, seed + step)}  # fmt: skip
+            metrics["wall_s"] = time.perf_counter() - start
+            history.append(metrics)
+            log(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()}))
+    return model, history
+
+
+def real_rollouts(model, tok: Tokenizer, tasks: Sequence[Task], config: AgentConfig, *, samples: int = 1,
+                  concurrency: int = 4, seed: int = 0) -> list:  # fmt: skip
+    """`samples` episodes of each task by the built-in agent through a trajectory manager and the built-in engine
+    over a copy of `model`, in local checkouts, graded by the tasks' tests: `InstanceResult`s."""
+    from reference.manager.embedded import ManagerThread
+    from swebench_env.agent import BashAgent
+    from swebench_env.rollout import RolloutConfig, run_rollout
+
+    results = []
+    with BuiltinEngine(copy.deepcopy(model), max_batch=32, seed=seed, tokenizer=tok) as engine:
+        with ManagerThread({"probe": engine}, tok) as manager:
+            for k in range(samples):
+                rollout = RolloutConfig(manager.url, concurrency, run_id=f"probe-{seed}-{k}")
+                results += run_rollout(tasks, BashAgent(config), rollout)
+    return results
+
+
+def run_fix_grpo(model, tok: Tokenizer, data: Data, judge: FixJudge, *, steps: int, tasks_per_step: int,
+                 group_size: int, trainer_config, eval_every: int, samples: int,
+                 log: Callable[[str], None] = print) -> list[dict]:  # fmt: skip
+    """GRPO on the fix turn alone (prompt = the demonstration's history up to it, reward = the proxy's verdict)
+    with the project's `Trainer`, on-policy; the proxy is evaluated every `eval_every` steps."""
+    from reference.trainer.batch import Trajectory
+    from reference.trainer.trainer import Trainer
+
+    trainer = Trainer(model, trainer_config, pad_id=tok.pad_token_id)
+    seed, history, start = trainer_config.seed, [], time.perf_counter()
+    history.append({"step": 0, **evaluate(trainer.model, tok, data, judge, samples, seed)})
+    log(json.dumps(history[-1]))
+    while trainer.step < steps:
+        items = trainer.rng.sample(data.train, tasks_per_step)
+        prompts = [fix_prompt(e) for *_, e in items]
+        groups = sample_completions(trainer.model, prompts, group_size, tok.stop_token_ids, FIX_MAX_TOKENS,
+                                    seed * 7919 + trainer.step)  # fmt: skip
+        batch = []
+        for (task, recording, _), prompt, group in zip(items, prompts, groups, strict=True):
+            for r in group:
+                reward = float(judge(task, recording, bash_command(tok.decode(r.token_ids))))
+                mask = (0,) * len(prompt) + (1,) * len(r.token_ids)
+                versions = (trainer.version,) * len(r.token_ids)
+                batch.append(Trajectory((*prompt, *r.token_ids), mask, r.logprobs, versions, task.instance_id, reward))
+        metrics = trainer.train_step(batch)
+        line = {"step": trainer.step, "reward": metrics.reward_mean, "entropy": metrics.entropy,
+                "wall_s": time.perf_counter() - start}  # fmt: skip
+        if trainer.step % eval_every == 0 or trainer.step == steps:
+            line |= evaluate(trainer.model, tok, data, judge, samples, seed + 100_000 + trainer.step)
+            history.append(line)
+        log(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in line.items()}))
+    return history
+
+
+# ---- the command line ----
+
+
+def _dims(args) -> ModelDims:
+    return ModelDims(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
+                     head_dim=args.head_dim, intermediate=args.intermediate)  # fmt: skip
+
+
+def _lengths(data: Data) -> None:
+    for name, items in (("train", data.train), ("held_out", data.held_out)):
+        eps = [e for *_, e in items]
+        turns = [end - start for e in eps for start, end in e.turns]
+        fix = [e.turns[e.fix_turn][1] - e.turns[e.fix_turn][0] for e in eps]
+        tokens = [len(e.token_ids) for e in eps]
+        print(f"{name}: {len(eps)} episodes; tokens per episode mean {sum(tokens) / len(eps):.0f}, max {max(tokens)}; "
+              f"generated per episode {sum(map(sum, (e.generated_mask for e in eps))) / len(eps):.0f}; "
+              f"tokens per assistant turn mean {sum(turns) / len(turns):.0f}, max {max(turns)}; fix turn mean "
+              f"{sum(fix) / len(fix):.0f}, max {max(fix)}; fix prompt mean "
+              f"{sum(len(fix_prompt(e)) for e in eps) / len(eps):.0f}")  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=("record", "lengths", "sft", "rollout", "grpo"))
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="recorded outputs and checkouts")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--intermediate", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=400, help="SFT or GRPO steps")
+    parser.add_argument("--batch", type=int, default=4, help="SFT: episodes a step")
+    parser.add_argument("--lr", type=float, default=3e-3, help="SFT learning rate (after a linear warm-up)")
+    parser.add_argument("--warmup", type=int, default=20, help="SFT warm-up steps")
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--samples", type=int, default=2, help="sampled fix turns (or rollouts) per task")
+    parser.add_argument("--save", type=Path, default=None, help="sft: write the model here")
+    parser.add_argument("--model", type=Path, default=None, help="rollout, grpo: a checkpoint directory")
+    parser.add_argument("--split", choices=("train", "held_out"), default="train", help="rollout: the tasks")
+    parser.add_argument("--max-turns", type=int, default=12, help="rollout: the agent's turn limit")
+    parser.add_argument("--tasks-per-step", type=int, default=4, help="grpo: tasks a step")
+    parser.add_argument("--group-size", type=int, default=8, help="grpo: samples per task")
+    parser.add_argument("--grpo-lr", type=float, default=3e-4)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    tok = default_tokenizer()
+    data = load_data(tok, args.dir / "outputs.json")
+    judge = FixJudge(args.dir / "checkouts")
+    if args.command == "lengths":
+        _lengths(data)
+    elif args.command == "sft":
+        model, _ = run_sft(_dims(args), data, tok, steps=args.steps, batch=args.batch, lr=args.lr,
+                           warmup=args.warmup, seed=args.seed, eval_every=args.eval_every, samples=args.samples,
+                           judge=judge)  # fmt: skip
+        if args.save is not None:
+            save_checkpoint(model, tok, args.save)
+    elif args.command in ("rollout", "grpo"):
+        if args.model is None:
+            parser.error(f"{args.command} needs --model DIR (a checkpoint `sft --save` wrote)")
+        model, tok = load_checkpoint(args.model)
+        if args.command == "rollout":
+            tasks = [t for t, *_ in (data.train if args.split == "train" else data.held_out)]
+            config = AgentConfig(max_turns=args.max_turns, max_tokens=FIX_MAX_TOKENS)
+            results = real_rollouts(model, tok, tasks, config, samples=args.samples, seed=args.seed)
+            print(json.dumps({"pass@1": sum(r.resolved for r in results) / len(results),
+                              "exit_reasons": _counts(r.exit_reason for r in results),
+                              "resolved": sorted({r.instance_id for r in results if r.resolved})}))  # fmt: skip
+        else:
+            from reference.trainer.config import TrainerConfig
+
+            config = TrainerConfig(lr=args.grpo_lr, entropy_coef=0.0, normalize_std=False, micro_batch_size=8,
+                                   seed=args.seed)  # fmt: skip
+            run_fix_grpo(model.train(), tok, data, judge, steps=args.steps, tasks_per_step=args.tasks_per_step,
+                         group_size=args.group_size, trainer_config=config, eval_every=args.eval_every,
+                         samples=args.samples)  # fmt: skip
+
+
+def _counts(values) -> dict:
+    counts: dict = {}
+    for v in values:
+        counts[str(v)] = counts.get(str(v), 0) + 1
+    return counts
+
+
+if __name__ == "__main__":
+    main()
