@@ -347,6 +347,8 @@ def _run(args) -> int:
     logging.basicConfig(
         level=getattr(args, "log_level", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for chatty in ("httpx", "httpx2", "LiteLLM", "minisweagent"):  # agents' HTTP clients log every call at INFO
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     if args.command == "serve":
         return serve(args)
     if args.command == "engine":

@@ -1,9 +1,10 @@
 """`python -m reference train`: GRPO post-training on real engines and trainer shards, scheduled by a `core` policy.
 
-The story: lay out the resources the policy wants (capability tags), write the initial weights, start one
-worker per resource on Ray (its own cores, its engine, its trainer shard), put the trajectory manager in
-front of the engines, and let `core.driver` run the policy against the runtime executor until the last
-step; then score the timeline with the simulator's scorer and write the same outputs.
+The story: lay out the resources the policy wants (capability tags), write the initial weights (warm-started
+on the task's demonstrations where the config asks: `control/warm_start.py`), start one worker per resource on
+Ray (its own cores, its engine, its trainer shard), put the trajectory manager in front of the engines, and
+let `core.driver` run the policy against the runtime executor until the last step; then score the timeline
+with the simulator's scorer and write the same outputs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from reference.control.engines import WorkerEngine
 from reference.control.layout import initial_weights, last_checkpoint, resumed, worker_specs
 from reference.control.report import MetricsLog, Progress
 from reference.control.run import run_policy
+from reference.control.warm_start import warm_start
 from reference.engine.client import HTTPEngine
 from reference.manager.embedded import ManagerThread
 from reference.manager.manager import ManagerConfig
@@ -33,17 +35,28 @@ def train(cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = Tr
     `resume`: continue the run in `out` from its last checkpoint (the steps after it are trained again)."""
     check_feasible(cfg)
     task = make_task(cfg.task.name, **cfg.task.options)
+    try:
+        return _train(cfg, task, out, workers_factory, progress, resume)
+    finally:
+        if (close := getattr(task, "close", None)) is not None:  # a task that holds sandboxes or threads
+            close()
+
+
+def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
+           resume: bool) -> tuple[Timeline, MetricsLog]:  # fmt: skip
     checkpoint = last_checkpoint(out, cfg.policy.num_steps) if resume else None
     done = checkpoint.step if checkpoint else 0  # steps trained before this run: the policy counts from here
     pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps - done, cfg.policy.max_staleness,
                         cfg.policy.window_batches, cfg.policy.fill_idle, cfg.policy.stale_samples)  # fmt: skip
     policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)
     model_dir = str(version_dir(out / "weights", done)) if checkpoint else initial_weights(cfg, task, out / "weights")
+    metrics = MetricsLog(out / "metrics.jsonl", append=resume)
+    if cfg.warm_start.get("steps", 0) and not checkpoint:  # supervised on demonstrations first, where asked
+        model_dir = warm_start(cfg, task, out, model_dir, metrics, progress)
     specs = worker_specs(cfg, policy, model_dir)
     if workers_factory is None:
         from reference.ray.workers import RayWorkers as workers_factory
     admin = secrets.token_urlsafe(24)  # the manager's admin token: rewards and weights are ours alone
-    metrics = MetricsLog(out / "metrics.jsonl", append=resume)
     with workers_factory(specs, cfg.run.ray_address) as workers:
         addresses = {s.name: workers.get(s.name, "engine_address") for s in specs if s.can_roll_out}
         engines = {name: HTTPEngine(url, token=token) for name, (url, token) in addresses.items()}

@@ -551,9 +551,14 @@ def _exit_on_signal(signum: int, frame) -> None:
 
 
 def _close_all(pid: int) -> None:
-    if os.getpid() != pid:
-        return  # a forked child that inherited this hook
+    if os.getpid() == pid:  # not a forked child that inherited this hook
+        close_open_sandboxes()
+
+
+def close_open_sandboxes() -> int:
+    """Remove every sandbox this process has open (a stopped run: their commands fail at once); how many."""
     with _live_lock:
-        mine = [s for s in _LIVE if s._pid == pid]
+        mine = [s for s in _LIVE if s._pid == os.getpid()]
     for sandbox in mine:
         sandbox.close()
+    return len(mine)

@@ -21,13 +21,14 @@ import asyncio
 import random
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.errors import UserError, unknown_name
-from reference.rollout.episodes import Episode, EpisodeContext
+from reference.rollout.episodes import Episode, EpisodeContext, episode_records
 from reference.tasks.base import Problem
 from reference.tokenizer import Tokenizer, default_tokenizer
+from reference.trainer.batch import Trajectory
 from swebench_env.agent import AgentConfig
 from swebench_env.rollout import AGENTS, SANDBOXES, Played, environment, make_agent, play
 from swebench_env.tasks import Task as Instance
@@ -44,7 +45,7 @@ class SweTaskConfig:
     sandbox: str = "docker"  # docker, or local (no isolation: trusted tasks only)
     image: str | None = None  # the Docker image for local-repository tasks; None: the offline base image
     max_turns: int = 12  # model calls an episode
-    max_tokens: int = 256  # tokens a model call may generate
+    max_tokens: int = 512  # tokens a model call may generate (the longest demonstration step is 391)
     command_timeout_s: float = 30.0  # each bash command
     max_observation_chars: int = 2000  # command output shown to the model (head and tail kept)
     concurrency: int = 4  # episodes (and their sandboxes) in flight at once
@@ -70,10 +71,18 @@ class SweTask:
     def __init__(self, config: SweTaskConfig | None = None, **overrides) -> None:
         self.config = c = config or SweTaskConfig(**overrides)
         self._tokenizer = Tokenizer.load(c.tokenizer) if c.tokenizer else default_tokenizer()
+        if c.sandbox == "docker":  # no daemon: one line saying how to start one, before anything runs
+            from swebench_env.docker_util import DockerUnavailable, docker_client
+
+            try:
+                docker_client()
+            except DockerUnavailable as e:
+                raise UserError(str(e)) from None
         self.instances = {s: _load(s, getattr(c, f"{s}_tasks")) for s in SPLITS}
         self._by_id = {t.instance_id: t for split in self.instances.values() for t in split}
         self._pool: ThreadPoolExecutor | None = None
         self._environment = None
+        self._closed = False
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -107,17 +116,71 @@ class SweTask:
                                                              ctx.base_url) for sid in sessions))  # fmt: skip
         return [await self._episode(sid, p, ctx) for sid, p in zip(sessions, played, strict=True)]
 
+    def demonstrations(self, workdir: Path) -> list[Trajectory]:
+        """The train split's demonstrations as training records for a supervised warm start: each replayed by
+        this task's agent through a trajectory manager whose engine plays it (`scripted`), its commands run in
+        this task's workspaces and its patch graded, so the records hold exactly what a rollout would (the
+        agent's prompts, the observations it saw) and the demonstration's replies as generated tokens. The
+        store is kept in `workdir`. A demonstration that does not resolve its task, or that outgrows the
+        model's context, is left out with one `warning:` line."""
+        from swebench_env.scripted import demonstration_manager
+        from swebench_env.suite import load_suite_demonstrations
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        demos = {d.instance_id: d for d in load_suite_demonstrations("all")}
+        pairs = [(t, demos[t.instance_id]) for t in self.instances["train"] if t.instance_id in demos]
+        if not pairs:
+            raise UserError("no demonstration for any training task: a warm start needs some")
+        longest = max(len(d.steps) for _, d in pairs)
+        agent = make_agent(self.config.agent, replace(self._agent_config(0.0), max_turns=longest + 1))
+        submit_tool = self.config.agent == "builtin"
+        with demonstration_manager(pairs, self._tokenizer, workdir / "demonstrations.sqlite",
+                                   submit_tool=submit_tool) as m:  # fmt: skip
+            futures = [self._threads().submit(self._play, t, agent, f"demo-{t.instance_id}", m.url) for t, _ in pairs]
+            played = [f.result() for f in futures]
+            return self._demonstration_records(m.store, pairs, played)
+
+    def _demonstration_records(self, store, pairs, played: list[Played]) -> list[Trajectory]:
+        out = []
+        for (instance, _), p in zip(pairs, played, strict=True):
+            sid = f"demo-{instance.instance_id}"
+            if p.reward != 1.0 or not store.has_session(sid):
+                print(f"warning: the demonstration of {instance.instance_id} did not resolve it ({p.exit_reason}"
+                      f"{': ' + p.error if p.error else ''}); left out of the warm start", file=sys.stderr)  # fmt: skip
+                continue
+            rids = tuple(r.request_id for r in store.records(sid))
+            (records,) = episode_records(store, [Episode(sid, rids, 0.0, True, 0, 0, 0)])
+            for record in records:
+                if len(record["token_ids"]) > self.config.context_tokens:
+                    print(f"warning: the demonstration of {instance.instance_id} holds {len(record['token_ids'])} "
+                          f"tokens, more than the model's context ({self.config.context_tokens}); left out",
+                          file=sys.stderr)  # fmt: skip
+                    break
+            else:
+                out += [Trajectory.from_export(r, group_id=instance.instance_id, episode_id=0) for r in records]
+        return out
+
     def close(self) -> None:
+        """Stop: no new episode starts, the running ones' sandboxes are removed (their commands fail, and with the
+        manager gone their model calls too, so they end within seconds), and their threads are joined."""
+        self._closed = True
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            if self.config.sandbox == "docker":
+                from swebench_env.sandbox import close_open_sandboxes
+
+                close_open_sandboxes()
+            self._pool.shutdown(wait=True)
             self._pool = None
 
     # ---- one episode ----
 
     def _agent_config(self, temperature: float) -> AgentConfig:
         c = self.config
+        # Few, quick retries: the run's manager sheds no load, so a failing call means it is gone (a stopped run).
         return AgentConfig(max_turns=c.max_turns, command_timeout_s=c.command_timeout_s, max_tokens=c.max_tokens,
-                           max_observation_chars=c.max_observation_chars, temperature=temperature)  # fmt: skip
+                           max_observation_chars=c.max_observation_chars, temperature=temperature, max_retries=2,
+                           retry_base_s=0.5, retry_max_s=2.0)  # fmt: skip
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -125,6 +188,8 @@ class SweTask:
         return self._pool
 
     def _play(self, instance: Instance, agent, session_id: str, manager_url: str) -> Played:
+        if self._closed:
+            return Played(None, None, None, "crashed", "the run stopped before this episode began", 0.0)
         if self._environment is None:
             self._environment = environment(self.config.sandbox, self.config.image)
         workspace, grader = self._environment

@@ -38,6 +38,8 @@ def add_train_parser(sub) -> None:
     t.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the run in DIR from its last checkpoint, with its config.yaml")  # fmt: skip
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--dry-run", action="store_true",
+                   help="print the plan (resources, engines, memory per GPU, whether it fits); start nothing")  # fmt: skip
 
 
 def _overrides(args) -> list[str]:
@@ -77,6 +79,8 @@ def train_main(args) -> int:
             return _resume(out, args.quiet)
         cfg = load_train_config(args.config, _overrides(args))
         names = COMPARE_ORDER if args.compare else (cfg.policy.name,)
+        if args.dry_run:  # before `validate`, which builds the task (a SWE task checks for Docker)
+            return _dry_run(cfg, names)
         for name in names:
             validate(_with_policy(cfg, name))
         label = "compare" if args.compare else cfg.policy.name
@@ -94,6 +98,13 @@ def train_main(args) -> int:
         return 130
     print(table(summaries))
     print(f"outputs: {out}/")
+    return 0
+
+
+def _dry_run(cfg, names) -> int:
+    from reference.control.plan import plan
+
+    print("\n\n".join(plan(_with_policy(cfg, name)) for name in names))
     return 0
 
 
@@ -157,6 +168,8 @@ def _resume(out: Path, quiet: bool) -> int:
     if not saved.is_file():
         raise UserError(f"--resume {str(out)!r}: no config.yaml there (not a training run's folder)")
     resolved = yaml.safe_load(saved.read_text())
+    resolved.setdefault("warm_start", {"steps": 0})  # a run from before warm starts existed had none
+    resolved["resources"] = {"gpus_per_resource": 0, "gpu": None, **resolved["resources"]}  # nor GPU keys
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = from_dict(TrainConfig, {k: v for k, v in resolved.items() if k in fields})
     print(f"resuming {out} ...", file=sys.stderr)

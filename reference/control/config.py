@@ -39,6 +39,9 @@ class ResourcesSection:
     count: int  # resources (worker processes), each with its own cores
     cores_per_resource: int  # CPU cores each resource owns (pinned)
     train_fraction: float  # share of resources in the train pool (disaggregated, async, tag)
+    gpus_per_resource: int = 0  # GPUs each resource owns, its engine tensor parallel over all of them (0: CPU
+    # cores only); the vllm backend's layout, read by the dry-run's plan (control/plan.py)
+    gpu: str | None = None  # their device type: a name in core/specs/devices.yaml or a device YAML file
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class TrainConfig:
     engine: EngineSection
     trainer: dict  # reference.trainer.config.TrainerConfig fields
     run: RunSection
+    warm_start: dict  # reference.trainer.supervised.SupervisedConfig fields; steps 0: no warm start
 
     def __post_init__(self) -> None:
         if self.policy.name not in POLICIES:
@@ -110,6 +114,33 @@ class TrainConfig:
             raise UserError(f"model.dir {self.model.dir!r} is not a directory (a local Qwen3 checkpoint)")
         if not self.run.time_limit_s > 0:
             raise UserError(f"run.time_limit_s must be > 0, got {self.run.time_limit_s}")
+        _check_gpus(self.resources)
+        if self.warm_start.get("steps", 0):
+            from reference.control.warm_start import supervised_config
+
+            try:
+                supervised_config(self.warm_start)
+            except (ValueError, TypeError) as e:
+                raise UserError(f"warm_start: {e}".replace("SupervisedConfig.__init__() ", "")) from None
+
+
+def _check_gpus(r: ResourcesSection) -> None:
+    """GPUs per resource: none, or a whole engine within one node of a known device type."""
+    if r.gpus_per_resource < 0:
+        raise UserError(f"resources.gpus_per_resource must be >= 0 (0: CPU cores only), got {r.gpus_per_resource}")
+    if not r.gpus_per_resource:
+        return
+    if r.gpu is None:
+        raise UserError("resources.gpus_per_resource > 0 needs resources.gpu: a device name (h800, h100, ...) or file")
+    from core import specs
+
+    try:
+        node = specs.device(r.gpu).gpus_per_node
+    except UserError as e:
+        raise UserError(f"resources.gpu: {e}") from None
+    if node % r.gpus_per_resource:
+        raise UserError(f"resources.gpus_per_resource={r.gpus_per_resource} must divide the {node} GPUs of a "
+                        f"{r.gpu} node: a resource's engine is tensor parallel within one node")  # fmt: skip
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

@@ -76,14 +76,14 @@ class RuntimeExecutor:
         weights_root: Path,
         sink: Sink,
         offset: int = 0,
-        evaluate: Callable[[int], tuple | None] | None = None,
+        evaluate: Callable[[int], Awaitable[dict | None]] | None = None,
     ) -> None:
         """`offset`: steps trained before this run began (a resumed run). The policy counts its steps and
         versions from 0; engines, trainer shards, the store and the metrics use the run's true numbers,
         which are the policy's plus `offset` (a resumed run's older groups have negative policy versions)."""
         self.manager, self.rollout, self.workers, self.recorder = manager, rollout, workers, recorder
         self.weights_root, self.sink, self.offset = weights_root, sink, offset
-        self.evaluate = evaluate  # step -> (worker method args) when the step's weights are to be evaluated
+        self.evaluate = evaluate  # new version -> its held-out evaluation (None: not this one, or not yet)
         self.keep_version: Callable[[int], bool] = lambda v: v == 0  # published versions never pruned
         self.state = _State(tuple(trainers))
         self.post: Callable[[ev.Event], None] = lambda e: None  # the driver's post, set by `attach`
@@ -170,8 +170,8 @@ class RuntimeExecutor:
         if handoff["version"] != step + 1:
             raise RuntimeError(f"step {step} published version {handoff['version']}, not {step + 1}")
         held_out = None  # an evaluation of the new weights is trainer work: it counts as train time
-        if self.evaluate is not None and (args := self.evaluate(step + 1)) is not None:
-            held_out = await self.workers.call(d.resources[0], "evaluate", *args)
+        if self.evaluate is not None:
+            held_out = await self.evaluate(step + 1)
         end = self.now()
         record = _step_record(step, start, end, batch)
         for r, shard in zip(d.resources, shards, strict=True):

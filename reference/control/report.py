@@ -30,12 +30,18 @@ class MetricsLog:
             self.path.write_text("")
         self.steps: list[dict] = []
         self.evaluations: list[dict] = []
+        self.warm_start_steps: list[dict] = []
         self.counters: dict[str, float] = {}
         self.clock_zero_epoch_s: float | None = None  # the Unix time of the run clock's zero (timeline times follow it)
 
     def step(self, record: dict) -> None:
         self.steps.append(record)
         self._write({"kind": "step", **record})
+
+    def warm_start(self, record: dict) -> None:
+        """One step of the supervised warm start (`reference.control.warm_start`)."""
+        self.warm_start_steps.append(record)
+        self._write({"kind": "warm_start", **record})
 
     def held_out(self, step: int, result: dict) -> None:
         record = {"step": step, **result}
@@ -110,6 +116,9 @@ def steady_window(timeline: Timeline) -> tuple[Timeline, str]:
     return window, note
 
 
+EVALUATION_KEYS = ("label", "step", "time_s", "reward_mean", "exact_match", "train_reward_mean", "train_exact_match")
+
+
 def training_summary(metrics: MetricsLog) -> dict:
     steps, evals = metrics.steps, metrics.evaluations
     first, last = (steps[0], steps[-1]) if steps else ({}, {})
@@ -119,11 +128,16 @@ def training_summary(metrics: MetricsLog) -> dict:
         "reward_last_step": last.get("reward_mean"),
         "held_out_first": evals[0]["reward_mean"] if evals else None,
         "held_out_last": evals[-1]["reward_mean"] if evals else None,
+        "evaluations": [{k: e[k] for k in EVALUATION_KEYS if k in e} for e in evals],
+        "warm_start_steps": len(metrics.warm_start_steps),
+        "warm_start_loss_last": metrics.warm_start_steps[-1]["loss"] if metrics.warm_start_steps else None,
         "first_step_reaching_0.8": next((s["step"] for s in steps if s["reward_mean"] >= 0.8), None),
     }
 
 
 def draw_rewards(metrics: MetricsLog, path: Path, label: str) -> None:
+    """Reward over the run's wall time: the training steps' mean reward and the evaluations; for a task that is
+    also evaluated on its training problems (pass@1 of SWE tasks), both splits' success rates."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,17 +147,22 @@ def draw_rewards(metrics: MetricsLog, path: Path, label: str) -> None:
     steps = metrics.steps
     ax.plot([s["time_s"] for s in steps], [s["reward_mean"] for s in steps], linewidth=0.9,
             label="training reward (mean of the step's samples)")  # fmt: skip
-    evals = metrics.evaluations
-    if evals:
+    evals = sorted(metrics.evaluations, key=lambda e: e["time_s"])
+    if evals and "train_exact_match" in evals[0]:
+        ax.plot([e["time_s"] for e in evals], [e["train_exact_match"] for e in evals], marker="o", linestyle="--",
+                label="pass@1, train split")  # fmt: skip
+        ax.plot([e["time_s"] for e in evals], [e["exact_match"] for e in evals], marker="s", linestyle="--",
+                label="pass@1, held-out split")  # fmt: skip
+    elif evals:
         ax.plot([e["time_s"] for e in evals], [e["reward_mean"] for e in evals], marker="s", linestyle="--",
                 label="held-out reward")  # fmt: skip
-    ax.axhline(0.8, color="grey", linewidth=0.8, linestyle=":")
-    ax.text(0, 0.81, "0.8", color="grey", fontsize=8, va="bottom")
-    ax.set_xlabel("wall time of the run (s, measured)")
+        ax.axhline(0.8, color="grey", linewidth=0.8, linestyle=":")
+        ax.text(0, 0.81, "0.8", color="grey", fontsize=8, va="bottom")
+    ax.set_xlabel("wall time of the RL run (s, measured; the warm start before it not included)")
     ax.set_ylabel("reward (task's grader, 0 to 1)")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"{label}: reward over time")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)

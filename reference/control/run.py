@@ -16,6 +16,7 @@ from core.tags import Phase
 from core.timeline import TimelineRecorder
 from reference.control.executor import RuntimeExecutor
 from reference.rollout.groups import RolloutConfig, RolloutManager
+from reference.tasks.base import SingleTurn
 
 WATCH_INTERVAL_S = 0.02  # how often the rollout/idle phases are sampled
 
@@ -32,17 +33,12 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
     rcfg = RolloutConfig(cfg.rollout.group_size, cfg.rollout.max_concurrency, cfg.rollout.temperature)
     async with RolloutManager(task, m.url, rcfg, f"run{time.time_ns()}", cfg.run.seed, finished, token) as rollout:
         rollout.adopt(adopted)
-        metrics.held_out(offset, {**await rollout.evaluate(task.held_out(), "start"), "time_s": 0.0})
+        metrics.held_out(offset, {**await evaluate_splits(rollout, task, "start"), "label": "start", "time_s": 0.0})
         sink = _Sink(metrics, bar)
-        every, steps = cfg.run.eval_every_steps, cfg.policy.num_steps
-
-        def evaluate(version: int):  # the weights of every `every`-th step, but the last (evaluated below)
-            if every and version % every == 0 and version < steps:
-                return cfg.task.name, cfg.task.options, cfg.run.seed * 1_000_003 + version
-            return None
-
+        evaluations = Evaluations(cfg, task, rollout, workers, policy.trainers[0], metrics)
         executor = RuntimeExecutor(m.manager, rollout, workers, recorder, policy.trainers, out / "weights", sink,
-                                   offset, evaluate)  # fmt: skip
+                                   offset, evaluations.of_version)  # fmt: skip
+        evaluations.now = executor.now
         every_checkpoint = cfg.run.checkpoint_every_steps  # --resume starts engines from a checkpoint's version
         executor.keep_version = lambda v: v == 0 or bool(every_checkpoint and v % every_checkpoint == 0)
         driver = Driver(policy, executor, recorder, Deadlines())
@@ -57,12 +53,61 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             await executor.close()
+        await evaluations.finish()
         await _all_serving(m.manager)  # the last held-out evaluation may use every engine
-        metrics.held_out(cfg.policy.num_steps, {**await rollout.evaluate(task.held_out(), "end"), "time_s": wall})
+        end = await evaluate_splits(rollout, task, "end")
+        metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall})
         metrics.counters.update(sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
                                 syncs=len(executor.sync_s), requests=rollout.requests,
                                 engine_restarts=m.manager.supervisor.restarts)  # fmt: skip
     return wall
+
+
+async def evaluate_splits(rollout: RolloutManager, task, label: str) -> dict:
+    """One episode of each held-out problem (`reward_mean`, `exact_match`, ...), and of each training problem
+    (`train_*`) where the task lists them (`train_problems`: pass@1 on the train split), through the engines."""
+    splits = {"": task.held_out()}
+    if hasattr(task, "train_problems"):
+        splits["train_"] = task.train_problems()
+    results = await asyncio.gather(*(rollout.evaluate(problems, f"{label}-{prefix or 'held'}")
+                                     for prefix, problems in splits.items()))  # fmt: skip
+    return {f"{prefix}{k}": v for prefix, result in zip(splits, results, strict=True) for k, v in result.items()}
+
+
+class Evaluations:
+    """The held-out evaluations of every `run.eval_every_steps`-th version but the last (evaluated at the end).
+
+    A single-turn task is evaluated by the first trainer shard in-process (its own sampler: it never competes
+    with rollout for an engine; the step waits for it, as trainer work). Any other task's episodes need the
+    engines and its sandboxes: they run beside the rollout, the step does not wait, and each result is logged
+    when it is in, with the policy versions its episodes were generated with."""
+
+    def __init__(self, cfg, task, rollout: RolloutManager, workers, trainer: str, metrics) -> None:
+        self.cfg, self.task, self.rollout, self.workers, self.trainer = cfg, task, rollout, workers, trainer
+        self.metrics = metrics
+        self.now = lambda: 0.0
+        self._pending: set[asyncio.Task] = set()
+
+    async def of_version(self, version: int) -> dict | None:
+        every, steps = self.cfg.run.eval_every_steps, self.cfg.policy.num_steps
+        if not (every and version % every == 0 and version < steps):
+            return None
+        if isinstance(self.task, SingleTurn):
+            seed = self.cfg.run.seed * 1_000_003 + version
+            return await self.workers.call(self.trainer, "evaluate", self.cfg.task.name, self.cfg.task.options, seed)
+        task = asyncio.get_running_loop().create_task(self._in_background(version))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return None
+
+    async def _in_background(self, version: int) -> None:
+        result = await evaluate_splits(self.rollout, self.task, f"v{version}")
+        self.metrics.held_out(version, {**result, "label": f"v{version}", "time_s": self.now(), "background": True})
+
+    async def finish(self) -> None:
+        """Wait for the evaluations still running (their results are part of the run)."""
+        if self._pending:
+            await asyncio.gather(*self._pending)
 
 
 async def _all_serving(manager) -> None:

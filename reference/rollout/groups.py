@@ -164,13 +164,15 @@ class RolloutManager:
 
     async def evaluate(self, problems: Sequence[Problem], label: str) -> dict:
         """One episode of each problem (not trained on): mean reward and exact-match rate over the episodes
-        with a verdict (`dropped`: those without)."""
+        with a verdict (`dropped`: those without), and the oldest and newest policy version they sampled with."""
         runs = await asyncio.gather(*(self._evaluate_one(p, f"{self.run_id}-eval-{label}-{i}")
                                       for i, p in enumerate(problems)))  # fmt: skip
         judged = [e for e in runs if e.rewarded]
         n = max(1, len(judged))
         return {"reward_mean": sum(e.reward for e in judged) / n, "exact_match": sum(e.exact for e in judged) / n,
-                "problems": len(problems), "dropped": len(runs) - len(judged)}  # fmt: skip
+                "problems": len(problems), "dropped": len(runs) - len(judged),
+                "versions": [min((e.min_version for e in runs), default=0),
+                             max((e.max_version for e in runs), default=0)]}  # fmt: skip
 
     async def _evaluate_one(self, problem: Problem, key: str) -> Episode:
         async with self._slots:
