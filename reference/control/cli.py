@@ -169,7 +169,7 @@ def _resume(out: Path, quiet: bool) -> int:
         raise UserError(f"--resume {str(out)!r}: no config.yaml there (not a training run's folder)")
     resolved = yaml.safe_load(saved.read_text())
     resolved.setdefault("warm_start", {"steps": 0})  # a run from before warm starts existed had none
-    resolved["resources"] = {"gpus_per_resource": 0, "gpu": None, **resolved["resources"]}  # nor GPU keys
+    resolved["resources"] = {"gpus_per_resource": 0, "gpu": None, **resolved["resources"]}  # GPU keys: new
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = from_dict(TrainConfig, {k: v for k, v in resolved.items() if k in fields})
     print(f"resuming {out} ...", file=sys.stderr)
