@@ -83,15 +83,21 @@ def local_workspace(task: Task) -> Iterator[LocalRunner]:
         yield LocalRunner(materialize_repo(task, Path(tmp) / "repo"))
 
 
-def environment(sandbox: str, image: str | None = None) -> tuple[Workspace, Grader]:
-    """The (workspace, grader) pair of a `--sandbox` choice; `image`: the Docker image for local-repository tasks."""
+def environment(
+    sandbox: str, image: str | None = None, test_timeout_s: float | None = None
+) -> tuple[Workspace, Grader]:
+    """The (workspace, grader) pair of a `--sandbox` choice; `image`: the Docker image for local-repository tasks;
+    `test_timeout_s`: the grader's limit on a test run (None: its default)."""
     if sandbox == "local":
-        return local_workspace, evaluate_locally
+        if test_timeout_s is None:
+            return local_workspace, evaluate_locally
+        return local_workspace, functools.partial(evaluate_locally, timeout_s=test_timeout_s)
     if sandbox != "docker":
         raise unknown_name("sandbox", sandbox, SANDBOXES)
     from swebench_env.grading import DockerGrader, DockerGraderConfig, docker_workspace
 
-    return functools.partial(docker_workspace, image=image), DockerGrader(DockerGraderConfig(image=image))
+    limits = {} if test_timeout_s is None else {"test_timeout_s": test_timeout_s}
+    return functools.partial(docker_workspace, image=image), DockerGrader(DockerGraderConfig(image=image, **limits))
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ class SweTaskConfig:
     max_turns: int = 12  # model calls an episode
     max_tokens: int = 512  # tokens a model call may generate (the longest demonstration step is 391)
     command_timeout_s: float = 30.0  # each bash command
+    test_timeout_s: float = 120.0  # the grader's test run (past it: timed out, reward 0)
     max_observation_chars: int = 2000  # command output shown to the model (head and tail kept)
     concurrency: int = 4  # episodes (and their sandboxes) in flight at once
     context_tokens: int = 4096  # the model's context: an episode that outgrows it ends as context_limit
@@ -61,8 +62,9 @@ class SweTaskConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"task.{name} must be an integer >= 1, got {value!r}")
-        if not self.command_timeout_s > 0:
-            raise UserError(f"task.command_timeout_s must be > 0, got {self.command_timeout_s!r}")
+        for name in ("command_timeout_s", "test_timeout_s"):
+            if not (isinstance(getattr(self, name), int | float) and getattr(self, name) > 0):
+                raise UserError(f"task.{name} must be a number > 0, got {getattr(self, name)!r}")
 
 
 class SweTask:
@@ -191,7 +193,7 @@ class SweTask:
         if self._closed:
             return Played(None, None, None, "crashed", "the run stopped before this episode began", 0.0)
         if self._environment is None:
-            self._environment = environment(self.config.sandbox, self.config.image)
+            self._environment = environment(self.config.sandbox, self.config.image, self.config.test_timeout_s)
         workspace, grader = self._environment
         return play(instance, agent, manager_url, session_id, grader, workspace)
 

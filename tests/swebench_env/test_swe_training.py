@@ -106,3 +106,63 @@ def test_bad_task_settings_are_one_line_errors(tmp_path, capsys):
     assert [p.problem_id for p in task.train_problems()] == [good.instance_id]
     (warning,) = capsys.readouterr().err.strip().splitlines()
     assert warning.startswith("warning: ") and "line 2" in warning and warning.endswith("(skipped)")
+
+
+def _agent_containers(client) -> list:
+    import os
+
+    labels = ["seamlessflow.role=agent", f"seamlessflow.owner_pid={os.getpid()}"]
+    return client.containers.list(filters={"label": labels})
+
+
+@pytest.mark.docker
+def test_a_sandbox_killed_mid_episode_fails_that_episode_alone(pairs, tmp_path, daemon):
+    """Two episodes of a task the engine has a demonstration of; once the first sandbox exists and its episode
+    has made a model call, the container is killed. That episode ends without a verdict (dropped) or with reward
+    0; the other resolves; no container is left."""
+    import threading
+    import time
+
+    task = make_task("swe", sandbox="docker", max_turns=9, concurrency=2)
+    (problem,) = [p for p in task.train_problems() if p.problem_id == pairs[0][0].instance_id]
+    killed: list[str] = []
+    with demonstration_manager(pairs[:1], store=tmp_path / "t.sqlite") as m:
+
+        def kill_one() -> None:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                started = any(m.store.has_session(f"swe-g0-e{i}") for i in (0, 1))  # a model call was made
+                containers = _agent_containers(daemon)
+                if started and containers:
+                    containers[0].kill()
+                    killed.append(containers[0].name)
+                    return
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill_one)
+        killer.start()
+        try:
+            groups = asyncio.run(asyncio.wait_for(_groups(task, m.url, [problem], 2), timeout=600))
+        finally:
+            killer.join()
+            task.close()
+    assert killed
+    (group,) = groups
+    assert [e.reward for e in group.episodes].count(1.0) == 1  # the other episode resolves
+    assert len(group.episodes) in (1, 2)  # the killed one: dropped (no verdict) or kept with reward 0
+    assert all(e.reward in (0.0, 1.0) for e in group.episodes)
+    assert _agent_containers(daemon) == []
+
+
+def test_a_grader_that_times_out_gives_reward_zero_and_the_run_goes_on(pairs, tmp_path):
+    """Tests that cannot finish within test_timeout_s: the episode is graded unresolved (a timeout is a verdict on
+    the patch: the tests did not pass), the group still finishes."""
+    task = make_task("swe", sandbox="local", max_turns=9, concurrency=2, test_timeout_s=0.001)
+    (problem,) = [p for p in task.train_problems() if p.problem_id == pairs[0][0].instance_id]
+    try:
+        with demonstration_manager(pairs[:1], store=tmp_path / "t.sqlite") as m:
+            (group,) = asyncio.run(asyncio.wait_for(_groups(task, m.url, [problem], 2), timeout=600))
+    finally:
+        task.close()
+    assert [e.reward for e in group.episodes] == [0.0, 0.0]
+    assert [e.exit_reason for e in group.episodes] == ["submitted", "submitted"]
