@@ -141,8 +141,9 @@ compare-train: $(FULL_STAMP)  ## the five policies on the runtime, one after ano
 validate: $(FULL_STAMP)  ## the simulator against the runtime: parts measured alone, then both run the five policies (about 4 minutes, on a quiet machine)
 	$(PY) -m experiments.validate --overwrite $(if $(STEPS),--steps $(STEPS),) $(OUT_ARG)
 
-train-swe:  ## not built yet (see README, "Status")
-	@echo "make $@: not built yet (see README, 'Status')." >&2; exit 1
+train-swe: $(FULL_STAMP)  ## warm start, then GRPO on the SWE suite in Docker sandboxes: make train-swe [AGENT=mini-swe-agent] [SEED=0] [SET=...]
+	$(PY) -m reference train --config reference/configs/swe.yaml $(if $(AGENT),--set task.options.agent=$(AGENT),) \
+		$(if $(SEED),--seed $(SEED),) $(SET_ARGS) $(OUT_ARG)
 
 clean:  ## remove .venv, results/ and caches
 	rm -rf $(VENV) results .pytest_cache .ruff_cache

@@ -209,7 +209,9 @@ class SweTask:
         reward = played.reward if request_ids else None  # no request reached the model: nothing to train
         run = played.episode
         info = {"turns": run.turns if run else 0, "format_errors": run.format_errors if run else 0,
-                "error": played.error, "patch_chars": len(run.patch) if run else 0}  # fmt: skip
+                "error": played.error, "patch_chars": len(run.patch) if run else 0,
+                "model_s": run.model_s if run else 0.0, "tool_latency_s": run.commands_s if run else 0.0,
+                "test_run_s": played.grade_s, "episode_s": (run.total_s if run else 0.0) + played.grade_s}  # fmt: skip
         resolved = played.evaluation is not None and played.evaluation.resolved
         return Episode(session_id, request_ids, reward, resolved, min(versions, default=0), max(versions, default=0),
                        len(versions), played.exit_reason, info)  # fmt: skip

@@ -36,6 +36,7 @@ from core import events as ev
 from core.tags import Phase, Tag
 from core.timeline import StepRecord, TimelineRecorder
 from reference.manager.manager import TrajectoryManager
+from reference.rollout.episodes import TIMING_KEYS
 from reference.rollout.groups import GroupResult, RolloutManager, training_batch
 from reference.trainer.batch import Trajectory
 from reference.trainer.handoff import version_dir
@@ -195,6 +196,7 @@ class RuntimeExecutor:
 
     def _step_metrics(self, step: int, groups, results: list[dict], handoff: dict, record: StepRecord) -> dict:
         rewards = [s.reward for g in groups for s in g.episodes]
+        timings = {k: sum(e.info.get(k, 0.0) for g in groups for e in g.episodes) for k in TIMING_KEYS}
         n = len(rewards)
         mean = sum(rewards) / n
         tokens = sum(r["tokens"] for r in results)
@@ -217,7 +219,9 @@ class RuntimeExecutor:
             "step_s": record.end_s - record.start_s,
             "time_s": record.end_s,
             "tokens_per_s_trained": tokens / max(1e-9, max(r["time_s"] for r in results)),
-        }
+            "episodes": {"exit_reasons": dict(Counter(e.exit_reason for g in groups for e in g.episodes)),
+                         **{f"{k}_sum": v for k, v in timings.items()}},
+        }  # fmt: skip
 
     async def close(self) -> None:
         for task in list(self.state.tasks):

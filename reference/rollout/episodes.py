@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from reference.tasks.base import Problem, Task
 
 
+TIMING_KEYS = ("model_s", "tool_latency_s", "test_run_s", "episode_s")  # named as the simulator's SWE workload
+
+
 @dataclass(frozen=True)
 class Episode:
     """One finished episode: where its tokens are in the manager's store and what it earned."""
@@ -70,9 +73,11 @@ class Episode:
         return self.reward is not None
 
     def to_meta(self) -> dict:
-        """What the group record keeps of it (JSON)."""
+        """What the group record keeps of it (JSON): its place in the store, its verdict, and the timing facts
+        of `info` (seconds waiting for the model, for tools in the sandbox, for the test run)."""
+        timings = {k: v for k, v in self.info.items() if k in TIMING_KEYS}
         return {"session_id": self.session_id, "request_ids": list(self.request_ids), "reward": self.reward,
-                "exact": self.exact, "exit_reason": self.exit_reason}  # fmt: skip
+                "exact": self.exact, "exit_reason": self.exit_reason, **timings}  # fmt: skip
 
 
 class EpisodeContext:
