@@ -101,7 +101,9 @@ def _step(model, optimizer, picked: Sequence[Trajectory], config: SupervisedConf
 def sequence_nll(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, mask: torch.Tensor
 ) -> torch.Tensor:
-    """The summed negative log-likelihood of the targets where `mask` [B, L-1] is 1 (a scalar)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # [B, L-1, V]
-    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), input_ids[:, 1:], reduction="none")  # [B, L-1]
-    return (nll * mask).sum()
+    """The summed negative log-likelihood of the targets where `mask` [B, L-1] is 1 (a scalar). The vocabulary
+    projection runs on those positions only (a third of an agent episode's tokens are generated)."""
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]  # [B, L-1, H]
+    keep = mask > 0
+    logits = model.lm_head(hidden[keep]).float()  # [N, V]
+    return torch.nn.functional.cross_entropy(logits, input_ids[:, 1:][keep], reduction="sum")
