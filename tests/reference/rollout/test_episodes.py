@@ -167,3 +167,31 @@ def test_the_scripted_task_checks_its_config():
     with pytest.raises(ValueError, match="rewrite_at"):
         ChatEpisodesConfig(turns=2, rewrite_at=5)
     assert len(ChatEpisodesTask().sample_train(random.Random(0), 3)) == 3
+
+
+def test_an_episode_in_flight_goes_on_across_a_weight_update(tok, tmp_path, http):
+    """Partial rollout for episodes: the weights change after the episode's first turn; its later turns are
+    sampled by the new version, each token keeps the version that sampled it, and the record holds both."""
+    import threading
+    import time
+
+    engine = FakeEngine(vocab_size=tok.vocab_size, reply_tokens=6, stop_token_id=tok.im_end_id, token_delay_s=0.002)
+    with ManagerThread({"fake-0": engine}, tok, tmp_path / "t.sqlite") as m:
+        task = ChatEpisodesTask(turns=4)
+        result: dict = {}
+        runner = threading.Thread(target=lambda: result.update(groups=_run(task, m, 1, group_size=1)[0]))
+        runner.start()
+        deadline = time.monotonic() + 60
+        while not m.manager.store.has_session("ep-g0-e0") and time.monotonic() < deadline:
+            time.sleep(0.005)  # the first turn is recorded
+        assert http("POST", f"{m.url}/admin/pause", {})[0] == 200
+        assert http("POST", f"{m.url}/admin/update_weights", {"version": 1})[0] == 200
+        assert http("POST", f"{m.url}/admin/resume", {})[0] == 200
+        runner.join(60)
+        (group,) = result["groups"]
+        (episode,) = group.episodes
+        (records,) = episode_records(m.manager.store, [episode])
+    (record,) = records
+    versions = [v for v, g in zip(record["versions"], record["generated_mask"], strict=True) if g]
+    assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
+    assert (episode.min_version, episode.max_version) == (0, 1)
