@@ -73,11 +73,14 @@ def _minisweagent():
         for key, value in _ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
         try:
+            import litellm
             import minisweagent
             from minisweagent.agents.default import DefaultAgent
             from minisweagent.config import builtin_config_dir
             from minisweagent.exceptions import Submitted
             from minisweagent.models.litellm_model import LitellmModel
+
+            litellm.suppress_debug_info = True  # no "Provider List" banner on stderr when it cannot price a model
         except ModuleNotFoundError as e:
             raise UserError(f"--agent mini-swe-agent needs the mini-swe-agent package ({e}); "
                             "install it with: pip install -e '.[swe]'") from None  # fmt: skip
