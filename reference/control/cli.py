@@ -115,9 +115,11 @@ def validate(cfg) -> None:
     from reference.tasks import make_task
 
     try:
-        make_task(cfg.task.name, **cfg.task.options)
+        task = make_task(cfg.task.name, **cfg.task.options)
     except (ValueError, TypeError) as e:
         raise UserError(f"task: {e}") from None
+    if cfg.warm_start.get("steps", 0) and not hasattr(task, "demonstrations"):
+        raise UserError(f"task {cfg.task.name!r} has no demonstrations for a warm start; set warm_start.steps=0")
     if cfg.engine.backend == "vllm":
         try:
             import vllm  # noqa: F401

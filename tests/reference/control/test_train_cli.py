@@ -28,6 +28,12 @@ from reference.cli import main
         (["--ray-address", "127.0.0.1:1"], "cannot reach the Ray cluster at '127.0.0.1:1'"),
         (["--ray-address", "127.0.0.1:port"], "the port 'port' is not a number"),
         (["--ray-address", "http://x:1"], "expected host:port, ray://host:port or auto"),
+        (["--task", "swe", "--set", "task.options={agent: claude}"], "unknown agent 'claude'"),
+        (["--task", "swe", "--set", "task.options={max_turns: 0, sandbox: local}"], "max_turns must be an integer >= 1"),
+        (["--task", "swe", "--set", "task.options={sandbox: vm}"], "unknown sandbox 'vm'"),
+        (["--set", "warm_start={steps: 5, lr: -1}"], "warm_start: warm_start.lr must be a finite number > 0"),
+        (["--set", "warm_start={steps: 5, batch: 4}"], "warm_start: "),
+        (["--set", "warm_start={steps: 5}"], "task 'math' has no demonstrations for a warm start"),
     ],
 )
 def test_a_bad_setting_is_one_line_and_exit_2(argv, needle, capsys, tmp_path):
