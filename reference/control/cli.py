@@ -39,7 +39,7 @@ def add_train_parser(sub) -> None:
                    help="continue the run in DIR from its last checkpoint, with its config.yaml")  # fmt: skip
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--dry-run", action="store_true",
-                   help="print the plan (resources, engines, memory per GPU, whether it fits); start nothing")  # fmt: skip
+                   help="print the plan (resources, engines, GPU memory, whether it fits); start nothing")  # fmt: skip
 
 
 def _overrides(args) -> list[str]:

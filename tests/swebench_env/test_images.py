@@ -76,7 +76,9 @@ def test_base_image_has_the_tools(sandbox_config, command):
 
 @pytest.mark.docker
 def test_base_image_runs_a_pytest_suite(sandbox_config):
-    script = "mkdir -p /tmp/w && cd /tmp/w && printf 'def test_ok():\\n    assert 1\\n' > test_a.py && python -m pytest -q"
+    script = (
+        "mkdir -p /tmp/w && cd /tmp/w && printf 'def test_ok():\\n    assert 1\\n' > test_a.py && python -m pytest -q"
+    )
     with Sandbox(sandbox_config) as sb:
         assert "1 passed" in sb.exec(script, timeout_s=120).output
 
