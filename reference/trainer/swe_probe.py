@@ -1,6 +1,8 @@
 """SWE warm-start probe: supervised training on the suite's demonstrations, in one process, with a pass@1 proxy.
 
-FINDINGS
+Plain torch + transformers + the project's tokenizer, engine, manager renderer and agent code; no Ray, no server
+process. It answers how far a supervised warm start on the 32 train demonstrations takes a tiny Qwen3, how cheaply,
+and whether RL then has room (issue 22: `make train-swe` must show learning).
 
 What it does, per command (`python -m reference.trainer.swe_probe COMMAND ...`):
 
@@ -30,6 +32,69 @@ What it does, per command (`python -m reference.trainer.swe_probe COMMAND ...`):
     python -m reference.trainer.swe_probe sft --hidden 128 --layers 2 --steps 300 --eval-every 50 --seed 0
     python -m reference.trainer.swe_probe rollout --model /tmp/swe_probe/ckpt --split train --samples 2
     python -m reference.trainer.swe_probe grpo --model /tmp/swe_probe/ckpt --steps 40
+
+Measured here (2 CPU cores shared with other jobs, so seconds vary 2-10x with the load; torch 2.13, 1 thread:
+on a busy machine 2 threads spin against each other and were 4-7x slower):
+
+Lengths. The 32 train episodes, as the manager stores them, are 2,013 tokens on average (max 2,629; the 9
+held-out ones 1,903), 729 of them generated, in 8 assistant turns of 91 tokens on average. The fix turn (always
+the 5th) is 164 tokens on average (max 391, a heredoc script) after a 1,502-token prompt. The system prompt with
+the two tools is 509 tokens and the first request 720-850. The longest tool output is 1,704 characters, so the
+agent's 8,000-character observation limit never cuts anything: lowering it would not shorten an episode, whose
+length is the fixed preamble plus the agent's own turns (the repro script is written twice). A 4,096-token
+context holds every episode with room for a detour. Generated tokens are 36% of an episode, so the vocabulary
+projection runs on them only (`target_logits`).
+
+SFT from random init, hidden 128, 2 layers, 4 query / 2 KV heads of 32, MLP 512 (1.02M parameters, init std
+0.02), 4 episodes a step, AdamW lr 3e-3 after 20 linear warm-up steps then constant, no weight decay, gradient
+clip 1.0. Proxy = temperature-1 fix turns, 2 samples a task; argmax = teacher-forced exact match of the turn.
+
+    step (epochs)   loss    argmax fix / all turns   proxy train   proxy held-out
+    50 (6)          1.53    0.00 / 0.00              0.00          0.00
+    100 (12.5)      0.69    0.00 / 0.34              0.00          0.00     seed 1: 0.62, 0.00 / 0.36, 0.00
+    150 (19)        0.23    0.00 / 0.43              0.00          0.00
+    200 (25)        0.10    0.22 / 0.61              0.00          0.00     seed 1: 0.09, 0.25 / 0.64, 0.00
+    250 (31)        0.018   0.84 / 0.96              0.08          0.00
+    300 (37.5)      0.004   0.97 / 1.00              0.36          0.00     seed 1: 0.006, 1.00 / 0.99, 0.25
+    350 (44)        0.003   1.00 / 1.00              0.47          0.00
+    400 (50)        0.002   1.00 / 1.00              0.50          0.00
+
+Seconds: a step (about 8,000 tokens forward and backward) took 1.2-1.5 s when the machine was quiet and 3-13 s
+when it was not; the 400 steps of seed 0 took 2,267 s of training under load (about 10 minutes at the quiet
+rate). A proxy evaluation of the 41 tasks takes 1-4 minutes (longer for a poor model, whose fix turns run to the
+512-token limit). Held-out tasks are never solved: their fix needs understanding of unseen code; the warm start
+memorises the train split, which is what the target (train pass@1) asks for.
+
+Two findings shape the recipe. (1) Sampling lags argmax badly: from step 350 the argmax of every turn of every
+train episode is the demonstration's, yet a temperature-1 fix turn resolves only half the time (the tails of
+~160 sampled tokens). The agent samples at temperature 1, so pass@1 is set by those tails, and RL has room even
+on a memorised split. (2) The proxy tracks the real thing: the step-400 checkpoint of seed 0 resolved 16 of 32
+train tasks with the real built-in agent, manager and engine (`rollout`, 1 episode a task, max_turns 12: 20
+submitted, 12 hit the turn limit, the diff is graded either way), real pass@1 0.50, against proxy evaluations of
+0.50, 0.72 (2 samples a task, other seeds) and 0.59 (4 samples a task): with 32 tasks the proxy's noise is about
++-0.1 at 2 samples a task; use 4 or more. Those 32 real episodes took about 2 minutes (concurrency 4, one engine
+thread), about 4 s of wall time an episode.
+
+GRPO on the fix turn alone (`grpo`, from the seed-0 step-400 checkpoint, 4 tasks x 8 samples a step, the
+project's `Trainer`, token-mean clipped loss, no std normalisation, no entropy bonus): at lr 3e-4 the policy got
+worse, proxy 0.72 -> 0.30 in 10 steps while the sampled entropy rose 0.12 -> 0.36 (Adam's first steps are full
+size whatever the gradient's noise, and a memorised model has nowhere safe to go). At lr 3e-5 nothing moved:
+proxy 0.59 -> 0.59 (4 samples a task) after 10 steps, entropy 0.12-0.21 throughout. A step took 60-240 s here
+(32 samples up to 512 tokens, judged in checkouts, then trained).
+
+Not measured (time): other model sizes (hidden 256 x 4 layers costs about 2.3x the 1.0M model a step), other
+batch sizes beyond a first try (8 episodes at lr 2e-3: loss 2.05 after 10 epochs, abandoned), RL on whole
+episodes, seed 1 past step 300, a third seed, GRPO at lr 1e-4 or with larger batches.
+
+Recommended warm start for `make train-swe`: the 1.0M model above, context 4,096; SFT with 4 episodes a step at
+lr 3e-3 (20 warm-up steps), checking the proxy (4 samples a task) every 25 steps from step 250 and stopping at
+the first check with train pass@1 >= 0.2 (expected near step 275-300, 35-38 epochs, 6-8 minutes on a quiet
+2-core machine); not by loss, which is flat near 0.01 while pass@1 climbs from 0.1 to 0.5. Agent: temperature 1,
+max_tokens 512 (the longest demonstrated turn is 391), max_turns 12 (the demonstrations take 8; the fix is the
+5th). RL: groups of 8 episodes of one task, 4 tasks a step (32 episodes, about 2 minutes of rollout plus about
+15 s of training on 64k tokens), lr well below 3e-4 (3e-4 degraded the warm start; 3e-5 was safe but did not
+move in 10 steps; 1e-4 is the untested middle), no entropy bonus. About 6 such steps fit in 15 minutes and each
+task is seen about once, so a +0.15 gain must come from those few steps: whether it does is not shown here.
 
 Sampled commands run on this machine with no isolation, as `--sandbox local` rollouts do: trusted models only.
 """
