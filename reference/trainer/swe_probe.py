@@ -57,7 +57,7 @@ clip 1.0. Proxy = temperature-1 fix turns, 2 samples a task; argmax = teacher-fo
     250 (31)        0.018   0.84 / 0.96              0.08          0.00
     300 (37.5)      0.004   0.97 / 1.00              0.36          0.00     seed 1: 0.006, 1.00 / 0.99, 0.25
     350 (44)        0.003   1.00 / 1.00              0.47          0.00
-    400 (50)        0.002   1.00 / 1.00              0.50          0.00
+    400 (50)        0.002   1.00 / 1.00              0.50          0.00     seed 1: 0.002, 1.00 / 1.00, 0.59
 
 Seconds: a step (about 8,000 tokens forward and backward) took 1.2-1.5 s when the machine was quiet and 3-13 s
 when it was not; the 400 steps of seed 0 took 2,267 s of training under load (about 10 minutes at the quiet
@@ -84,7 +84,7 @@ proxy 0.59 -> 0.59 (4 samples a task) after 10 steps, entropy 0.12-0.21 througho
 
 Not measured (time): other model sizes (hidden 256 x 4 layers costs about 2.3x the 1.0M model a step), other
 batch sizes beyond a first try (8 episodes at lr 2e-3: loss 2.05 after 10 epochs, abandoned), RL on whole
-episodes, seed 1 past step 300, a third seed, GRPO at lr 1e-4 or with larger batches.
+episodes, a third seed, GRPO at lr 1e-4 or with larger batches.
 
 Recommended warm start for `make train-swe`: the 1.0M model above, context 4,096; SFT with 4 episodes a step at
 lr 3e-3 (20 warm-up steps), checking the proxy (4 samples a task) every 25 steps from step 250 and stopping at
