@@ -102,9 +102,9 @@ def test_config_names_the_bad_value(overrides, message):
 def test_registry_builds_by_name_and_lists_the_choices():
     assert isinstance(make_task("math", digits=4), MathTask)
     assert make_task("math", digits=4).max_tokens == 4
-    with pytest.raises(ValueError, match="unknown task 'maths'; choose one of \\['math', 'throughput'\\]"):
+    with pytest.raises(ValueError, match="unknown task 'maths'; choose one of \\['math', 'swe', 'throughput'\\]"):
         make_task("maths")
-    assert sorted(TASKS) == ["math", "throughput"]
+    assert sorted(TASKS) == ["math", "swe", "throughput"]
 
 
 def test_task_tokenizer_has_one_token_per_character():
