@@ -46,13 +46,16 @@ def export_jsonl(
     return count
 
 
-def request_records(store: TrajectoryStore, session_id: str, request_ids: Iterable[str]) -> Iterator[dict]:
+def request_records(
+    store: TrajectoryStore, session_id: str, request_ids: Iterable[str], stored: list | None = None
+) -> Iterator[dict]:
     """One record per request named (the branch-record fields, for that request alone): its full sequence,
     with the prompt masked out and its own generated tokens' logprobs and versions. Unlike branches, two
     requests that sampled the same tokens stay two records (a GRPO group counts both), and a request that
     was superseded (regenerated) is simply not named. `reward` is the request's own (`meta.request_rewards`,
-    as the rollout manager writes them) if there is one, else its branch's, else the session's."""
-    records = {r.request_id: r for r in store.records(session_id)}
+    as the rollout manager writes them) if there is one, else its branch's, else the session's. `stored`: the
+    session's `store.records`, when the caller has read them already."""
+    records = {r.request_id: r for r in (store.records(session_id) if stored is None else stored)}
     tree = store.load_tree(session_id)
     notes = store.annotations(session_id)
     branch_rewards = notes.get("branch_rewards", {})

@@ -175,11 +175,12 @@ def episode_records(store: TrajectoryStore, episodes: Sequence[Episode]) -> list
     out: list[list[dict]] = [[] for _ in episodes]
     for sid, indices in by_session.items():
         wanted = {rid for i in indices for rid in episodes[i].request_ids}
-        order = [r.request_id for r in store.records(sid) if r.request_id in wanted]
+        stored = store.records(sid)
+        order = [r.request_id for r in stored if r.request_id in wanted]
         missing = wanted.difference(order)
         if missing:
             raise ValueError(f"no request {sorted(missing)[0]!r} in session {sid!r} of {store.path}")
-        loaded = {r["request_id"]: r for r in request_records(store, sid, order)}
+        loaded = {r["request_id"]: r for r in request_records(store, sid, order, stored)}
         position = {rid: k for k, rid in enumerate(order)}
         for i in indices:
             rids = sorted(episodes[i].request_ids, key=position.__getitem__)
@@ -191,9 +192,7 @@ def _folded(records: Sequence[dict], reward: float | None) -> list[dict]:
     """One episode's request records (in request order) with each folded into the first later one whose
     prompt holds its whole sequence."""
     out: list[dict] = []
-    for original in records:
-        record = {**original, "generated_mask": list(original["generated_mask"]),
-                  "logprobs": list(original["logprobs"]), "versions": list(original["versions"])}  # fmt: skip
+    for record in records:  # fresh dicts and lists from `request_records`: changed in place
         mask = record["generated_mask"]
         prompt_len = mask.index(1) if 1 in mask else len(mask)
         kept = []
