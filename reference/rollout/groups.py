@@ -152,11 +152,12 @@ class RolloutManager:
         return gid
 
     def refresh(self, group_ids: Sequence[int], min_keep_version: int) -> None:
-        """Run again each episode of these finished groups that holds tokens older than `min_keep_version`."""
+        """Run again each episode of these finished groups that holds tokens older than `min_keep_version` (and
+        the ones that had no verdict: the group is made whole again)."""
         for gid in group_ids:
             old = self.groups.pop(gid)
             kept = tuple(e for e in old.episodes if e.min_version >= min_keep_version)
-            self._spawn(self._run_group(gid, len(old.episodes) - len(kept), kept))
+            self._spawn(self._run_group(gid, max(1, self.config.group_size - len(kept)), kept))
 
     def take(self, group_ids: Sequence[int]) -> list[GroupResult]:
         """Remove finished groups for a training step."""
