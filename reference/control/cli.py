@@ -158,7 +158,18 @@ def _one(cfg, policy: str, out: Path, quiet: bool, source: dict) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))  # --resume reads it
     timeline, metrics = train(cfg, out, progress=not quiet)
-    return write_outputs(timeline, metrics, resolved, out)
+    summary = write_outputs(timeline, metrics, resolved, out)
+    _print_instances(metrics, out)
+    return summary
+
+
+def _print_instances(metrics, out: Path) -> None:
+    """Each problem's pass@1 at the start and the end of RL, for a task evaluated on its training problems too."""
+    from reference.control.report import instance_table
+
+    text = instance_table(metrics)
+    if text and any("train_instances" in e for e in metrics.evaluations):
+        print(f"{text}\n(every evaluation's figures: {out}/instances.csv)")
 
 
 def _resume(out: Path, quiet: bool) -> int:
@@ -177,6 +188,7 @@ def _resume(out: Path, quiet: bool) -> int:
     print(f"resuming {out} ...", file=sys.stderr)
     timeline, metrics = train(cfg, out, progress=not quiet, resume=True)
     summary = write_outputs(timeline, metrics, {**resolved, "resumed": provenance(cfg.policy.name)}, out)
+    _print_instances(metrics, out)
     print(table([summary]))
     print(f"outputs: {out}/")
     return 0

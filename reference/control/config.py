@@ -16,6 +16,7 @@ from core.policies import POLICIES
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "train.yaml"
 BACKENDS = ("builtin", "vllm")
+MAX_EVAL_SAMPLES = 64  # episodes of a problem an evaluation may run
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class RunSection:
     checkpoint_every_steps: int  # resumable checkpoint every this many steps (0: never)
     ray_address: str | None  # join this Ray cluster (null: start a local one sized to this machine)
     time_limit_s: float  # the run stops with an error after this long
+    eval_samples: int = 1  # episodes of each problem in an evaluation (pass@1 is their mean reward)
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,8 @@ class TrainConfig:
             raise UserError(f"policy.max_staleness must be >= 0, got {self.policy.max_staleness}")
         if self.model.dir is not None and not Path(self.model.dir).is_dir():
             raise UserError(f"model.dir {self.model.dir!r} is not a directory (a local Qwen3 checkpoint)")
+        if not 1 <= self.run.eval_samples <= MAX_EVAL_SAMPLES:
+            raise UserError(f"run.eval_samples must be in [1, {MAX_EVAL_SAMPLES}], got {self.run.eval_samples}")
         if not self.run.time_limit_s > 0:
             raise UserError(f"run.time_limit_s must be > 0, got {self.run.time_limit_s}")
         _check_gpus(self.resources)

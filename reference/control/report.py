@@ -79,6 +79,9 @@ def write_outputs(timeline: Timeline, metrics: MetricsLog, config: dict, out: Pa
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(timeline)
     summary["training"] = training_summary(metrics)
+    labels, rows = instance_rows(metrics)
+    if rows:
+        write_instances(labels, rows, out / "instances.csv")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=_finite) + "\n")
     timeline.save(out / "intervals.json")
     write_chrome_trace(timeline, out / "timeline.json")
@@ -133,6 +136,66 @@ def training_summary(metrics: MetricsLog) -> dict:
         "warm_start_loss_last": metrics.warm_start_steps[-1]["loss"] if metrics.warm_start_steps else None,
         "first_step_reaching_0.8": next((s["step"] for s in steps if s["reward_mean"] >= 0.8), None),
     }
+
+
+def instance_rows(metrics: MetricsLog) -> tuple[list[str], list[tuple[str, str, list]]]:
+    """Each evaluated problem's success at every evaluation of the run: the evaluations' labels (start, v4, ...,
+    end), and rows (split, problem id, [(reward sum, episodes with a verdict) or None per label]); empty when the
+    evaluations did not record their problems."""
+    evals = [e for e in metrics.evaluations if isinstance(e.get("instances"), dict)]
+    labels = [str(e.get("label", e["step"])) for e in evals]
+    cells: dict[tuple[str, str], dict[int, tuple]] = {}
+    for i, e in enumerate(evals):
+        for split, key in (("train", "train_instances"), ("held-out", "instances")):
+            for pid, (total, judged) in (e.get(key) or {}).items():
+                cells.setdefault((split, pid), {})[i] = (total, judged)
+    rows = [(split, pid, [got.get(i) for i in range(len(evals))]) for (split, pid), got in cells.items()]
+    rows.sort(key=lambda r: (r[0] != "train", r[1]))
+    return labels, rows
+
+
+def write_instances(labels: list[str], rows: list, path: Path) -> None:
+    """instances.csv: one row a problem, its split, and its mean reward (pass@1 for a 0/1 reward) at each
+    evaluation, with the episodes it is over."""
+    import csv
+
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["split", "instance", *(f"{lab} {col}" for lab in labels for col in ("pass@1", "episodes"))])
+        for split, pid, got in rows:
+            w.writerow([split, pid, *(v for c in got for v in _cell(c))])
+
+
+def _cell(c) -> tuple:
+    return ("", "") if c is None or not c[1] else (round(c[0] / c[1], 4), c[1])
+
+
+def instance_table(metrics: MetricsLog, first: str = "start", last: str = "end") -> str:
+    """The end-of-run table of a task evaluated on its problems (SWE): each problem's pass@1 at the start of RL
+    and at the end, and how many of each split changed; empty when there is nothing to show."""
+    labels, rows = instance_rows(metrics)
+    if first not in labels or last not in labels:
+        return ""
+    a, b = labels.index(first), labels.index(last)
+    width = max(len(pid) for _, pid, _ in rows)
+    lines = [f"{'split':<8}  {'instance':<{width}}  {first:>14}  {last:>14}"]
+    for split, pid, got in rows:
+        lines.append(f"{split:<8}  {pid:<{width}}  {_show(got[a]):>14}  {_show(got[b]):>14}")
+    for split in ("train", "held-out"):
+        pairs = [(got[a], got[b]) for s, _, got in rows if s == split and got[a] and got[b] and got[a][1] and got[b][1]]
+        if pairs:
+            up = sum(y[0] / y[1] > x[0] / x[1] for x, y in pairs)
+            down = sum(y[0] / y[1] < x[0] / x[1] for x, y in pairs)
+            before, after = (sum(p[i][0] / p[i][1] for p in pairs) / len(pairs) for i in (0, 1))
+            lines.append(f"{split}: pass@1 {before:.3f} -> {after:.3f} over {len(pairs)} problems "
+                         f"({up} up, {down} down)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _show(c) -> str:
+    if c is None or not c[1]:
+        return "-"
+    return f"{c[0] / c[1]:.2f} ({c[0]:g}/{c[1]})"
 
 
 def draw_rewards(metrics: MetricsLog, path: Path, label: str) -> None:

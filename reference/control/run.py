@@ -33,7 +33,8 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
     rcfg = RolloutConfig(cfg.rollout.group_size, cfg.rollout.max_concurrency, cfg.rollout.temperature)
     async with RolloutManager(task, m.url, rcfg, f"run{time.time_ns()}", cfg.run.seed, finished, token) as rollout:
         rollout.adopt(adopted)
-        metrics.held_out(offset, {**await evaluate_splits(rollout, task, "start"), "label": "start", "time_s": 0.0})
+        start = await evaluate_splits(rollout, task, "start", cfg.run.eval_samples)
+        metrics.held_out(offset, {**start, "label": "start", "time_s": 0.0})
         sink = _Sink(metrics, bar)
         evaluations = Evaluations(cfg, task, rollout, workers, policy.trainers[0], metrics)
         executor = RuntimeExecutor(m.manager, rollout, workers, recorder, policy.trainers, out / "weights", sink,
@@ -55,7 +56,7 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
             await executor.close()
         await evaluations.finish()
         await _all_serving(m.manager)  # the last held-out evaluation may use every engine
-        end = await evaluate_splits(rollout, task, "end")
+        end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples)
         metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall})
         metrics.counters.update(sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
                                 syncs=len(executor.sync_s), requests=rollout.requests,
@@ -63,13 +64,14 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
     return wall
 
 
-async def evaluate_splits(rollout: RolloutManager, task, label: str) -> dict:
-    """One episode of each held-out problem (`reward_mean`, `exact_match`, ...), and of each training problem
-    (`train_*`) where the task lists them (`train_problems`: pass@1 on the train split), through the engines."""
+async def evaluate_splits(rollout: RolloutManager, task, label: str, samples: int = 1) -> dict:
+    """`samples` episodes of each held-out problem (`reward_mean`, `exact_match`, ...), and of each training
+    problem (`train_*`) where the task lists them (`train_problems`: pass@1 on the train split), through the
+    engines."""
     splits = {"": task.held_out()}
     if hasattr(task, "train_problems"):
         splits["train_"] = task.train_problems()
-    results = await asyncio.gather(*(rollout.evaluate(problems, f"{label}-{prefix or 'held'}")
+    results = await asyncio.gather(*(rollout.evaluate(problems, f"{label}-{prefix or 'held'}", samples)
                                      for prefix, problems in splits.items()))  # fmt: skip
     return {f"{prefix}{k}": v for prefix, result in zip(splits, results, strict=True) for k, v in result.items()}
 
@@ -101,7 +103,7 @@ class Evaluations:
         return None
 
     async def _in_background(self, version: int) -> None:
-        result = await evaluate_splits(self.rollout, self.task, f"v{version}")
+        result = await evaluate_splits(self.rollout, self.task, f"v{version}", self.cfg.run.eval_samples)
         self.metrics.held_out(version, {**result, "label": f"v{version}", "time_s": self.now(), "background": True})
 
     async def finish(self) -> None:

@@ -69,8 +69,8 @@ def supervised_config(section: dict) -> SupervisedConfig:
 
 
 def evaluate_weights(cfg, task, model_dir: str, store: Path, label: str) -> dict:
-    """One episode of every evaluation problem of `task` with the weights in `model_dir`, through one engine
-    process of the run's backend and an embedded trajectory manager recording to `store`."""
+    """`run.eval_samples` episodes of every evaluation problem of `task` with the weights in `model_dir`, through
+    one engine process of the run's backend and an embedded trajectory manager recording to `store`."""
     from reference.control.run import evaluate_splits
 
     spec = EngineSpec(backend=cfg.engine.backend, model=model_dir, seed=cfg.run.seed, max_batch=cfg.engine.max_batch)
@@ -81,7 +81,7 @@ def evaluate_weights(cfg, task, model_dir: str, store: Path, label: str) -> dict
     async def run(url: str) -> dict:
         async with RolloutManager(task, url, rollout_config, f"{label}{time.time_ns()}", cfg.run.seed,
                                   lambda group: None) as rollout:  # fmt: skip
-            return await evaluate_splits(rollout, task, label)
+            return await evaluate_splits(rollout, task, label, cfg.run.eval_samples)
 
     tokenizer = Tokenizer.load(model_dir)
     with EngineProcess(spec) as engine, ManagerThread({"eval": engine.client()}, tokenizer, store, config) as m:

@@ -163,22 +163,29 @@ class RolloutManager:
         """Remove finished groups for a training step."""
         return [self.groups.pop(gid) for gid in group_ids]
 
-    async def evaluate(self, problems: Sequence[Problem], label: str) -> dict:
-        """One episode of each problem (not trained on): mean reward and exact-match rate over the episodes
-        with a verdict (`dropped`: those without), and the oldest and newest policy version they sampled with."""
-        runs = await asyncio.gather(*(self._evaluate_one(p, f"{self.run_id}-eval-{label}-{i}")
+    async def evaluate(self, problems: Sequence[Problem], label: str, samples: int = 1) -> dict:
+        """`samples` episodes of each problem (not trained on): mean reward and exact-match rate over the episodes
+        with a verdict (`dropped`: those without; with a 0/1 reward the mean is pass@1 estimated from `samples`
+        episodes a problem), the oldest and newest policy version they sampled with, and `instances`: each
+        problem's [reward sum, episodes with a verdict]."""
+        runs = await asyncio.gather(*(self._evaluate_one(p, samples, f"{self.run_id}-eval-{label}-{i}")
                                       for i, p in enumerate(problems)))  # fmt: skip
-        judged = [e for e in runs if e.rewarded]
+        flat = [e for episodes in runs for e in episodes]
+        judged = [e for e in flat if e.rewarded]
         n = max(1, len(judged))
+        instances = {}
+        for problem, episodes in zip(problems, runs, strict=True):
+            rewards = [e.reward for e in episodes if e.rewarded]
+            instances[problem.problem_id] = [round(sum(rewards), 6), len(rewards)]
         return {"reward_mean": sum(e.reward for e in judged) / n, "exact_match": sum(e.exact for e in judged) / n,
-                "problems": len(problems), "dropped": len(runs) - len(judged),
-                "versions": [min((e.min_version for e in runs), default=0),
-                             max((e.max_version for e in runs), default=0)]}  # fmt: skip
+                "problems": len(problems), "samples": samples, "dropped": len(flat) - len(judged),
+                "versions": [min((e.min_version for e in flat), default=0),
+                             max((e.max_version for e in flat), default=0)],
+                "instances": instances}  # fmt: skip
 
-    async def _evaluate_one(self, problem: Problem, key: str) -> Episode:
+    async def _evaluate_one(self, problem: Problem, samples: int, key: str) -> list[Episode]:
         async with self._slots:
-            (episode,) = await self.task.episodes(problem, 1, key, self._ctx)
-        return episode
+            return list(await self.task.episodes(problem, samples, key, self._ctx))
 
     def key(self, group_id: int) -> str:
         return self._keys[group_id]

@@ -20,6 +20,7 @@ from reference.cli import main
         (["--set", "rollout.group_size=1"], "rollout.group_size must be >= 2"),
         (["--set", "policy.max_staleness=-1"], "policy.max_staleness must be >= 0"),
         (["--set", "rollout.prompts_per_step=0"], "rollout.prompts_per_step must be >= 1"),
+        (["--set", "run.eval_samples=0"], "run.eval_samples must be in [1, 64], got 0"),
         (["--set", "policy.window_batches=0"], "window_batches must be >= 1"),
         (["--set", "resources.train_fraction=1.0"], "train_fraction must be in (0, 1)"),
         (["--set", "task.options={digits: 99}"], "digits must be an integer in [1, 8]"),

@@ -142,6 +142,24 @@ def test_finished_episode_groups_are_found_again_for_a_resumed_run(manager):
     assert [g.key for g in untrained_groups(store)] == [groups[1].key]
 
 
+def test_an_evaluation_runs_each_problem_samples_times_and_reports_each_problem(manager):
+    """pass@1 over `samples` episodes a problem: the mean over every judged episode, and each problem's own
+    [reward sum, judged episodes]; episodes without a verdict are counted as dropped, not as failures."""
+    task = ChatEpisodesTask(turns=1, rewards=(1.0, 0.0, None))
+    problems = task.held_out()[:2]
+
+    async def go():
+        config = RolloutConfig(group_size=2, max_concurrency=8)
+        async with RolloutManager(task, manager.url, config, "ev", 0, lambda g: None) as rollout:
+            return await rollout.evaluate(problems, "x", samples=3)
+
+    result = asyncio.run(asyncio.wait_for(go(), timeout=120))
+    assert result["samples"] == 3 and result["problems"] == 2
+    assert result["dropped"] == 2  # the third episode of each problem has no verdict
+    assert result["instances"] == {p.problem_id: [1.0, 2] for p in problems}
+    assert result["reward_mean"] == 0.5
+
+
 def test_math_groups_go_through_the_same_seam_one_request_an_episode(tok, tmp_path):
     task = MathTask()
     engine = FakeEngine(vocab_size=task.tokenizer.vocab_size, reply_tokens=3)
