@@ -7,8 +7,11 @@ manager in a session of its own (`<key>-e<i>`), then the patch graded in a fresh
 the same code as `python -m swebench_env rollout`). Reward 1 when the task is resolved, else 0; an
 episode whose workspace, agent or grader failed, or that ended on an API error, has no verdict
 (`reward=None`) and is left out of its group (a sandbox killed mid-episode fails that episode alone).
-An episode cut off by the turn limit or the context is graded on the diff it left, like any other: its
-exit reason is kept with the group's record.
+An episode cut off by the turn limit or the context is graded on the diff it left, like any other, and its
+reward counts in its group's baseline; with `overlong: mask` (the default) none of its tokens is trained
+(overlong filtering, as in DAPO): a wandering episode's hundreds of off-path tokens would otherwise dominate
+the step's gradient (see `reference/trainer/recipe.py`'s SWE notes). Its exit reason is kept with the
+group's record.
 
 Episodes run in threads of the task's own pool (`concurrency` of them: agents and sandboxes block), never
 in the event loop's default executor, which the manager needs for its store. The requests that make an
@@ -35,6 +38,8 @@ from swebench_env.tasks import Task as Instance
 from swebench_env.tasks import load_tasks
 
 SPLITS = ("train", "held_out")
+OVERLONG = ("mask", "train")
+CUT_OFF = ("turn_limit", "context_limit")  # exit reasons of an episode the agent did not end itself
 
 
 @dataclass(frozen=True)
@@ -52,12 +57,15 @@ class SweTaskConfig:
     concurrency: int = 4  # episodes (and their sandboxes) in flight at once
     context_tokens: int = 4096  # the model's context: an episode that outgrows it ends as context_limit
     tokenizer: str | None = None  # a tokenizer directory; None: the project's default
+    overlong: str = "mask"  # an episode cut off (turn limit, context limit): mask (not trained) or train
 
     def __post_init__(self) -> None:
         if self.agent not in AGENTS:
             raise unknown_name("agent", self.agent, AGENTS)
         if self.sandbox not in SANDBOXES:
             raise unknown_name("sandbox", self.sandbox, SANDBOXES)
+        if self.overlong not in OVERLONG:
+            raise unknown_name("overlong", self.overlong, OVERLONG)
         for name in ("max_turns", "max_tokens", "max_observation_chars", "concurrency", "context_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -213,8 +221,9 @@ class SweTask:
                 "model_s": run.model_s if run else 0.0, "tool_latency_s": run.commands_s if run else 0.0,
                 "test_run_s": played.grade_s, "episode_s": (run.total_s if run else 0.0) + played.grade_s}  # fmt: skip
         resolved = played.evaluation is not None and played.evaluation.resolved
+        trained = not (self.config.overlong == "mask" and played.exit_reason in CUT_OFF)
         return Episode(session_id, request_ids, reward, resolved, min(versions, default=0), max(versions, default=0),
-                       len(versions), played.exit_reason, info)  # fmt: skip
+                       len(versions), played.exit_reason, trained, info)  # fmt: skip
 
 
 async def _requests(ctx: EpisodeContext, session_id: str) -> tuple[tuple[str, ...], list[int]]:

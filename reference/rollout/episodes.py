@@ -60,6 +60,7 @@ class Episode:
     max_version: int
     tokens: int  # generated tokens
     exit_reason: str = "finished"  # how it ended: finished, turn_limit, context_limit, api_error, crashed, ...
+    trained: bool = True  # False: its reward counts in its group's baseline, none of its tokens is trained
     info: dict = dataclasses.field(default_factory=dict, compare=False)  # kind-specific facts (turns, patch...)
 
     def __post_init__(self) -> None:
@@ -77,7 +78,7 @@ class Episode:
         of `info` (seconds waiting for the model, for tools in the sandbox, for the test run)."""
         timings = {k: v for k, v in self.info.items() if k in TIMING_KEYS}
         return {"session_id": self.session_id, "request_ids": list(self.request_ids), "reward": self.reward,
-                "exact": self.exact, "exit_reason": self.exit_reason, **timings}  # fmt: skip
+                "exact": self.exact, "exit_reason": self.exit_reason, "trained": self.trained, **timings}  # fmt: skip
 
 
 class EpisodeContext:

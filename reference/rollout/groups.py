@@ -289,7 +289,8 @@ def stored_groups(store: TrajectoryStore, sessions: Sequence[str]) -> list[Group
             raise ValueError(f"session {sid!r} holds no finished rollout group (no problem, group or episodes)")
         episodes = []
         for e in meta["episodes"]:
-            stub = Episode(e["session_id"], tuple(e["request_ids"]), e["reward"], e["exact"], 0, 0, 0, e["exit_reason"])
+            stub = Episode(e["session_id"], tuple(e["request_ids"]), e["reward"], e["exact"], 0, 0, 0, e["exit_reason"],
+                           e.get("trained", True))  # fmt: skip
             low, high, tokens = _stats(store, stub)
             episodes.append(dataclasses.replace(stub, min_version=low, max_version=high, tokens=tokens))
         out.append(GroupResult(-1, meta["group"], Problem(**meta["problem"]), tuple(episodes)))
@@ -306,11 +307,13 @@ def _stats(store: TrajectoryStore, episode: Episode) -> tuple[int, int, int]:
 def training_batch(store: TrajectoryStore, groups: Sequence[GroupResult]) -> list[Trajectory]:
     """The trainer's records of these groups, read from the manager's durable store: exactly the tokens the
     engines consumed and produced, with their logprobs, versions and the episodes' rewards
-    (`episodes.episode_records`: every generated token once, each episode one sample of its group)."""
+    (`episodes.episode_records`: every generated token once, each episode one sample of its group; an episode
+    marked not `trained` counts in its group's advantages, and its tokens are masked out of the loss)."""
     episodes = [e for g in groups for e in g.episodes]
     records = iter(episode_records(store, episodes))
     out = []
     for g in groups:
         for i in range(len(g.episodes)):
-            out += [Trajectory.from_export(r, group_id=g.key, episode_id=i) for r in next(records)]
+            trained = g.episodes[i].trained
+            out += [Trajectory.from_export(r, group_id=g.key, episode_id=i, trained=trained) for r in next(records)]
     return out

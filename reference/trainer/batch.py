@@ -29,6 +29,7 @@ class Trajectory:
     group_id: Hashable  # samples of one prompt share it
     reward: float
     episode_id: Hashable | None = None  # records of one episode share it (and its reward); None: its own episode
+    trained: bool = True  # False: it counts in its group's advantages, but no token of it is in the loss
 
     def __post_init__(self) -> None:
         for name in ("token_ids", "generated_mask", "logprobs", "versions"):
@@ -57,7 +58,7 @@ class Trajectory:
 
     @classmethod
     def from_export(
-        cls, record: dict, group_id: Hashable | None = None, episode_id: Hashable | None = None
+        cls, record: dict, group_id: Hashable | None = None, episode_id: Hashable | None = None, trained: bool = True
     ) -> Trajectory:
         """From one line of `reference.export` (logprobs/versions per position, null for prompt tokens).
         `group_id` defaults to the record's task_id."""
@@ -72,6 +73,7 @@ class Trajectory:
             group_id=record.get("task_id") if group_id is None else group_id,
             reward=float(record["reward"]),
             episode_id=episode_id,
+            trained=trained,
         )
 
 
@@ -113,9 +115,9 @@ def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad
         ids.append(list(t.token_ids) + [pad_id] * pad)
         attn.append([1] * len(t.token_ids) + [0] * pad)
         target_mask = list(t.generated_mask[1:]) + [0] * pad
-        mask.append(target_mask)
         logps.append(_scatter(target_mask, t.logprobs, 0.0))
         vers.append(_scatter(target_mask, t.versions, -1))
+        mask.append(target_mask if t.trained else [0] * (length - 1))
     attention = torch.tensor(attn, dtype=torch.long)
     return TokenBatch(
         input_ids=torch.tensor(ids, dtype=torch.long),

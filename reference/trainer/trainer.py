@@ -14,6 +14,7 @@ against the gap between the engine's behaviour policy and the weights being trai
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -30,6 +31,7 @@ from reference.trainer.handoff import Handoff, publish_weights
 from reference.trainer.loss import LossOutput, grpo_loss, token_logprobs
 from reference.trainer.parallel import DataParallel
 
+log = logging.getLogger(__name__)
 # Order of the summed statistics (one all-reduce per step for all of them).
 _SUMS = ("tokens", "sequences", "reward", "loss", "pg", "kl", "entropy", "clipped", "dual", "ratio",
          "off_tokens", "off_ratio", "staleness")  # fmt: skip
@@ -117,10 +119,16 @@ class Trainer:
         # the step's global token mean, so the order changes only the order of the gradient sums.
         order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].token_ids))
         trajectories, advantages = [trajectories[i] for i in order], [advantages[i] for i in order]
-        local_tokens = sum(t.num_generated for t in trajectories)
-        total = int(self.parallel.all_reduce(torch.tensor([local_tokens], dtype=torch.float64))[0])
-        if total == 0:
+        local = [sum(t.num_generated for t in trajectories if t.trained), sum(t.num_generated for t in trajectories)]
+        total, generated = (int(x) for x in self.parallel.all_reduce(torch.tensor(local, dtype=torch.float64)))
+        if generated == 0:
             raise ValueError("the step has no generated tokens on any rank: nothing to train on")
+        if total == 0:  # every sample is masked (e.g. each episode hit its turn limit): a version without an update
+            log.warning("step %d: every sample is masked out of the loss; the weights are not updated", self.step)
+            sums, maxes = torch.zeros(len(_SUMS), dtype=torch.float64), torch.zeros(len(_MAXES))
+            sums[_SUMS.index("sequences")] = len(trajectories)
+            sums[_SUMS.index("reward")] = sum(t.reward for t in trajectories)
+            return self._finish_step(sums, maxes, 0.0, start)
         sums, maxes = torch.zeros(len(_SUMS), dtype=torch.float64), torch.full((len(_MAXES),), -math.inf)
         self.optimizer.zero_grad(set_to_none=True)
         bounds = self._micro_batches(len(trajectories))
@@ -131,6 +139,9 @@ class Trainer:
         self.parallel.sync_gradients(self.model)
         grad_norm = self._clip_gradients()
         self.optimizer.step()
+        return self._finish_step(sums, maxes, grad_norm, start)
+
+    def _finish_step(self, sums: torch.Tensor, maxes: torch.Tensor, grad_norm: float, start: float) -> StepMetrics:
         self.step += 1
         metrics = self._metrics(sums, maxes, grad_norm, time.perf_counter() - start)
         if self.config.checkpoint_every_steps and self.step % self.config.checkpoint_every_steps == 0:
@@ -195,11 +206,11 @@ class Trainer:
     def _metrics(self, sums: torch.Tensor, maxes: torch.Tensor, grad_norm: float, seconds: float) -> StepMetrics:
         s = dict(zip(_SUMS, self.parallel.all_reduce(sums).tolist(), strict=True))
         m = dict(zip(_MAXES, self.parallel.all_reduce(maxes, op="max").tolist(), strict=True))
-        n = s["tokens"]
+        n = s["tokens"] or math.nan  # a step with every sample masked has no per-token figures
         return StepMetrics(
             step=self.step, loss=s["loss"] / n, pg_loss=s["pg"] / n, kl=s["kl"] / n, entropy=s["entropy"] / n,
             clip_fraction=s["clipped"] / n, dual_clip_fraction=s["dual"] / n, grad_norm=grad_norm,
-            tokens=int(n), sequences=int(s["sequences"]), reward_mean=s["reward"] / s["sequences"],
+            tokens=int(s["tokens"]), sequences=int(s["sequences"]), reward_mean=s["reward"] / s["sequences"],
             ratio_mean=s["ratio"] / n, ratio_min=-m["neg_ratio_min"], ratio_max=m["ratio_max"],
             off_policy_fraction=s["off_tokens"] / n,
             off_policy_ratio_mean=s["off_ratio"] / s["off_tokens"] if s["off_tokens"] else math.nan,

@@ -58,6 +58,7 @@ def _check(groups, batch, records, pairs) -> None:
     assert [e.exit_reason for e in unsolved.episodes] == ["turn_limit", "turn_limit"]
     assert len(batch) == 4  # the built-in agent only appends: one record an episode, all its turns in it
     assert [t.episode_id for t in batch] == [0, 1, 0, 1]
+    assert [t.trained for t in batch] == [True, True, False, False]  # cut off at the turn limit: masked (overlong)
     steps = len(pairs[0][1].steps)
     for episode, (record,) in zip(solved.episodes, records, strict=False):
         assert len(episode.request_ids) == steps
@@ -93,6 +94,8 @@ def test_bad_task_settings_are_one_line_errors(tmp_path, capsys):
         make_task("swe", agent="nope")
     with pytest.raises(UserError, match="max_turns must be an integer >= 1, got 0"):
         make_task("swe", max_turns=0)
+    with pytest.raises(UserError, match="unknown overlong 'drop'"):
+        make_task("swe", overlong="drop")
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"instance_id": "x"}\n')
     with pytest.raises(UserError, match="no usable task"):

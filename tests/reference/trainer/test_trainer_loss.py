@@ -9,6 +9,7 @@ trainer trains version 1).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -63,11 +64,14 @@ def naive_advantages(trajs, normalize_std: bool, eps: float) -> list[float]:
 
 
 def naive_loss(model, ref_model, trajs, config: TrainerConfig, version: int):
-    """Loss (a tensor), clipped-token count and off-policy count, one token at a time."""
+    """Loss (a tensor), clipped-token count and off-policy count, one token at a time; a trajectory that is
+    not `trained` counts in its group's advantages only."""
     advantages = naive_advantages(trajs, config.normalize_std, config.std_eps)
-    total_tokens = sum(sum(t.generated_mask) for t in trajs)
+    total_tokens = sum(sum(t.generated_mask) for t in trajs if t.trained)
     loss, clipped, off_policy = torch.zeros(()), 0, 0
     for t, adv in zip(trajs, advantages, strict=True):
+        if not t.trained:
+            continue
         logits = model(input_ids=torch.tensor([t.token_ids])).logits[0].float()
         ref_logits = ref_model(input_ids=torch.tensor([t.token_ids])).logits[0].float() if ref_model else None
         k = 0
@@ -126,6 +130,31 @@ def test_loss_and_gradients_match_the_naive_reference(make_model, normalize_std,
     assert metrics.dual_clip_fraction > 0
     for (name, p), q in zip(trainer.model.named_parameters(), before.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_a_masked_sample_counts_in_its_groups_advantages_but_not_in_the_loss(make_model):
+    """Overlong filtering: the second trajectory (reward 0 in group a) is masked; group a's baseline still holds
+    its reward, and the loss is the token mean over the other trajectories' tokens alone."""
+    config = TrainerConfig(grad_clip=0.0, micro_batch_size=2)
+    trainer = _trainer_after_one_step(make_model, config)
+    before = copy.deepcopy(trainer.model)
+    trajs = [dataclasses.replace(t, trained=i != 1) for i, t in enumerate(make_batch(before))]
+    expected, _, _ = naive_loss(before, None, trajs, config, trainer.version)
+    expected.backward()
+    metrics = trainer.train_step(trajs)
+    assert metrics.tokens == 9 and metrics.sequences == 5  # 13 generated tokens, 4 of them masked
+    assert metrics.loss == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
+    for (name, p), q in zip(trainer.model.named_parameters(), before.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_a_step_whose_samples_are_all_masked_is_a_version_without_an_update(make_model):
+    trainer = Trainer(make_model(0), TrainerConfig(), pad_id=0)
+    weights = [p.detach().clone() for p in trainer.model.parameters()]
+    trajs = [Trajectory((3, 4, 5), (0, 1, 1), (-3.0, -3.0), (0, 0), "g", float(r), trained=False) for r in range(2)]
+    metrics = trainer.train_step(trajs)
+    assert trainer.version == 1 and metrics.tokens == 0 and metrics.sequences == 2
+    assert all(torch.equal(p, w) for p, w in zip(trainer.model.parameters(), weights, strict=True))
 
 
 def test_every_interesting_case_occurs_in_the_batch(make_model):
