@@ -11,7 +11,11 @@ What a reader has to tell apart at a glance, and how it is drawn:
   few stragglers is busy but pale;
 - sync and switch last seconds in runs of hours, so they are drawn at least `MIN_BAR_PX` wide
   (centred on the interval, over their neighbours); every other phase is drawn to scale;
-- the legend lists only the phases that occur; the caption says what a row is.
+- the legend lists only the phases that occur; the caption says what a row is;
+- a run with sandbox lanes (an agent task's containers: `Timeline.sandboxes`) gets a second panel under
+  the resources, one row per lane, on the same time axis: start-up, spare, the agent waiting for the
+  model (pale), tool calls and test runs (strong colours; tool calls last a fraction of a second, so they
+  are drawn at least `MIN_BAR_PX` wide, like sync and switch), with a legend of its own.
 
 Rows are grouped by pool and ordered naturally within it ("gpu2" before "gpu10"). Bars are drawn
 as one rectangle collection per phase rather than one `broken_barh` per (resource, phase): on 512
@@ -28,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.metrics import resources_by_pool, summarize
-from core.tags import Phase
+from core.metrics import natural_key, resources_by_pool, summarize
+from core.tags import Phase, SandboxPhase
 from core.timeline import Interval, Timeline
 
 PHASE_COLOURS = {
@@ -47,6 +51,22 @@ PHASE_LABELS = {
     Phase.IDLE: "idle",
 }
 PHASE_HATCH = {Phase.IDLE: "///"}
+SANDBOX_COLOURS = {
+    SandboxPhase.START: "#f2b134",  # amber
+    SandboxPhase.SPARE: "#ffffff",  # white, dotted: a container nobody uses yet
+    SandboxPhase.MODEL: "#c9d9ea",  # pale blue-grey: held, but nothing runs in it
+    SandboxPhase.TOOL: "#d62728",  # red
+    SandboxPhase.TEST_RUN: "#6a3d9a",  # dark purple
+}
+SANDBOX_LABELS = {
+    SandboxPhase.START: "start-up (container started, checkout copied in)",
+    SandboxPhase.SPARE: "spare (started ahead, waiting for an episode)",
+    SandboxPhase.MODEL: "held by an episode, its agent waiting for the model",
+    SandboxPhase.TOOL: "tool call: a command runs (tool_latency_s)",
+    SandboxPhase.TEST_RUN: "test run of the grader (test_run_s)",
+}
+SANDBOX_HATCH = {SandboxPhase.SPARE: "...."}
+SHORT_SANDBOX_PHASES = (SandboxPhase.TOOL,)  # drawn at least MIN_BAR_PX wide, on top of the rest
 HATCH_COLOUR = "#e0e0e0"
 SPARSE_ROLLOUT = "#d7f0d8"  # rollout that generates few tokens per device-second (a thin batch)
 DENSE_QUANTILE = 0.9  # rollout at or above this quantile of interval densities gets the full colour
@@ -354,27 +374,94 @@ def timeline_figure(
     overlays: Sequence[Overlay] = (),
     caption: str | None = None,
 ):
-    """The Gantt chart of `timeline` as a matplotlib Figure (on an Agg canvas).
+    """The Gantt chart of `timeline` as a matplotlib Figure (on an Agg canvas); its sandbox lanes, where it has
+    some, in a second panel below.
 
     ylabel: one label for every row, instead of pool names; phase_labels: legend text by phase;
     overlays: marks drawn over the bars; caption: the line under the axes (by default, what a row is)."""
     rows = len(plot_rows(timeline))
     height = figure_height_in(rows)
-    fig, (ax,) = _new_figure(height)
+    lanes = sandbox_lanes(timeline)
+    if lanes:
+        lane_height = min(6.0, 0.8 + 0.22 * len(lanes))
+        fig, (ax, lane_ax) = _new_figure(height + lane_height, 2, [height - 1.3, lane_height])
+    else:
+        fig, (ax,) = _new_figure(height)
     row_of = _setup_panel(ax, timeline, timeline.wall_s if timeline.wall_s > 0 else 1.0, MAX_LABELLED_ROWS, ylabel)
-    ax.set_xlabel(time_label(timeline))
+    bottom = ax
+    if lanes:
+        bottom = lane_ax
+        lane_of = _setup_lanes(lane_ax, timeline, lanes)
+    bottom.set_xlabel(time_label(timeline))
     phases = phases_present([timeline])
     _legend(ax, phases, bool(timeline.steps), phase_labels or {}, overlays)
     reference = dense_reference(_rollout_densities([timeline]))
     if Phase.ROLLOUT in phases:
         _colour_bar(fig, ax, reference, _device_word(timeline), min(0.4, 1.4 / max(height - 1.3, 1.0)))
-    _caption(ax, _row_caption([timeline]) if caption is None else caption)
+    text = _row_caption([timeline]) if caption is None else caption
+    if lanes:
+        text += "\nBelow: each row is one lane of the agent task's sandboxes (one container at a time); tool calls are "
+        text += f"drawn at least {MIN_BAR_PX:g} px wide. Held-out evaluations' sandboxes are not drawn."
+    _caption(bottom, text)
     if title:
         ax.set_title(title)
     min_width = _min_width_s(fig, ax)
     _draw_bars(ax, timeline, row_of, reference, min_width)
     _draw_overlays(ax, overlays, row_of)
+    if lanes:
+        _draw_lanes(lane_ax, timeline, lane_of, min_width)
     return fig
+
+
+def sandbox_lanes(timeline: Timeline) -> list[str]:
+    """The timeline's sandbox lanes from top to bottom, in natural order ("sandbox-2" before "sandbox-10")."""
+    return sorted({sb.lane for sb in timeline.sandboxes}, key=natural_key)
+
+
+def _setup_lanes(ax, timeline: Timeline, lanes: list[str]) -> dict[str, int]:
+    """Limits, step lines, lane labels and legend of the sandbox panel; its row of each lane."""
+    n = len(lanes)
+    ax.set_ylim(n - 0.5, -0.5)
+    if timeline.steps:
+        ends = [step.end_s for step in timeline.steps]
+        ax.vlines(ends, -0.5, n - 0.5, colors="black", linestyles="dashed", linewidth=0.5, alpha=0.5)
+    labelled = n <= MAX_LABELLED_ROWS
+    ax.set_yticks(range(n) if labelled else [], lanes if labelled else [], fontsize=7)
+    ax.tick_params(axis="y", length=0)
+    ax.set_ylabel(f"sandboxes\n({n} lanes)", fontsize=8)
+    from matplotlib.patches import Patch
+
+    present = {sb.phase for sb in timeline.sandboxes if sb.end_s > sb.start_s}
+    handles = [
+        Patch(facecolor=SANDBOX_COLOURS[k], edgecolor="#7f7f7f" if k in SANDBOX_HATCH else "none",
+              hatch=SANDBOX_HATCH.get(k), linewidth=0.5 if k in SANDBOX_HATCH else 0, label=SANDBOX_LABELS[k])
+        for k in SandboxPhase if k in present
+    ]  # fmt: skip
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    return {lane: y for y, lane in enumerate(lanes)}
+
+
+def _draw_lanes(ax, timeline: Timeline, lane_of: dict[str, int], min_width_s: float) -> None:
+    """One PolyCollection per sandbox phase; tool calls last, at least `min_width_s` wide."""
+    from matplotlib.collections import PolyCollection
+
+    boxes: dict[SandboxPhase, list] = {k: [] for k in SandboxPhase}
+    for sb in timeline.sandboxes:
+        if sb.end_s > sb.start_s:
+            widen = min_width_s if sb.phase in SHORT_SANDBOX_PHASES else 0.0
+            boxes[sb.phase].append(_box(sb.start_s, sb.end_s, lane_of[sb.lane], widen))
+    order = [k for k in SandboxPhase if k not in SHORT_SANDBOX_PHASES] + list(SHORT_SANDBOX_PHASES)
+    for kind in order:
+        if not boxes[kind]:
+            continue
+        hatched = kind in SANDBOX_HATCH
+        bars = PolyCollection(boxes[kind], facecolors=SANDBOX_COLOURS[kind], linewidths=0.5 if hatched else 0,
+                              edgecolors="#7f7f7f" if hatched else "none", antialiaseds=False)  # fmt: skip
+        if hatched:
+            bars.set_hatch(SANDBOX_HATCH[kind])
+        bars.set_label(f"_sandbox_{kind.value}")  # found by tests; the leading _ keeps it out of legends
+        bars.set_in_layout(False)
+        ax.add_collection(bars, autolim=False)
 
 
 def draw_timeline(timeline: Timeline, path: str | Path, title: str | None = None, **options):

@@ -31,6 +31,20 @@ class Phase(enum.StrEnum):
     IDLE = "idle"
 
 
+class SandboxPhase(enum.StrEnum):
+    """What an agent task's sandbox lane holds during a sandbox interval (`core.timeline.SandboxInterval`).
+
+    Lanes are containers, not devices: they never count in a resource's phases or the metrics. `tool` and
+    `test_run` are named as the simulator's SWE workload names the waits they measure (`tool_latency_s`,
+    `test_run_s`)."""
+
+    START = "start"  # the container starting, the task's checkout copied in
+    SPARE = "spare"  # started ahead of need, waiting for an episode
+    MODEL = "model"  # held by an episode whose agent waits for the model
+    TOOL = "tool"  # an agent's command running
+    TEST_RUN = "test_run"  # the grader's test run
+
+
 @dataclass(frozen=True)
 class Resource:
     """A schedulable unit: `devices` accelerators that share one role at a time."""

@@ -6,19 +6,30 @@ for every interval and step). Every metric is computed from this record by
 `core.metrics.summarize`, so the simulator and the real runtime are scored identically.
 `Timeline.save` and `Timeline.load` write and read the whole record back (`intervals.json` beside a
 simulation's `summary.json`); the Chrome trace (`core.trace`) is a one-way view of it.
+
+Sandbox lanes: an agent task's containers are not resources (no devices, no tags, no phase a policy
+decides), so what they did is kept apart, as `SandboxInterval`s on lanes (`sandbox-0`, `sandbox-1`, ...,
+one container at a time each), on the same time base. Metrics never read them; a lane need not be
+covered from 0 to wall_s. The simulator writes none.
+
+Format versions: a reader reads every version up to its own (`READABLE_VERSIONS`); a version only adds
+keys, so an older record reads as the newer one with those keys empty. Version 1: intervals and steps;
+version 2 adds `sandboxes`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
-from core.tags import Phase, Resource
+from core.tags import Phase, Resource, SandboxPhase
 
 FORMAT = "seamlessflow-timeline"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # see "Format versions" above
 TIME_BASE = "seconds since the run started"
 TOLERANCE_S = 1e-6  # how far past wall_s an interval or step may end (float rounding)
 
@@ -107,15 +118,39 @@ class StepRecord:
         return cls(**{**data, "lag_tokens": {int(lag): n for lag, n in data["lag_tokens"].items()}})
 
 
+@dataclass(frozen=True)
+class SandboxInterval:
+    """What one sandbox lane held from `start_s` to `end_s` (see "Sandbox lanes" above).
+
+    session: the episode's session in the trajectory manager ("" for a container no episode used)."""
+
+    lane: str
+    phase: SandboxPhase
+    start_s: float
+    end_s: float
+    session: str = ""
+
+    def as_dict(self) -> dict:
+        return {"lane": self.lane, "phase": self.phase.value, "start_s": self.start_s, "end_s": self.end_s,
+                "session": self.session}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SandboxInterval:
+        """The inverse of `as_dict`."""
+        _check_keys("sandbox", data, cls)
+        return cls(**{**data, "phase": SandboxPhase(data["phase"])})
+
+
 @dataclass
 class Timeline:
-    """A finished run: intervals, steps, and executor counters (e.g. wasted tokens)."""
+    """A finished run: intervals, steps, executor counters (e.g. wasted tokens), and sandbox lanes."""
 
     intervals: list[Interval]
     steps: list[StepRecord]
     wall_s: float
     meta: dict = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
+    sandboxes: list[SandboxInterval] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """The whole record as JSON-ready data; `from_dict` gives an equal `Timeline` back."""
@@ -128,15 +163,16 @@ class Timeline:
             "counters": dict(self.counters),
             "intervals": [iv.as_dict() for iv in self.intervals],
             "steps": [step.as_dict() for step in self.steps],
+            "sandboxes": [sb.as_dict() for sb in self.sandboxes],
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Timeline:
-        """Read a record written by `to_dict`; raises ValueError for another format or a time out of
-        [0, wall_s]."""
-        if data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
+        """Read a record written by `to_dict` (any of `READABLE_VERSIONS`); raises ValueError for another format
+        or version, or a time out of [0, wall_s]."""
+        if data.get("format") != FORMAT or data.get("format_version") not in READABLE_VERSIONS:
             raise ValueError(
-                f"not a timeline record of format {FORMAT!r} version {FORMAT_VERSION}: "
+                f"not a timeline record of format {FORMAT!r} version {' or '.join(map(str, READABLE_VERSIONS))}: "
                 f"format {data.get('format')!r}, version {data.get('format_version')!r}"
             )
         timeline = cls(
@@ -145,13 +181,14 @@ class Timeline:
             data["wall_s"],
             dict(data["meta"]),
             dict(data["counters"]),
+            [SandboxInterval.from_dict(d) for d in data.get("sandboxes", [])],  # none before version 2
         )
         timeline.check_times()
         return timeline
 
     def check_times(self) -> None:
         """Raise ValueError unless every interval and step lies within [0, wall_s] (one time base)."""
-        for kind, records in (("interval", self.intervals), ("step", self.steps)):
+        for kind, records in (("interval", self.intervals), ("step", self.steps), ("sandbox", self.sandboxes)):
             for r in records:
                 if not 0.0 <= r.start_s <= r.end_s <= self.wall_s + TOLERANCE_S:
                     raise ValueError(f"{kind} {r!r} does not lie within [0, wall_s={self.wall_s}] in {TIME_BASE}")
@@ -183,6 +220,7 @@ class TimelineRecorder:
         self._lock = threading.Lock()
         self.intervals: list[Interval] = []
         self.steps: list[StepRecord] = []
+        self.sandboxes: list[SandboxInterval] = []
 
     def phase(self, resource: str) -> Phase:
         return self._open[resource][0]
@@ -206,6 +244,13 @@ class TimelineRecorder:
         with self._lock:
             self.steps.append(record)
 
+    def add_sandbox(self, interval: SandboxInterval) -> None:
+        """A sandbox lane's interval (recorded after the fact, in the run's time base)."""
+        if not 0.0 <= interval.start_s <= interval.end_s:
+            raise ValueError(f"sandbox interval {interval!r} is not in {TIME_BASE} or ends before it starts")
+        with self._lock:
+            self.sandboxes.append(interval)
+
     def _close(self, resource: str, now: float) -> None:
         phase, start, step, tokens = self._open[resource]
         if now < start:
@@ -222,4 +267,12 @@ class TimelineRecorder:
                 self._close(name, now)
             self._open = {name: (Phase.IDLE, now, 0, 0) for name in self._open}
             intervals = sorted(self.intervals, key=lambda i: (i.resource, i.start_s, i.end_s))
-            return Timeline(intervals, list(self.steps), now, dict(meta), dict(counters))
+            sandboxes = sorted((sb for sb in self.sandboxes if sb.start_s < now),
+                               key=lambda sb: (_lane_key(sb.lane), sb.start_s, sb.end_s))  # fmt: skip
+            sandboxes = [replace(sb, end_s=min(sb.end_s, now)) for sb in sandboxes]  # the run ended meanwhile
+            return Timeline(intervals, list(self.steps), now, dict(meta), dict(counters), sandboxes)
+
+
+def _lane_key(lane: str) -> tuple:
+    """Lanes in natural order: "sandbox-2" before "sandbox-10"."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", lane))

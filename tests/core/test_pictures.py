@@ -24,8 +24,8 @@ from core.plot import (
     timeline_figure,
 )
 from core.policies import POLICIES
-from core.tags import Phase
-from core.timeline import Interval, StepRecord, Timeline
+from core.tags import Phase, SandboxPhase
+from core.timeline import Interval, SandboxInterval, StepRecord, Timeline
 from sim.cli import main
 
 SIM_META = {"policy": "tag", "model": "qwen3-8b", "device": "h800", "num_gpus": 4, "workload": "math", "seed": 0}
@@ -169,3 +169,37 @@ def test_time_axis_says_simulated_only_for_the_simulator():
     assert time_label(Timeline([], [], 1.0, {"device": "h800"})) == "simulated time (s)"
     assert time_label(Timeline([], [], 1.0, {"device": "cpu"})) == "time since the run started (s)"
     assert time_label(Timeline([], [], 1.0, {"clock": "measured"})).startswith("wall-clock time")
+
+
+def test_sandbox_lanes_get_a_panel_of_their_own_with_tool_calls_at_least_the_minimum_width():
+    wall = 1_000.0
+    timeline = timeline_of({"r0": [(Phase.ROLLOUT, 0.0, wall, 100)]}, wall, steps=1)
+    timeline.sandboxes = [
+        SandboxInterval("sandbox-1", SandboxPhase.START, 0.0, 2.0),
+        SandboxInterval("sandbox-1", SandboxPhase.MODEL, 2.0, 500.0),
+        SandboxInterval("sandbox-1", SandboxPhase.TOOL, 500.0, 500.01),
+        SandboxInterval("sandbox-0", SandboxPhase.TEST_RUN, 600.0, 700.0),
+    ]
+    fig = timeline_figure(timeline)
+    top, lanes = fig.axes[:2]
+    assert [t.get_text() for t in lanes.get_yticklabels()] == ["sandbox-0", "sandbox-1"]
+    assert [t.get_text() for t in lanes.get_legend().get_texts()] == [
+        "start-up (container started, checkout copied in)",
+        "held by an episode, its agent waiting for the model",
+        "tool call: a command runs (tool_latency_s)",
+        "test run of the grader (test_run_s)",
+    ]
+    (tool,) = [c for c in lanes.collections if c.get_label() == "_sandbox_tool"]
+    xs = lanes.transData.transform(tool.get_paths()[0].vertices)[:, 0]
+    assert xs.max() - xs.min() == pytest.approx(MIN_BAR_PX)
+    assert lanes.get_xlim() == top.get_xlim()  # one time axis
+    assert "sandbox" not in " ".join(t.get_text() for t in top.get_yticklabels())  # not among the resources
+    plain = timeline_figure(timeline_of({"r0": [(Phase.ROLLOUT, 0.0, wall, 100)]}, wall, steps=1))
+    assert fig.get_figheight() > plain.get_figheight()  # the lanes add room rather than squeezing the resources
+
+
+def test_a_timeline_without_sandboxes_draws_one_panel():
+    timeline = timeline_of({"r0": [(Phase.ROLLOUT, 0.0, 10.0, 100)]}, 10.0)
+    fig = timeline_figure(timeline)
+    assert not [c for ax in fig.axes for c in ax.collections if c.get_label().startswith("_sandbox_")]
+    assert sum(ax.get_legend() is not None for ax in fig.axes) == 1
