@@ -2,7 +2,9 @@
 
 One process per pool (named by its capability tags), one thread per resource, one complete ("X")
 event per busy interval; idle stretches are left out, since the gaps already show them. A last
-process, "trainer steps", carries one event per training step. Times are whole microseconds, so
+process, "trainer steps", carries one event per training step; where the run had sandbox lanes (an agent
+task's containers), a process "sandboxes" carries one thread per lane and one event per sandbox interval
+(start, spare, model, tool, test_run). Times are whole microseconds, so
 slices that touch on a track neither overlap nor leave a gap. Ids are assigned from sorted names
 and events are sorted, so identical timelines give byte-identical files.
 """
@@ -12,11 +14,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.metrics import pool_of, resources_by_pool
+from core.metrics import natural_key, pool_of, resources_by_pool
 from core.tags import Phase
 from core.timeline import StepRecord, Timeline
 
 STEPS_PROCESS = "trainer steps"
+SANDBOX_PROCESS = "sandboxes"
 
 
 def _us(seconds: float) -> int:
@@ -87,6 +90,20 @@ def _step_event(step: StepRecord, pid: int) -> dict:
     }
 
 
+def _sandbox_events(timeline: Timeline, pid: int) -> tuple[list[dict], list[dict]]:
+    """(naming events, one X event per sandbox interval) of the sandbox lanes, one thread per lane."""
+    lanes = sorted({sb.lane for sb in timeline.sandboxes}, key=natural_key)
+    tids = {lane: tid for tid, lane in enumerate(lanes, start=1)}
+    meta = [_meta_event("process_name", pid, 0, SANDBOX_PROCESS), _sort_index_event(pid)]
+    meta += [_meta_event("thread_name", pid, tid, lane) for lane, tid in tids.items()]
+    spans = [
+        {"name": sb.phase.value, "cat": "sandbox", "ph": "X", "pid": pid, "tid": tids[sb.lane],
+         **_span(sb.start_s, sb.end_s), "args": {"session": sb.session}}
+        for sb in timeline.sandboxes
+    ]  # fmt: skip
+    return meta, spans
+
+
 def _sort_key(event: dict) -> tuple:
     return (event["pid"], event["tid"], event.get("ts", -1.0), event.get("dur", 0.0), event["name"])
 
@@ -99,6 +116,10 @@ def to_chrome_trace(timeline: Timeline) -> dict:
     meta_events.append(_sort_index_event(steps_pid))
     meta_events.append(_meta_event("thread_name", steps_pid, 1, "steps"))
     spans = _interval_events(timeline, pids, tids) + [_step_event(s, steps_pid) for s in timeline.steps]
+    if timeline.sandboxes:
+        sandbox_meta, sandbox_spans = _sandbox_events(timeline, steps_pid + 1)
+        meta_events += sandbox_meta
+        spans += sandbox_spans
     return {
         "traceEvents": meta_events + sorted(spans, key=_sort_key),
         "displayTimeUnit": "ms",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import random
 
-from core.tags import Phase
-from core.timeline import Interval, StepRecord, Timeline
+from core.tags import Phase, SandboxPhase
+from core.timeline import Interval, SandboxInterval, StepRecord, Timeline
 from core.trace import to_chrome_trace, write_chrome_trace
 
 R, T, S, W, I = Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC, Phase.SWITCH, Phase.IDLE
@@ -88,3 +88,25 @@ def test_written_file_is_byte_identical(tmp_path):
     write_chrome_trace(shuffled, third)
     assert first.read_bytes() == second.read_bytes() == third.read_bytes()
     assert json.loads(first.read_text()) == to_chrome_trace(make_timeline())
+
+
+def test_sandbox_lanes_are_a_process_of_their_own_one_thread_a_lane():
+    sandboxes = [
+        SandboxInterval("sandbox-10", SandboxPhase.TOOL, 1.0, 1.25, "g0-e1"),
+        SandboxInterval("sandbox-2", SandboxPhase.START, 0.0, 0.5, "g0-e0"),
+        SandboxInterval("sandbox-2", SandboxPhase.TEST_RUN, 0.5, 2.0, "g0-e0"),
+    ]
+    timeline = make_timeline()
+    timeline.sandboxes = sandboxes
+    trace = to_chrome_trace(timeline)
+    names = {e["pid"]: e["args"]["name"] for e in events(trace, "M") if e["name"] == "process_name"}
+    (pid,) = [p for p, name in names.items() if name == "sandboxes"]
+    threads = [e["args"]["name"] for e in events(trace, "M") if e["name"] == "thread_name" and e["pid"] == pid]
+    assert threads == ["sandbox-2", "sandbox-10"]  # natural order
+    spans = [(e["tid"], e["name"], e["ts"], e["dur"]) for e in events(trace, "X") if e["pid"] == pid]
+    assert spans == [(1, "start", 0, 500_000), (1, "test_run", 500_000, 1_500_000), (2, "tool", 1_000_000, 250_000)]
+
+
+def test_a_run_without_sandboxes_has_no_sandbox_process():
+    names = [e["args"]["name"] for e in events(to_chrome_trace(make_timeline()), "M") if e["name"] == "process_name"]
+    assert "sandboxes" not in names
