@@ -10,8 +10,9 @@ in its own manager session, grades the episode's patch and annotates the session
 
 Two seams make it independent of where commands run and how patches are judged: a `Workspace` opens a
 `CommandRunner` for a task, a `Grader` turns (task, patch) into an `Evaluation`. `--sandbox docker` (the
-default) gives each episode a Docker sandbox with the checkout at /testbed (`grading.docker_workspace`)
-and grades in a fresh one (`grading.DockerGrader`); `--sandbox local` runs commands and tests on this
+default) gives each episode a Docker sandbox with the checkout at /testbed and grades in a fresh one, both
+from a `pool.SandboxPool` that starts containers ahead of the episodes (`pooled_environment`; without a pool:
+`grading.docker_workspace` and `grading.DockerGrader`); `--sandbox local` runs commands and tests on this
 machine (`local_workspace`, `evaluation.evaluate_locally`): no isolation, for trusted tasks only.
 
 An episode that ended on an API error (the manager unreachable or failing), or an instance whose
@@ -67,6 +68,7 @@ def _mini_swe_agent(config: AgentConfig, config_file: str | Path | None = None) 
 
 AGENTS: dict[str, Callable[[AgentConfig], Agent]] = {"builtin": BashAgent, "mini-swe-agent": _mini_swe_agent}
 SANDBOXES = ("docker", "local")
+CLI_SPARES = 1  # `rollout --sandbox docker`: containers of each kind (workspace, grader) started ahead
 
 
 def make_agent(name: str, config: AgentConfig) -> Agent:
@@ -98,6 +100,19 @@ def environment(
 
     limits = {} if test_timeout_s is None else {"test_timeout_s": test_timeout_s}
     return functools.partial(docker_workspace, image=image), DockerGrader(DockerGraderConfig(image=image, **limits))
+
+
+def pooled_environment(pool, image: str | None = None, test_timeout_s: float | None = None) -> tuple[Workspace, Grader]:
+    """The (workspace, grader) pair of `--sandbox docker` with containers from a `pool.SandboxPool` (started
+    ahead, at most its slots at once); each call has its own `EpisodeSandboxes`, so the pair may be shared."""
+
+    def workspace(task: Task) -> AbstractContextManager[CommandRunner]:
+        return pool.episode(image, test_timeout_s).workspace(task)
+
+    def grader(task: Task, patch: str) -> Evaluation:
+        return pool.episode(image, test_timeout_s).grader(task, patch)
+
+    return workspace, grader
 
 
 @dataclass(frozen=True)
@@ -164,6 +179,9 @@ class Played:
     exit_reason: str  # an ExitReason, or "crashed" when the workspace or the agent raised
     error: str | None
     grade_s: float
+    sandbox_wait_s: float = 0.0  # blocked on sandboxes' start-up (a pool's episodes; 0 where not measured)
+    agent_wait_s: float = 0.0  # the part of it inside the agent's commands (in `episode.commands_s`)
+    sandbox_spans: tuple[tuple[str, str, float, float], ...] = ()  # (lane, kind, start, end): pool.Span
 
 
 def play(task: Task, agent: Agent, manager_url: str, session_id: str, grader: Grader, workspace: Workspace) -> Played:
@@ -390,11 +408,18 @@ def rollout_command(args, tasks: Sequence[Task]) -> int:
         agent = make_agent(args.agent, agent_config)
     config = RolloutConfig(args.base_url, args.concurrency, args.run_id or "", read_admin_token(args.admin_token_file))
     check_manager(config)
-    workspace, grader = environment(args.sandbox, args.image)
     out = prepare_out(args.out, args.out, args.overwrite)
     settings = {"command": "rollout", "tasks": str(args.tasks), "instances": len(tasks), "agent": args.agent,
                 "sandbox": args.sandbox, "agent_config": asdict(agent_config)}  # fmt: skip
     if args.mini_config is not None:
         settings["mini_config"] = str(args.mini_config)
-    rollout_to(out, tasks, agent, config, settings, grader, workspace)
+    if args.sandbox != "docker":
+        workspace, grader = environment(args.sandbox, args.image)
+        rollout_to(out, tasks, agent, config, settings, grader, workspace)
+        return 0
+    from swebench_env.pool import SandboxPool
+
+    with SandboxPool(config.concurrency, spares=CLI_SPARES) as pool:  # containers started ahead of the episodes
+        workspace, grader = pooled_environment(pool, args.image)
+        rollout_to(out, tasks, agent, config, settings, grader, workspace)
     return 0

@@ -16,27 +16,36 @@ group's record.
 Episodes run in threads of the task's own pool (`concurrency` of them: agents and sandboxes block), never
 in the event loop's default executor, which the manager needs for its store. The requests that make an
 episode are read back from the manager (`GET /trajectories/<session>`), so the agent needs no hook.
+
+Docker sandboxes come from a `pool.SandboxPool` of `concurrency` slots that keeps `spare_sandboxes` of each kind
+(workspace, grader) started ahead, so an episode seldom waits for a container to start; each episode's
+`info` says how long it did wait (`sandbox_wait_s`) and what its sandboxes did (`SANDBOX_SPANS`: the sandbox
+lanes of the run's timeline). The task reaps the containers of killed runs when it starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.errors import UserError, unknown_name
-from reference.rollout.episodes import Episode, EpisodeContext, episode_records
+from reference.rollout.episodes import SANDBOX_SPANS, Episode, EpisodeContext, episode_records
 from reference.tasks.base import Problem
 from reference.tokenizer import Tokenizer, default_tokenizer
 from reference.trainer.batch import Trajectory
 from swebench_env.agent import AgentConfig
 from swebench_env.rollout import AGENTS, SANDBOXES, Played, environment, make_agent, play
+from swebench_env.sandbox import SandboxError
 from swebench_env.tasks import Task as Instance
 from swebench_env.tasks import load_tasks
 
+log = logging.getLogger(__name__)
 SPLITS = ("train", "held_out")
 OVERLONG = ("mask", "train")
 CUT_OFF = ("turn_limit", "context_limit")  # exit reasons of an episode the agent did not end itself
@@ -55,6 +64,7 @@ class SweTaskConfig:
     test_timeout_s: float = 120.0  # the grader's test run (past it: timed out, reward 0)
     max_observation_chars: int = 2000  # command output shown to the model (head and tail kept)
     concurrency: int = 4  # episodes (and their sandboxes) in flight at once
+    spare_sandboxes: int = 2  # docker: containers of each kind (workspace, grader) started ahead; 0: none
     context_tokens: int = 4096  # the model's context: an episode that outgrows it ends as context_limit
     tokenizer: str | None = None  # a tokenizer directory; None: the project's default
     overlong: str = "mask"  # an episode cut off (turn limit, context limit): mask (not trained) or train
@@ -70,6 +80,9 @@ class SweTaskConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"task.{name} must be an integer >= 1, got {value!r}")
+        spares = self.spare_sandboxes
+        if not isinstance(spares, int) or isinstance(spares, bool) or spares < 0:
+            raise UserError(f"task.spare_sandboxes must be an integer >= 0, got {self.spare_sandboxes!r}")
         for name in ("command_timeout_s", "test_timeout_s"):
             if not (isinstance(getattr(self, name), int | float) and getattr(self, name) > 0):
                 raise UserError(f"task.{name} must be a number > 0, got {getattr(self, name)!r}")
@@ -81,22 +94,24 @@ class SweTask:
     def __init__(self, config: SweTaskConfig | None = None, **overrides) -> None:
         self.config = c = config or SweTaskConfig(**overrides)
         self._tokenizer = Tokenizer.load(c.tokenizer) if c.tokenizer else default_tokenizer()
-        if c.sandbox == "docker":  # no daemon: one line saying how to start one, before anything runs
-            from swebench_env.docker_util import DockerUnavailable, docker_client
-
-            try:
-                docker_client()
-            except DockerUnavailable as e:
-                raise UserError(str(e)) from None
+        if c.sandbox == "docker":
+            _reap_killed_runs()
         self.instances = {s: _load(s, getattr(c, f"{s}_tasks")) for s in SPLITS}
         self._by_id = {t.instance_id: t for split in self.instances.values() for t in split}
         self._pool: ThreadPoolExecutor | None = None
+        self._sandboxes = None  # the docker sandbox pool, made on first use
+        self._lock = threading.Lock()
         self._environment = None
         self._closed = False
 
     @property
     def tokenizer(self) -> Tokenizer:
         return self._tokenizer
+
+    @property
+    def sandbox_pool(self):
+        """The docker sandbox pool (`pool.SandboxPool`) once an episode has used it, else None."""
+        return self._sandboxes
 
     @property
     def max_tokens(self) -> int:
@@ -178,8 +193,13 @@ class SweTask:
 
     def close(self) -> None:
         """Stop: no new episode starts, the running ones' sandboxes are removed (their commands fail, and with the
-        manager gone their model calls too, so they end within seconds), and their threads are joined."""
+        manager gone their model calls too, so they end within seconds), and their threads are joined; the spare
+        sandboxes are removed."""
         self._closed = True
+        with self._lock:
+            sandboxes, self._sandboxes = self._sandboxes, None
+        if sandboxes is not None:
+            sandboxes.close(wait=False)  # no new container from here on
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             if self.config.sandbox == "docker":
@@ -188,6 +208,8 @@ class SweTask:
                 close_open_sandboxes()
             self._pool.shutdown(wait=True)
             self._pool = None
+        if sandboxes is not None:
+            sandboxes.close()
 
     # ---- one episode ----
 
@@ -206,20 +228,42 @@ class SweTask:
     def _play(self, instance: Instance, agent, session_id: str, manager_url: str) -> Played:
         if self._closed:
             return Played(None, None, None, "crashed", "the run stopped before this episode began", 0.0)
-        if self._environment is None:
-            self._environment = environment(self.config.sandbox, self.config.image, self.config.test_timeout_s)
-        workspace, grader = self._environment
-        return play(instance, agent, manager_url, session_id, grader, workspace)
+        c = self.config
+        if c.sandbox != "docker":
+            if self._environment is None:
+                self._environment = environment(c.sandbox, c.image, c.test_timeout_s)
+            workspace, grader = self._environment
+            return play(instance, agent, manager_url, session_id, grader, workspace)
+        try:
+            sandboxes = self._sandbox_pool().episode(c.image, c.test_timeout_s)
+        except SandboxError as e:  # the pool has closed: the run is stopping
+            return Played(None, None, None, "crashed", str(e), 0.0)
+        played = play(instance, agent, manager_url, session_id, sandboxes.grader, sandboxes.workspace)
+        return replace(played, sandbox_wait_s=sandboxes.wait_s, agent_wait_s=sandboxes.agent_wait_s,
+                       sandbox_spans=tuple(s.as_tuple() for s in sandboxes.spans))  # fmt: skip
+
+    def _sandbox_pool(self):
+        from swebench_env.pool import SandboxPool
+
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the run stopped before this episode began")
+            if self._sandboxes is None:
+                self._sandboxes = SandboxPool(self.config.concurrency, self.config.spare_sandboxes)
+            return self._sandboxes
 
     async def _episode(self, session_id: str, played: Played, ctx: EpisodeContext) -> Episode:
         """The seam's record of a played episode: its requests and their versions, read from the manager."""
         request_ids, versions = await _requests(ctx, session_id)
         reward = played.reward if request_ids else None  # no request reached the model: nothing to train
         run = played.episode
+        # The agent's first command may wait for its workspace to start: sandbox_wait_s, not tool_latency_s.
+        commands_s = max(0.0, run.commands_s - played.agent_wait_s) if run else 0.0
         info = {"turns": run.turns if run else 0, "format_errors": run.format_errors if run else 0,
                 "error": played.error, "patch_chars": len(run.patch) if run else 0,
-                "model_s": run.model_s if run else 0.0, "tool_latency_s": run.commands_s if run else 0.0,
-                "test_run_s": played.grade_s, "episode_s": (run.total_s if run else 0.0) + played.grade_s}  # fmt: skip
+                "model_s": run.model_s if run else 0.0, "tool_latency_s": commands_s,
+                "test_run_s": played.grade_s, "episode_s": (run.total_s if run else 0.0) + played.grade_s,
+                "sandbox_wait_s": played.sandbox_wait_s, SANDBOX_SPANS: list(played.sandbox_spans)}  # fmt: skip
         resolved = played.evaluation is not None and played.evaluation.resolved
         trained = not (self.config.overlong == "mask" and played.exit_reason in CUT_OFF)
         return Episode(session_id, request_ids, reward, resolved, min(versions, default=0), max(versions, default=0),
@@ -242,6 +286,25 @@ async def _requests(ctx: EpisodeContext, session_id: str) -> tuple[tuple[str, ..
                 seen.add((i, token))
                 versions.append(v)
     return tuple(request_ids), versions
+
+
+def _reap_killed_runs() -> None:
+    """Check the daemon (no daemon: one line saying how to start one, before anything runs), and remove the sandbox
+    containers that runs killed outright left (their owner process is gone: `reaper.py`)."""
+    from swebench_env.docker_util import DockerUnavailable, docker_client
+    from swebench_env.reaper import reap_stale_sandboxes
+
+    try:
+        client = docker_client()
+    except DockerUnavailable as e:
+        raise UserError(str(e)) from None
+    try:
+        removed = reap_stale_sandboxes(client)
+    except Exception as e:  # noqa: BLE001 - never stop a run over another run's leftovers
+        log.warning("could not reap the sandboxes of killed runs: %s", e)
+        return
+    if removed:
+        print(f"removed {len(removed)} sandbox container(s) left by killed runs", file=sys.stderr)
 
 
 def _problem(instance: Instance) -> Problem:

@@ -18,6 +18,10 @@ its completion is posted to the driver when the work is done. What each decision
 Resources are reached through `Workers` (Ray actors by default; in-process for tests). Any failure in
 this work stops the run with an error that names the decision; nothing waits for ever (the driver's
 deadlines cover what an engine or a shard never finishes).
+
+Sandbox lanes: as each group finishes, what its episodes' sandboxes did (`episodes.SANDBOX_SPANS` in their
+info, unix seconds) goes on the timeline's sandbox lanes, in the run's time base. Episodes without a verdict
+(dropped from their group) and held-out evaluations are not seen here, so their sandboxes are not drawn.
 """
 
 from __future__ import annotations
@@ -33,15 +37,16 @@ from pathlib import Path
 from typing import Protocol
 
 from core import events as ev
-from core.tags import Phase, Tag
-from core.timeline import StepRecord, TimelineRecorder
+from core.tags import Phase, SandboxPhase, Tag
+from core.timeline import SandboxInterval, StepRecord, TimelineRecorder
 from reference.manager.manager import TrajectoryManager
-from reference.rollout.episodes import TIMING_KEYS
+from reference.rollout.episodes import SANDBOX_SPANS, TIMING_KEYS, Episode
 from reference.rollout.groups import GroupResult, RolloutManager, training_batch
 from reference.trainer.batch import Trajectory
 from reference.trainer.handoff import version_dir
 
 log = logging.getLogger(__name__)
+_SANDBOX_KINDS = frozenset(p.value for p in SandboxPhase)
 
 
 class Workers(Protocol):
@@ -89,14 +94,36 @@ class RuntimeExecutor:
         self.state = _State(tuple(trainers))
         self.post: Callable[[ev.Event], None] = lambda e: None  # the driver's post, set by `attach`
         self._t0 = time.monotonic()
+        self._t0_unix = time.time()
         self.sync_s: list[float] = []
+        self._drawn: set[str] = set()  # sessions whose sandbox spans are on the timeline (a refresh keeps some)
+        announce = rollout.on_group  # the groups' sandbox lanes are recorded as they finish, then announced
+
+        def on_group(group: GroupResult) -> None:
+            self._record_sandboxes(group.episodes)
+            announce(group)
+
+        rollout.on_group = on_group
 
     def attach(self, post: Callable[[ev.Event], None]) -> None:
         self.post = post
-        self._t0 = time.monotonic()
+        self._t0, self._t0_unix = time.monotonic(), time.time()
 
     def now(self) -> float:
         return time.monotonic() - self._t0
+
+    def _record_sandboxes(self, episodes: Sequence[Episode]) -> None:
+        """Each episode's sandbox spans on the timeline's lanes (unix seconds -> the run's seconds; what lies before
+        the run is clipped, what outlasts it is clipped when the timeline is finished); spans of a kind unknown
+        here are left out."""
+        for e in episodes:
+            if e.session_id in self._drawn:
+                continue
+            self._drawn.add(e.session_id)
+            for lane, kind, start, end in e.info.get(SANDBOX_SPANS, ()):
+                start_s, end_s = max(0.0, start - self._t0_unix), end - self._t0_unix
+                if kind in _SANDBOX_KINDS and end_s > start_s:
+                    self.recorder.add_sandbox(SandboxInterval(lane, SandboxPhase(kind), start_s, end_s, e.session_id))
 
     @property
     def failure(self) -> BaseException | None:

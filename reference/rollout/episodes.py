@@ -45,7 +45,11 @@ if TYPE_CHECKING:
     from reference.tasks.base import Problem, Task
 
 
-TIMING_KEYS = ("model_s", "tool_latency_s", "test_run_s", "episode_s")  # named as the simulator's SWE workload
+# Seconds an episode spent, named as the simulator's SWE workload (and the wait for its sandboxes to start).
+TIMING_KEYS = ("model_s", "tool_latency_s", "test_run_s", "episode_s", "sandbox_wait_s")
+# Info key: what the episode's sandboxes did, [(lane, kind, start, end), ...] in unix seconds, kind a
+# core.tags.SandboxPhase value; the runtime executor puts them on the run's timeline as sandbox lanes.
+SANDBOX_SPANS = "sandbox_spans"
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,21 @@ unresolved. Groups of episodes then come out rewarded 1 and 0, with one record a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from core.errors import UserError
-from reference.rollout.episodes import episode_records
-from reference.rollout.groups import RolloutConfig, RolloutManager, training_batch
+from core.tags import SandboxPhase
+from core.timeline import TimelineRecorder
+from reference.control.executor import RuntimeExecutor
+from reference.rollout.episodes import SANDBOX_SPANS, Episode, episode_records
+from reference.rollout.groups import GroupResult, RolloutConfig, RolloutManager, training_batch
 from reference.tasks import make_task
+from reference.tasks.base import Problem
 from reference.tokenizer import default_tokenizer
 from swebench_env.scripted import demonstration_manager
 from swebench_env.suite import load_suite, load_suite_demonstrations
@@ -84,9 +91,44 @@ def test_swe_groups_in_local_checkouts(pairs, tmp_path):
 def test_swe_groups_in_docker_sandboxes(pairs, tmp_path):
     task = make_task("swe", sandbox="docker", max_turns=9, concurrency=2)
     try:
-        _check(*_train(task, pairs, tmp_path), pairs)
+        groups, batch, records = _train(task, pairs, tmp_path)
     finally:
         task.close()
+    _check(groups, batch, records, pairs)
+    for episode in [e for g in groups for e in g.episodes]:
+        spans = episode.info[SANDBOX_SPANS]
+        kinds = [kind for _, kind, _, _ in spans]
+        assert kinds.count("test_run") == 1  # graded once, in a container of its own
+        assert kinds.count("tool") >= 1  # its commands, and the final diff at least
+        assert all(start <= end for _, _, start, end in spans)
+        assert 0.0 <= episode.info["sandbox_wait_s"] < episode.info["episode_s"]
+        for lane in {lane for lane, _, _, _ in spans}:  # one container at a time on a lane: no overlap
+            on_lane = sorted((start, end) for name, _, start, end in spans if name == lane)
+            assert all(a[1] <= b[0] + 1e-6 for a, b in itertools.pairwise(on_lane))
+
+
+def test_sandbox_spans_of_finished_groups_reach_the_timeline_in_the_runs_time_base(tmp_path):
+    """The runtime executor puts each finished group's sandbox spans (unix seconds) on the timeline's lanes, in
+    seconds since the run started, once each (a refreshed group announces its kept episodes again)."""
+    announced: list = []
+    rollout = SimpleNamespace(on_group=announced.append)
+    recorder = TimelineRecorder([], {})
+    executor = RuntimeExecutor(None, rollout, None, recorder, ["T0"], tmp_path, None)
+    executor.attach(lambda event: None)
+    t0 = time.time() - executor.now()
+    spans = [("sandbox-1", "start", t0 - 5.0, t0 + 0.5), ("sandbox-1", "tool", t0 + 0.5, t0 + 0.75),
+             ("sandbox-1", "nonsense", t0 + 0.75, t0 + 0.8), ("sandbox-0", "test_run", t0 + 0.8, t0 + 60)]  # fmt: skip
+    episode = Episode("s-e0", ("r0",), 1.0, True, 0, 0, 3, info={SANDBOX_SPANS: spans})
+    group = GroupResult(0, "s", Problem("p", "", ""), (episode,))
+    rollout.on_group(group)
+    rollout.on_group(group)
+    assert announced == [group, group]  # still announced, after the spans are recorded
+    timeline = recorder.finish(5.0, {}, {})  # the run ended 5 s after it started
+    got = [(sb.lane, sb.phase, round(sb.start_s, 2), sb.session) for sb in timeline.sandboxes]
+    assert got == [("sandbox-0", SandboxPhase.TEST_RUN, 0.8, "s-e0"), ("sandbox-1", SandboxPhase.START, 0.0, "s-e0"),
+                   ("sandbox-1", SandboxPhase.TOOL, 0.5, "s-e0")]  # fmt: skip
+    assert timeline.sandboxes[0].end_s == 5.0  # clipped to the run
+    assert timeline.sandboxes[1].end_s == pytest.approx(0.5, abs=1e-3)
 
 
 def test_bad_task_settings_are_one_line_errors(tmp_path, capsys):
@@ -115,14 +157,14 @@ def _agent_containers(client) -> list:
     import os
 
     labels = ["seamlessflow.role=agent", f"seamlessflow.owner_pid={os.getpid()}"]
-    return client.containers.list(filters={"label": labels})
+    return client.containers.list(filters={"label": labels}, ignore_removed=True)
 
 
 @pytest.mark.docker
 def test_a_sandbox_killed_mid_episode_fails_that_episode_alone(pairs, tmp_path, daemon):
     """Two episodes of a task the engine has a demonstration of; once the first sandbox exists and its episode
-    has made a model call, the container is killed. That episode ends without a verdict (dropped) or with reward
-    0; the other resolves; no container is left."""
+    has made a model call, the container is killed (a leased one: not a spare). That episode ends without a
+    verdict (dropped) or with reward 0; the other resolves; no container is left."""
     import threading
     import time
 
@@ -135,7 +177,9 @@ def test_a_sandbox_killed_mid_episode_fails_that_episode_alone(pairs, tmp_path, 
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 started = any(m.store.has_session(f"swe-g0-e{i}") for i in (0, 1))  # a model call was made
-                containers = _agent_containers(daemon)
+                pool = task.sandbox_pool
+                leased = set(pool.names()["leased"]) if pool is not None else set()
+                containers = [c for c in _agent_containers(daemon) if c.name in leased]
                 if started and containers:
                     containers[0].kill()
                     killed.append(containers[0].name)
