@@ -212,10 +212,12 @@ def draw_rewards(metrics: MetricsLog, path: Path, label: str) -> None:
             label="training reward (mean of the step's samples)")  # fmt: skip
     evals = sorted(metrics.evaluations, key=lambda e: e["time_s"])
     if evals and "train_exact_match" in evals[0]:
+        k = evals[-1].get("samples", 1)
+        over = f" ({k} episodes a task)" if k > 1 else " (one episode a task)"
         ax.plot([e["time_s"] for e in evals], [e["train_exact_match"] for e in evals], marker="o", linestyle="--",
-                label="pass@1, train split")  # fmt: skip
+                label=f"pass@1, train split{over}")  # fmt: skip
         ax.plot([e["time_s"] for e in evals], [e["exact_match"] for e in evals], marker="s", linestyle="--",
-                label="pass@1, held-out split")  # fmt: skip
+                label=f"pass@1, held-out split{over}")  # fmt: skip
     elif evals:
         ax.plot([e["time_s"] for e in evals], [e["reward_mean"] for e in evals], marker="s", linestyle="--",
                 label="held-out reward")  # fmt: skip
