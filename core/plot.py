@@ -382,9 +382,10 @@ def timeline_figure(
     rows = len(plot_rows(timeline))
     height = figure_height_in(rows)
     lanes = sandbox_lanes(timeline)
-    if lanes:
-        lane_height = min(6.0, 0.8 + 0.22 * len(lanes))
-        fig, (ax, lane_ax) = _new_figure(height + lane_height, 2, [height - 1.3, lane_height])
+    if lanes:  # the resources' panel keeps room for its legend and colour bar
+        top, lane_height = max(height - 1.3, 2.8), min(6.0, 0.8 + 0.22 * len(lanes))
+        fig, (ax, lane_ax) = _new_figure(top + lane_height + 1.6, 2, [top, lane_height])
+        height = top + 1.3
     else:
         fig, (ax,) = _new_figure(height)
     row_of = _setup_panel(ax, timeline, timeline.wall_s if timeline.wall_s > 0 else 1.0, MAX_LABELLED_ROWS, ylabel)
