@@ -17,7 +17,7 @@ from core.tags import Tag
 from core.timeline import Timeline, TimelineRecorder
 from reference.control.config import TrainConfig, check_feasible
 from reference.control.engines import WorkerEngine
-from reference.control.layout import initial_weights, last_checkpoint, resumed, worker_specs
+from reference.control.layout import initial_weights, last_checkpoint, resumed, resumed_weights, worker_specs
 from reference.control.report import MetricsLog, Progress
 from reference.control.run import run_policy
 from reference.control.warm_start import warm_start
@@ -26,7 +26,6 @@ from reference.manager.embedded import ManagerThread
 from reference.manager.manager import ManagerConfig
 from reference.tasks import make_task
 from reference.tokenizer import Tokenizer
-from reference.trainer.handoff import version_dir
 
 
 def train(cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = True,
@@ -49,7 +48,8 @@ def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
     pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps - done, cfg.policy.max_staleness,
                         cfg.policy.window_batches, cfg.policy.fill_idle, cfg.policy.stale_samples)  # fmt: skip
     policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)
-    model_dir = str(version_dir(out / "weights", done)) if checkpoint else initial_weights(cfg, task, out / "weights")
+    weights = out / "weights"
+    model_dir = resumed_weights(cfg, task, weights, checkpoint) if checkpoint else initial_weights(cfg, task, weights)
     metrics = MetricsLog(out / "metrics.jsonl", append=resume)
     if cfg.warm_start.get("steps", 0) and not checkpoint:  # supervised on demonstrations first, where asked
         model_dir = warm_start(cfg, task, out, model_dir, metrics, progress)

@@ -13,6 +13,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors.torch import load_file
+from transformers import Qwen3Config
+
 from core.errors import UserError
 from core.policies import BasePolicy
 from core.tags import Tag
@@ -21,7 +24,8 @@ from reference.control.worker import WorkerSpec
 from reference.model import build_model, tiny_config
 from reference.rollout.groups import GroupResult, untrained_groups
 from reference.tasks.base import Task
-from reference.trainer.handoff import publish_weights
+from reference.tokenizer import Tokenizer
+from reference.trainer.handoff import WEIGHTS_FILE, publish_weights, version_dir
 
 
 def initial_weights(cfg: TrainConfig, task: Task, root: Path) -> str:
@@ -62,6 +66,19 @@ def last_checkpoint(out: Path, num_steps: int) -> Checkpoint:
     if step >= num_steps:
         raise UserError(f"the run in {str(out)!r} already trained its {num_steps} steps")
     return Checkpoint(step, found[-1])
+
+
+def resumed_weights(cfg: TrainConfig, task: Task, root: Path, checkpoint: Checkpoint) -> str:
+    """The version directory a resumed run starts from: the one its run published for the checkpoint's step, or,
+    where the run was killed after its trainer wrote the checkpoint and before that version was published, one
+    published now from the checkpoint's weights (with the run's tokenizer: the model's own, or the task's)."""
+    target = version_dir(root, checkpoint.step)
+    if not target.is_dir():
+        config = Qwen3Config.from_json_file(str(checkpoint.path / "config.json"))
+        state = load_file(str(checkpoint.path / WEIGHTS_FILE))
+        tokenizer = Tokenizer.load(cfg.model.dir) if cfg.model.dir is not None else task.tokenizer
+        publish_weights(state, config, root, checkpoint.step, tokenizer)
+    return str(target)
 
 
 async def resumed(manager, step: int, weights: str) -> list[GroupResult]:
