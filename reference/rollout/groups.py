@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from reference.manager.store import TrajectoryStore
-from reference.rollout.episodes import Episode, EpisodeContext, RolloutError, episode_records
+from reference.rollout.episodes import TIMING_KEYS, Episode, EpisodeContext, RolloutError, episode_records
 from reference.tasks.base import Problem, Task
 from reference.trainer.batch import Trajectory
 
@@ -281,7 +281,8 @@ def untrained_groups(store: TrajectoryStore) -> list[GroupResult]:
 
 def stored_groups(store: TrajectoryStore, sessions: Sequence[str]) -> list[GroupResult]:
     """Finished groups as the rollout manager wrote them to the store, one per session named (a session that
-    holds the group's newest record); group ids are assigned when they are adopted."""
+    holds the group's newest record); group ids are assigned when they are adopted. Each episode keeps what the
+    record kept of its `info`: its timings (`Episode.to_meta`), which the step that trains it reports."""
     out = []
     for sid in sessions:
         meta = store.annotations(sid).get("meta", {})
@@ -289,8 +290,9 @@ def stored_groups(store: TrajectoryStore, sessions: Sequence[str]) -> list[Group
             raise ValueError(f"session {sid!r} holds no finished rollout group (no problem, group or episodes)")
         episodes = []
         for e in meta["episodes"]:
+            timings = {k: e[k] for k in TIMING_KEYS if k in e}
             stub = Episode(e["session_id"], tuple(e["request_ids"]), e["reward"], e["exact"], 0, 0, 0, e["exit_reason"],
-                           e.get("trained", True))  # fmt: skip
+                           e.get("trained", True), timings)  # fmt: skip
             low, high, tokens = _stats(store, stub)
             episodes.append(dataclasses.replace(stub, min_version=low, max_version=high, tokens=tokens))
         out.append(GroupResult(-1, meta["group"], Problem(**meta["problem"]), tuple(episodes)))
