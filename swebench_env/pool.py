@@ -12,7 +12,9 @@ critical path. `SandboxPool` takes it off:
 - **a lease never waits for a start**: a workspace lease without a spare returns at once, its container
   starts (and the checkout is copied in) in the background while the agent's first model call runs; the
   agent's first command waits only for what is left of the start (`Lease.waited_s`);
-- **at most `slots` leases at once** (the task's `concurrency`); one more waits for a free slot.
+- **at most `slots` leases at once** (the task's `concurrency`); one more waits for a free slot;
+- **episodes first**: spares start one at a time, and not while a lease waits for its start or checkout
+  (for at most `SPARE_DEFER_S`): on a small machine concurrent starts slow each other down.
 
 Every leased container is removed when its lease ends (the episode finished, crashed, or was cancelled),
 in the background, so the episode does not wait for it either; spares when the pool closes. A start still
@@ -52,6 +54,7 @@ from swebench_env.tasks import Task, materialize_repo
 LANE_PREFIX = "sandbox-"
 START_TIMEOUT_S = 900.0  # a lease's container started and its checkout copied in (the copy alone may take 600 s)
 SLOT_TIMEOUT_S = 3600.0  # a lease waits this long for a free slot (the other leases' episodes have their limits)
+SPARE_DEFER_S = 30.0  # a spare's start waits at most this long for the leases' starts to be done
 MIN_GAP_S = 1e-3  # shorter stretches between spans are not recorded as gaps
 AGENT_ROLE = {"seamlessflow.role": "agent"}
 GRADER_ROLE = {"seamlessflow.role": "grader"}
@@ -114,6 +117,8 @@ class SandboxPool:
         self.client = client or docker_client()
         self._free = threading.BoundedSemaphore(slots)
         self._lock = threading.Lock()
+        self._no_lease_starting = threading.Condition(self._lock)
+        self._lease_starts = 0  # leases whose container (or checkout) is not ready yet
         self._idle: dict[str, deque[_Box]] = {}  # kind (a config's key) -> its spares, oldest first
         self._leased_at: dict[str, float] = {}  # kind -> when it was last leased
         self._lanes: list[bool] = []  # lane -> taken
@@ -177,6 +182,7 @@ class SandboxPool:
             self._closed = True
             idle = [box for queue in self._idle.values() for box in queue]
             self._idle.clear()
+            self._no_lease_starting.notify_all()
         for box in idle:
             self._drop(box)
         if not wait:
@@ -206,7 +212,21 @@ class SandboxPool:
             self._leased += 1
         self._refill(key, config)
         ready = box.started if prepare is None else self._submit(self._prepared, box, prepare)
+        if not ready.done():
+            with self._lock:
+                self._lease_starts += 1
+            ready.add_done_callback(self._lease_ready)
         return Lease(self, box, now, ready, gap)
+
+    def _lease_ready(self, _: Future) -> None:
+        with self._lock:
+            self._lease_starts -= 1
+            self._no_lease_starting.notify_all()
+
+    def _start_spare(self, box: _Box) -> None:
+        with self._lock:  # episodes first (see the module docstring)
+            self._no_lease_starting.wait_for(lambda: self._lease_starts == 0 or self._closed, SPARE_DEFER_S)
+        self._start(box)
 
     def _submit(self, fn, *args) -> Future:
         """`fn(*args)` in the background; once the pool has closed, a failed Future (the run is stopping)."""
@@ -246,7 +266,7 @@ class SandboxPool:
             self._drop(box)
         for box in started:
             try:
-                self._spare_work.submit(self._start, box)
+                self._spare_work.submit(self._start_spare, box)
             except RuntimeError:  # the pool has closed
                 self._forget(box)
 
@@ -301,9 +321,13 @@ class SandboxPool:
         self._forget(box)
 
     def _forget(self, box: _Box) -> None:
+        """`box` holds no container any more: its lane is free, and no lease may take it (a spare that failed)."""
         with self._lock:
             self._lanes[box.index] = False
             self._boxes.discard(box)
+            for queue in self._idle.values():
+                if box in queue:
+                    queue.remove(box)
 
     def _release(self, box: _Box) -> None:
         with self._lock:

@@ -238,3 +238,14 @@ def test_the_rollout_command_runs_its_docker_episodes_from_a_pool_and_leaves_no_
         assert cli.main(argv) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("pass@1: 2/2 = 100.0%")
     assert _mine(daemon) <= before  # the pool closed with the command: no spare, no episode's container left
+
+
+@pytest.mark.docker
+def test_a_spare_that_failed_to_start_is_never_handed_out(daemon):
+    missing = SandboxConfig(image="seamlessflow/no-such-image:0", memory_mb=256)
+    with SandboxPool(1, spares=1, client=daemon) as pool:
+        for _ in range(2):  # the second lease finds no failed spare: it fails on its own start, not a spare's
+            with pool.lease(missing) as lease, pytest.raises(SandboxError, match="no-such-image"):
+                lease.exec("true", 60)
+            wait_until(lambda: pool.stats().containers == 0, "the failed spare forgotten")
+        assert pool.stats().spare_hits == 0
