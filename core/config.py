@@ -35,7 +35,20 @@ def load_yaml(path: str | Path) -> dict:
         raise UserError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise UserError(f"config file {str(p)!r} must hold a mapping at the top level")
-    return data
+    return exponent_numbers(data)
+
+
+def exponent_numbers(value: Any) -> Any:
+    """`value` with every string that is a number in exponent notation (`5e-4`) made a float, through mappings
+    and lists: YAML 1.1 reads an exponent without a dot as a string, and sections that are plain mappings
+    (`trainer`, `warm_start`, `task.options`) are not typed here to convert them later."""
+    if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {k: exponent_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [exponent_numbers(v) for v in value]
+    return value
 
 
 def merge(base: Mapping, update: Mapping) -> dict:
@@ -57,7 +70,7 @@ def apply_overrides(data: Mapping, overrides: list[str]) -> dict:
         if not sep or not key:
             raise UserError(f"override {item!r} must look like key.path=value")
         try:
-            value = yaml.safe_load(raw) if raw else ""
+            value = exponent_numbers(yaml.safe_load(raw)) if raw else ""
         except yaml.YAMLError:
             value = raw
         update: Any = value

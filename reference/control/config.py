@@ -119,6 +119,12 @@ class TrainConfig:
         if not self.run.time_limit_s > 0:
             raise UserError(f"run.time_limit_s must be > 0, got {self.run.time_limit_s}")
         _check_gpus(self.resources)
+        from reference.trainer.config import TrainerConfig
+
+        try:  # the trainers build it inside their workers: a bad value must stop the run before they start
+            TrainerConfig.from_dict(self.trainer)
+        except (ValueError, TypeError) as e:
+            raise UserError(f"trainer: {e}".replace("TrainerConfig.", "trainer.").replace("__init__() ", "")) from None
         if self.warm_start.get("steps", 0):
             from reference.control.warm_start import supervised_config
 

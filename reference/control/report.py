@@ -50,11 +50,18 @@ class MetricsLog:
 
     def _write(self, record: dict) -> None:
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True, allow_nan=False, default=_finite) + "\n")
+            f.write(json.dumps(_finite(record), sort_keys=True, allow_nan=False) + "\n")
 
 
 def _finite(value):
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+    """`value` with every NaN or infinity (a step with no trained token has no per-token figures) made null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 class Progress:
@@ -82,7 +89,7 @@ def write_outputs(timeline: Timeline, metrics: MetricsLog, config: dict, out: Pa
     labels, rows = instance_rows(metrics)
     if rows:
         write_instances(labels, rows, out / "instances.csv")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=_finite) + "\n")
+    (out / "summary.json").write_text(json.dumps(_finite(summary), indent=2, sort_keys=True) + "\n")
     timeline.save(out / "intervals.json")
     write_chrome_trace(timeline, out / "timeline.json")
     (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -114,7 +121,9 @@ def steady_window(timeline: Timeline) -> tuple[Timeline, str]:
         replace(st, start_s=max(0.0, st.start_s - t0), end_s=st.end_s - t0)
         for st in steps[first : first + WINDOW_STEPS]
     ]
-    window = Timeline(intervals, shown, t1 - t0, dict(timeline.meta), dict(timeline.counters))
+    sandboxes = [replace(sb, start_s=max(sb.start_s, t0) - t0, end_s=min(sb.end_s, t1) - t0)
+                 for sb in timeline.sandboxes if sb.end_s > t0 and sb.start_s < t1]  # fmt: skip
+    window = Timeline(intervals, shown, t1 - t0, dict(timeline.meta), dict(timeline.counters), sandboxes)
     note = f": steps {steps[first].step}-{steps[first + WINDOW_STEPS - 1].step} of {len(steps)}, from {t0:.1f} s"
     return window, note
 

@@ -37,6 +37,10 @@ class TrainerConfig:
     seed: int = 0  # seeds the trainer's RNGs (prompt order, sampling in the probe)
 
     def __post_init__(self) -> None:
+        for name in ("clip_eps", "ratio_cap", "entropy_coef", "kl_coef", "std_eps", "lr", "weight_decay", "adam_eps",
+                     "grad_clip"):  # fmt: skip
+            value = getattr(self, name)
+            _check(_is_real(value), name, value, "a finite number")
         object.__setattr__(self, "betas", tuple(self.betas))
         _check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "in (0, 1)")
         if self.clip_eps_high is None:
@@ -68,6 +72,10 @@ class TrainerConfig:
         if unknown:
             raise ValueError(f"unknown TrainerConfig field(s) {unknown}; allowed: {sorted(cls.__dataclass_fields__)}")
         return cls(**data)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_int(value: object) -> bool:

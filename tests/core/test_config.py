@@ -102,6 +102,16 @@ def test_overrides_parse_yaml_scalars_and_create_nested_keys():
     assert cfgio.apply_overrides({}, ["k=[unclosed"]) == {"k": "[unclosed"}  # not YAML: kept as text
 
 
+def test_exponent_numbers_are_numbers_in_untyped_sections_too(tmp_path):
+    """YAML 1.1 reads 5e-4 as a string; a plain-mapping section (trainer, warm_start) gets a float all the same,
+    from an override, an inline mapping or a file."""
+    out = cfgio.apply_overrides({}, ["trainer.lr=5e-4", "warm_start={lr: 3E-3, steps: 10}", "name=e5x"])
+    assert out == {"trainer": {"lr": 5e-4}, "warm_start": {"lr": 3e-3, "steps": 10}, "name": "e5x"}
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer:\n  lr: 1e-4\n  betas: [9e-1, 0.95]\nnote: '2e3 steps'\n")
+    assert cfgio.load_yaml(path) == {"trainer": {"lr": 1e-4, "betas": [0.9, 0.95]}, "note": "2e3 steps"}
+
+
 @pytest.mark.parametrize("item", ["num_steps", "=3", ""])
 def test_malformed_override(item):
     with pytest.raises(UserError, match="must look like key.path=value"):

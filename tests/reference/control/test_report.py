@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import csv
+import json
 
-from reference.control.report import MetricsLog, instance_rows, instance_table, write_instances
+from core.tags import SandboxPhase
+from core.timeline import SandboxInterval, StepRecord, Timeline
+from reference.control.report import MetricsLog, instance_rows, instance_table, steady_window, write_instances
 
 
 def _log(tmp_path) -> MetricsLog:
@@ -41,3 +44,23 @@ def test_no_table_without_per_problem_evaluations(tmp_path):
     metrics.held_out(0, {"label": "start", "time_s": 0.0, "reward_mean": 0.5})
     assert instance_rows(metrics) == ([], [])
     assert instance_table(metrics) == ""
+
+
+def test_a_step_with_no_trained_token_is_written_with_nulls(tmp_path):
+    metrics = MetricsLog(tmp_path / "metrics.jsonl")
+    metrics.step({"step": 0, "loss": float("nan"), "staleness": {"ratio": [float("inf"), 1.0]}})
+    line = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert line["loss"] is None and line["staleness"] == {"ratio": [None, 1.0]}
+
+
+def test_a_long_runs_picture_window_keeps_its_sandbox_lanes_clipped_and_shifted():
+    steps = [StepRecord(i, 10.0 * i, 10.0 * i + 9, 100, 50, 4, {0: 50}) for i in range(30)]
+    sandboxes = [SandboxInterval("sandbox-0", SandboxPhase.TOOL, 5.0, 6.0),  # before the window
+                 SandboxInterval("sandbox-1", SandboxPhase.TEST_RUN, 95.0, 105.0),  # across its start (99 s)
+                 SandboxInterval("sandbox-0", SandboxPhase.TOOL, 150.0, 151.0)]  # fmt: skip
+    timeline = Timeline([], steps, 300.0, {}, {}, sandboxes)
+    window, note = steady_window(timeline)
+    t0 = steps[9].end_s  # the window's first step is step 10
+    assert "steps 10-19 of 30" in note
+    assert [(sb.lane, sb.start_s, sb.end_s) for sb in window.sandboxes] == [
+        ("sandbox-1", 0.0, 105.0 - t0), ("sandbox-0", 150.0 - t0, 151.0 - t0)]  # fmt: skip
