@@ -121,8 +121,9 @@ bench-runtime: $(FULL_STAMP)  ## trajectory manager overhead (against an anchor 
 	$(PY) -m benchmarks.prefix_tree
 	$(PY) -m benchmarks.engine_throughput
 
-bench-swe: $(FULL_STAMP)  ## SWE sandboxes: start, exec and removal latency, 8 at once (needs a Docker daemon: .ci/docker-setup)
+bench-swe: $(FULL_STAMP)  ## SWE sandboxes: start, exec and removal latency, 8 at once; a 2-step SWE training run: episodes/min, shares of generating, sandboxes and training (needs a Docker daemon: .ci/docker-setup)
 	$(PY) -m benchmarks.swe_sandbox
+	$(PY) -m benchmarks.swe_training
 
 bench-train: $(FULL_STAMP)  ## trainer tokens/s against plain transformers, weight hand-off time, share of matmul FLOP/s, control-plane cost per decision
 	$(PY) -m benchmarks.train_speed
