@@ -186,13 +186,16 @@ class RuntimeExecutor:
         for r in d.resources:
             self.recorder.set(r, Phase.TRAIN, start, step)
         groups = self.rollout.take(d.group_ids)
+        # Consumed before the trainers step: a trainer writes its checkpoint inside `train_step`, so a run killed
+        # after that checkpoint must find these groups consumed (a resume releases the markers of the steps from
+        # its checkpoint on, so a kill before it loses nothing).
+        await asyncio.to_thread(self.manager.store.mark_consumed, [g.key for g in groups], step)
         batch = await asyncio.to_thread(training_batch, self.manager.store, groups)
         shards = _shard(groups, batch, len(d.resources))
         results = await asyncio.gather(*(self.workers.call(r, "train_step", shard)
                                          for r, shard in zip(d.resources, shards, strict=True)))  # fmt: skip
         handoffs = await asyncio.gather(*(self.workers.call(r, "publish", str(self.weights_root))
                                           for r in d.resources))  # fmt: skip
-        await asyncio.to_thread(self.manager.store.mark_consumed, [g.key for g in groups], step)
         await asyncio.to_thread(prune_versions, self.weights_root, step + 1, self.keep_version)
         handoff = next(h for h in handoffs if h is not None)
         if handoff["version"] != step + 1:

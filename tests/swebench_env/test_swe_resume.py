@@ -49,10 +49,6 @@ SMALL = [f"rollout.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}", "
          "task.options.max_tokens=64", "task.options.overlong=train", "warm_start.steps=0", "run.eval_every_steps=0",
          "run.checkpoint_every_steps=1", "run.time_limit_s=1200"]  # fmt: skip
 RUN_TIMEOUT_S = 1200  # each process, on a loaded 2-core machine
-# A known fault, until `RuntimeExecutor._train` marks a step's groups consumed before its `train_step` call (the
-# trainer writes the step's checkpoint inside that call): then this becomes an assertion.
-CONSUMED_AFTER_CHECKPOINT = ("killed after the trainer checkpointed a step but before the step's groups were marked "
-                             "consumed, the resumed run adopts those groups and trains them a second time")  # fmt: skip
 
 
 def _wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05):
@@ -228,8 +224,8 @@ def test_a_run_killed_mid_step_resumes_and_trains_every_finished_group(sandbox, 
     c = k.checkpoint
     # What the checkpoint holds must be marked consumed before it is written, or the resume trains it again.
     kept = {key: step for key, step in k.consumed.items() if step < c}
-    if sorted(kept.values()) != [s for s in range(c) for _ in range(PROMPTS)]:
-        pytest.xfail(f"{CONSUMED_AFTER_CHECKPOINT} (checkpoint step-{c}, consumed-markers {k.consumed})")
+    # (`RuntimeExecutor._train` marks a step's groups before its `train_step`, inside which the checkpoint is written)
+    assert sorted(kept.values()) == [s for s in range(c) for _ in range(PROMPTS)], (c, k.consumed)
     resumed = _step_records(out)[k.records :]
     assert [r["step"] for r in resumed] == list(range(c, STEPS))
     # Adopted groups are handed out first; their episodes' timings come back from the group records.
