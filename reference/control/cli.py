@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 from pathlib import Path
 
@@ -69,7 +70,23 @@ def _task_chosen(args) -> bool:
     return isinstance(section, dict) and "name" in section
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a service manager, `docker stop`, `kill`): stopped as Ctrl-C stops a run, sandboxes removed."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def train_main(args) -> int:
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _train_main(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train_main(args) -> int:
     from reference.control.config import load_train_config
 
     out = run_dir = None  # the output folder, and the folder of the policy running now (compare: a subfolder)
@@ -93,8 +110,12 @@ def train_main(args) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # one line, not Ray's and asyncio's tracebacks
-        print(_interrupted(out, run_dir), file=sys.stderr)
+    except KeyboardInterrupt as e:  # one line, not Ray's and asyncio's tracebacks
+        line = _interrupted(out, run_dir)
+        if isinstance(e, Terminated):
+            print(line.replace("interrupted (Ctrl-C)", "stopped (SIGTERM)"), file=sys.stderr)
+            return 143
+        print(line, file=sys.stderr)
         return 130
     print(table(summaries))
     print(f"outputs: {out}/")

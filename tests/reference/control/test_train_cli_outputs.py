@@ -96,6 +96,27 @@ def test_ctrl_c_names_the_checkpoint_to_resume_from(capsys, tmp_path, monkeypatc
     )
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does(capsys, tmp_path, monkeypatch, started):
+    """`kill`, `docker stop` or a service manager: the same clean stop (the task's sandboxes removed on the way
+    out), one line, exit code 143; the previous SIGTERM handler is back afterwards."""
+    import os
+    import signal
+
+    import reference.train
+
+    def fake_train(cfg, out, progress=True, resume=False):
+        (out / "metrics.jsonl").write_text("")
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(reference.train, "train", fake_train)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out)]) == 143
+    assert interrupted_line(capsys) == f"stopped (SIGTERM); outputs written so far are in {out}/"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_default_folders_never_collide(capsys, tmp_path, monkeypatch, started):
     monkeypatch.chdir(tmp_path)
     for seed in ("0", "0", "1"):
