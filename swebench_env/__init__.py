@@ -10,8 +10,8 @@ the OpenAI client, which the task tools do not need.
 import importlib
 
 from swebench_env.demos import Demonstration, Step, replay, submitted_patch
-from swebench_env.evaluation import Evaluation, Grade, Outcome, evaluate_locally, grade, parse_pytest_log
-from swebench_env.tasks import Task, TaskFormatError, dump_tasks, load_tasks, materialize_repo
+from swebench_env.evaluation import Evaluation, Outcome, Verdict, evaluate_locally, grade, parse_pytest_log
+from swebench_env.tasks import Instance, TaskFormatError, dump_tasks, load_tasks, materialize_repo
 
 _LAZY = {
     "AgentConfig": "swebench_env.agent",
@@ -21,7 +21,7 @@ _LAZY = {
     "CommandRunner": "swebench_env.runner",
     "LocalRunner": "swebench_env.runner",
     "InstanceResult": "swebench_env.rollout",
-    "RolloutConfig": "swebench_env.rollout",
+    "SweRolloutConfig": "swebench_env.rollout",
     "run_rollout": "swebench_env.rollout",
     "demonstration_engine": "swebench_env.scripted",
     "replay_demonstration": "swebench_env.scripted",
@@ -38,10 +38,10 @@ __all__ = [
     *_LAZY,
     "Demonstration",
     "Evaluation",
-    "Grade",
+    "Verdict",
     "Outcome",
     "Step",
-    "Task",
+    "Instance",
     "TaskFormatError",
     "dump_tasks",
     "evaluate_locally",

@@ -32,7 +32,7 @@ import openai
 from swebench_env.demos import SUBMIT_MARKER
 from swebench_env.evaluation import judged_files
 from swebench_env.runner import CommandRunner
-from swebench_env.tasks import Task
+from swebench_env.tasks import Instance
 
 SYSTEM_PROMPT = """You are a software engineer who fixes issues in code repositories. You work only through tools:
 - `bash` runs one command in a fresh shell in the repository's root: `cd` and variables do not carry over, so \
@@ -162,7 +162,7 @@ def session_base_url(manager_url: str, session_id: str) -> str:
     return f"{manager_url.rstrip('/')}/s/{session_id}/v1"
 
 
-def instance_messages(task: Task, config: AgentConfig) -> list[dict]:
+def instance_messages(task: Instance, config: AgentConfig) -> list[dict]:
     """The conversation's opening: the system prompt and the task's problem statement."""
     user = INSTANCE_PROMPT.format(problem_statement=task.problem_statement.strip(), timeout_s=config.command_timeout_s)
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
@@ -175,7 +175,7 @@ class BashAgent:
         self.config = config or AgentConfig()
         self.api_key = api_key
 
-    def run(self, task: Task, runner: CommandRunner, manager_url: str, session_id: str) -> Episode:
+    def run(self, task: Instance, runner: CommandRunner, manager_url: str, session_id: str) -> Episode:
         start = time.monotonic()
         state = _State(instance_messages(task, self.config), random.Random(session_id))
         client = openai.OpenAI(base_url=session_base_url(manager_url, session_id), api_key=self.api_key,
@@ -301,7 +301,7 @@ def observation(exit_code: int, output: str, timed_out: bool, config: AgentConfi
     return f"{head}\n{output}" if output else f"{head}\n(no output)"
 
 
-def diff_command(task: Task) -> str:
+def diff_command(task: Instance) -> str:
     """The shell command that prints the checkout's changes against the base commit as one git patch: new
     files included, the task's judged test files and Python bytecode left out."""
     excluded = [f":(exclude,literal){path}" for path in judged_files(task)]
@@ -311,7 +311,7 @@ def diff_command(task: Task) -> str:
     return f"git add -A >/dev/null 2>&1; {shlex.join(diff)}"
 
 
-def final_patch(task: Task, runner: CommandRunner, config: AgentConfig) -> tuple[str, str | None]:
+def final_patch(task: Instance, runner: CommandRunner, config: AgentConfig) -> tuple[str, str | None]:
     """(the checkout's diff, None) or ("", why it could not be read)."""
     result = runner.exec(diff_command(task), config.diff_timeout_s, config.workdir)
     if result.timed_out or result.exit_code != 0:

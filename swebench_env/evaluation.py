@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swebench_env.git import GitError, git
-from swebench_env.tasks import Task, materialize_repo
+from swebench_env.tasks import Instance, materialize_repo
 
 DEFAULT_TEST_TIMEOUT_S = 300.0
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
@@ -99,7 +99,7 @@ MAINTAINED = PASSING | {Outcome.SKIPPED}  # a PASS_TO_PASS test that was skipped
 
 
 @dataclass(frozen=True)
-class Grade:
+class Verdict:
     resolved: bool  # every FAIL_TO_PASS and PASS_TO_PASS test passed: the reward is 1
     fail_to_pass: tuple[int, int]  # (passed, total)
     pass_to_pass: tuple[int, int]  # (passed, total)
@@ -110,7 +110,7 @@ class Evaluation:
     instance_id: str
     applied: bool  # the candidate patch applied cleanly (if not, nothing ran and `resolved` is False)
     statuses: Mapping[str, Outcome]  # test id -> status, from the log
-    grade: Grade
+    grade: Verdict
     log: str  # git apply's complaint, or pytest's output (in Docker: the whole graded run's log)
     problem: str | None = None  # why the log's test results were not trusted (see `read_eval_log`)
     undone: tuple[str, ...] = ()  # protected paths the patch touched, put back before the tests ran
@@ -130,7 +130,7 @@ def patch_files(patch: str) -> list[str]:
     return paths
 
 
-def judged_files(task: Task) -> list[str]:
+def judged_files(task: Instance) -> list[str]:
     """The test files that judge `task`: those its test patch touches."""
     return patch_files(task.test_patch)
 
@@ -205,14 +205,14 @@ def _unquote(quoted: str) -> str:
         "utf-8", "replace")  # fmt: skip
 
 
-def protected_paths(task: Task, patch: str, unstripped: bool = True) -> list[str]:
+def protected_paths(task: Instance, patch: str, unstripped: bool = True) -> list[str]:
     """The paths `patch` may touch that the grader puts back as they were before it (sorted); without
     `unstripped`, only as the appliers read the headers (what the evaluation reports as undone)."""
     judged = frozenset(judged_files(task))
     return sorted(p for p in touched_paths(patch, unstripped) if is_protected(p, judged))
 
 
-def pytest_command(task: Task, python: str = "python") -> list[str]:
+def pytest_command(task: Instance, python: str = "python") -> list[str]:
     """The argv that runs `task`'s test files with a summary line per test (`-rA`) that `parse_pytest_log` reads."""
     return [python, *_PYTEST_ARGS, *judged_files(task)]
 
@@ -243,13 +243,13 @@ def passed(task_tests: tuple[str, ...], statuses: Mapping[str, Outcome], ok: fro
     return [t for t in task_tests if status_of(t, statuses) in ok]
 
 
-def grade(task: Task, statuses: Mapping[str, Outcome]) -> Grade:
+def grade(task: Instance, statuses: Mapping[str, Outcome]) -> Verdict:
     """SWE-bench's rule: resolved when every FAIL_TO_PASS test passed and every PASS_TO_PASS test passed or
     was skipped."""
     f2p = len(passed(task.FAIL_TO_PASS, statuses, PASSING))
     p2p = len(passed(task.PASS_TO_PASS, statuses, MAINTAINED))
     resolved = f2p == len(task.FAIL_TO_PASS) and p2p == len(task.PASS_TO_PASS)
-    return Grade(resolved, (f2p, len(task.FAIL_TO_PASS)), (p2p, len(task.PASS_TO_PASS)))
+    return Verdict(resolved, (f2p, len(task.FAIL_TO_PASS)), (p2p, len(task.PASS_TO_PASS)))
 
 
 def read_eval_log(log: str, parse=parse_pytest_log) -> tuple[dict[str, Outcome], str | None]:
@@ -298,7 +298,7 @@ def run_pytest(
     return parse_pytest_log(log), log
 
 
-def run_tests(task: Task, repo: Path, timeout_s: float = DEFAULT_TEST_TIMEOUT_S) -> tuple[dict[str, Outcome], str]:
+def run_tests(task: Instance, repo: Path, timeout_s: float = DEFAULT_TEST_TIMEOUT_S) -> tuple[dict[str, Outcome], str]:
     """Reset the test files, apply the test patch and run the tests in the checkout `repo`: (statuses, log)."""
     at_base = [p for p in judged_files(task) if _exists_at(repo, task.base_commit, p)]
     if at_base:
@@ -319,7 +319,7 @@ def _exists_at(repo: Path, commit: str, path: str) -> bool:
     return True
 
 
-def undo_protected(task: Task, repo: Path, patch: str) -> list[str]:
+def undo_protected(task: Instance, repo: Path, patch: str) -> list[str]:
     """Put the protected paths `patch` touched back at the base commit in the checkout `repo` (remove those the
     base commit lacks); the paths, for the record."""
     paths = protected_paths(task, patch)
@@ -335,7 +335,7 @@ def undo_protected(task: Task, repo: Path, patch: str) -> list[str]:
     return paths
 
 
-def evaluate_in(task: Task, repo: Path, patch: str, timeout_s: float = DEFAULT_TEST_TIMEOUT_S) -> Evaluation:
+def evaluate_in(task: Instance, repo: Path, patch: str, timeout_s: float = DEFAULT_TEST_TIMEOUT_S) -> Evaluation:
     """Apply `patch` to the fresh checkout `repo` of `task`, undo its protected part, run the tests, grade."""
     problem = apply_patch(repo, patch)
     if problem is not None:
@@ -347,7 +347,7 @@ def evaluate_in(task: Task, repo: Path, patch: str, timeout_s: float = DEFAULT_T
     return Evaluation(task.instance_id, True, statuses, grade(task, statuses), log, why, undone)
 
 
-def evaluate_locally(task: Task, patch: str, timeout_s: float = DEFAULT_TEST_TIMEOUT_S) -> Evaluation:
+def evaluate_locally(task: Instance, patch: str, timeout_s: float = DEFAULT_TEST_TIMEOUT_S) -> Evaluation:
     """Check out `task` in a temporary folder, apply `patch`, run the tests with this Python, grade."""
     with tempfile.TemporaryDirectory(prefix=f"swe-{task.instance_id}-") as tmp:
         repo = materialize_repo(task, Path(tmp) / "repo")

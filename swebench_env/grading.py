@@ -68,7 +68,7 @@ from swebench_env.evaluation import (
 )
 from swebench_env.git import GitError
 from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, copy_in, write_files
-from swebench_env.tasks import Task, materialize_repo
+from swebench_env.tasks import Instance, materialize_repo
 
 TESTBED = "/testbed"  # where the repository lies in a sandbox, as in SWE-bench's images
 SCRATCH = "/tmp/swe"  # the patches and the script
@@ -102,7 +102,7 @@ class DockerGraderConfig:
             raise ValueError(f"test_timeout_s={self.test_timeout_s!r} must be positive")
 
 
-def is_official(task: Task) -> bool:
+def is_official(task: Instance) -> bool:
     """A SWE-bench dataset record that carries its own evaluation script (and no local repository)."""
     return task.repo_path is None and isinstance(task.extra.get("eval_script"), str)
 
@@ -145,7 +145,7 @@ def _restore(protected: list[str]) -> list[str]:
     ]
 
 
-def eval_script(task: Task, test_timeout_s: float, patch: str = "") -> str:
+def eval_script(task: Instance, test_timeout_s: float, patch: str = "") -> str:
     """The bash script that grades `patch` for a task with a local repository (see the module docstring)."""
     base = shlex.quote(task.base_commit)
     lines = ["set -uo pipefail", f"cd {TESTBED}", *_CLEAN_ENV]
@@ -179,7 +179,7 @@ def _timed(command: str, timeout_s: float) -> list[str]:
     ]
 
 
-def official_script(task: Task, patch: str = "") -> tuple[str, Callable[[str], dict[str, Outcome]]]:
+def official_script(task: Instance, patch: str = "") -> tuple[str, Callable[[str], dict[str, Outcome]]]:
     """(script, log parser) for an official SWE-bench record: the candidate applied, then its own eval script
     (with the test exit code recorded, as SWE-bench's `make_test_spec` does); parsed by its named parser."""
     try:
@@ -206,7 +206,7 @@ def official_script(task: Task, patch: str = "") -> tuple[str, Callable[[str], d
     return script, parse
 
 
-def evaluation_from_log(task: Task, log: str, parse=parse_pytest_log, patch: str = "") -> Evaluation:
+def evaluation_from_log(task: Instance, log: str, parse=parse_pytest_log, patch: str = "") -> Evaluation:
     """Grade a run's log; GradingError when the task's own test patch did not apply."""
     if TEST_PATCH_FAIL in log:
         raise GradingError(f"instance {task.instance_id!r}: its test patch does not apply at its base commit")
@@ -216,7 +216,7 @@ def evaluation_from_log(task: Task, log: str, parse=parse_pytest_log, patch: str
     return Evaluation(task.instance_id, applied, statuses, grade(task, statuses), log, problem, undone)
 
 
-def swebench_resolved(task: Task, log: str, patch: str) -> bool | None:
+def swebench_resolved(task: Instance, log: str, patch: str) -> bool | None:
     """The `swebench` package's verdict on the same log (its `get_eval_report`), or None without the package."""
     try:
         from swebench.harness.grading import get_eval_report
@@ -241,7 +241,7 @@ class DockerGrader:
         self._client = client
         self._base_image = self.config.image
 
-    def __call__(self, task: Task, patch: str) -> Evaluation:
+    def __call__(self, task: Instance, patch: str) -> Evaluation:
         if is_official(task):
             script, parse = official_script(task, patch)
             with self._sandbox(task) as sandbox:
@@ -256,13 +256,13 @@ class DockerGrader:
                 log = self._run(sandbox, task, patch, eval_script(task, self.config.test_timeout_s, patch))
         return evaluation_from_log(task, log, patch=patch)
 
-    def _run(self, sandbox: Sandbox, task: Task, patch: str, script: str) -> str:
+    def _run(self, sandbox: Sandbox, task: Instance, patch: str, script: str) -> str:
         write_files(sandbox, SCRATCH, {"model.patch": patch, "test.patch": task.test_patch, "eval.sh": script})
         result = sandbox.exec(f"bash {SCRATCH}/eval.sh", timeout_s=self.config.test_timeout_s + 2 * KILL_GRACE_S + 60)
         return result.output + (f"\n{TESTS_TIMEOUT}\n" if result.timed_out else "")
 
     @contextmanager
-    def _sandbox(self, task: Task) -> Iterator[Sandbox]:
+    def _sandbox(self, task: Instance) -> Iterator[Sandbox]:
         c = self.config
         labels = {"seamlessflow.role": "grader", "seamlessflow.instance": task.instance_id}
         config = SandboxConfig(image=self._image(task), memory_mb=c.memory_mb, cpus=c.cpus, pids_limit=c.pids_limit,
@@ -274,7 +274,7 @@ class DockerGrader:
         except SandboxError as e:
             raise GradingError(f"instance {task.instance_id!r}: the sandbox failed: {e}") from e
 
-    def _image(self, task: Task) -> str:
+    def _image(self, task: Instance) -> str:
         from swebench_env.images import task_image  # the task's own image, install recipe, or the default
 
         return task_image(task, self._base_image, client=self._client)
@@ -282,7 +282,7 @@ class DockerGrader:
 
 @contextmanager
 def docker_workspace(
-    task: Task, *, image: str | None = None, client=None, limits: Mapping[str, object] | None = None
+    task: Instance, *, image: str | None = None, client=None, limits: Mapping[str, object] | None = None
 ) -> Iterator[Sandbox]:
     """A sandbox with `task`'s repository at /testbed (its base commit), commands running there: the `Workspace`
     a rollout gives its agent. `limits`: SandboxConfig fields (memory_mb, cpus, pids_limit, ...)."""

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from core.outputs import prepare_out, show_progress
 from swebench_env.evaluation import MAINTAINED, PASSING, Evaluation, passed
 from swebench_env.grading import GradingError, swebench_resolved
-from swebench_env.tasks import Task
+from swebench_env.tasks import Instance
 
 FIELDS = ("instance_id", "model_patch", "model_name_or_path")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
@@ -133,7 +133,7 @@ class Graded:
     seconds: float
 
 
-def report_entry(task: Task, prediction: Prediction, evaluation: Evaluation) -> dict:
+def report_entry(task: Instance, prediction: Prediction, evaluation: Evaluation) -> dict:
     """The instance's report.json, as SWE-bench's `get_eval_report(..., include_tests_status=True)` writes it."""
     statuses = evaluation.statuses
     trusted = evaluation.problem is None
@@ -158,7 +158,9 @@ def report_entry(task: Task, prediction: Prediction, evaluation: Evaluation) -> 
     return {task.instance_id: entry}
 
 
-def grade_one(task: Task, prediction: Prediction, grader: Callable[[Task, str], Evaluation], out: Path) -> Graded:
+def grade_one(
+    task: Instance, prediction: Prediction, grader: Callable[[Instance, str], Evaluation], out: Path
+) -> Graded:
     """Grade one prediction and write its folder; never raises for this instance's own failure."""
     folder = out / prediction.model_dir / task.instance_id
     folder.mkdir(parents=True, exist_ok=True)
@@ -193,11 +195,11 @@ def grade_one(task: Task, prediction: Prediction, grader: Callable[[Task, str], 
 
 
 def evaluate(
-    tasks: Sequence[Task],
+    tasks: Sequence[Instance],
     predictions: Sequence[Prediction],
     out: Path,
     run_id: str,
-    grader: Callable[[Task, str], Evaluation],
+    grader: Callable[[Instance, str], Evaluation],
     jobs: int = 2,
     problems: list[str] | None = None,
     progress: bool = False,
@@ -232,7 +234,7 @@ def evaluate(
     return _summary(tasks, list(chosen.values()), graded, problems)
 
 
-def _summary(tasks: Sequence[Task], chosen: list[Prediction], graded: list[Graded], problems: list[str]) -> dict:
+def _summary(tasks: Sequence[Instance], chosen: list[Prediction], graded: list[Graded], problems: list[str]) -> dict:
     errors = sorted(g.prediction.instance_id for g in graded if g.error)
     completed = [g for g in graded if not g.error]
     resolved = sorted(g.prediction.instance_id for g in completed if g.evaluation.resolved)

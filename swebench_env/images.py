@@ -65,7 +65,7 @@ from swebench_env.environments import (
 )
 
 if TYPE_CHECKING:
-    from swebench_env.tasks import Task
+    from swebench_env.tasks import Instance
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def ensure_image(name: str, what: str = "the image", *, client=None) -> str:
     return _present_or_pulled(client or docker_client(), name, what)
 
 
-def task_image(task: Task, default_image: str | None = None, *, client=None, wheelhouse: Path | None = None) -> str:
+def task_image(task: Instance, default_image: str | None = None, *, client=None, wheelhouse: Path | None = None) -> str:
     """The image `task` runs in (see the module docstring), made present first: pulled, or built from its
     `install` recipe with the wheels of `wheelhouse` (default $SEAMLESSFLOW_WHEELHOUSE, else `pip download`)."""
     from swebench_env.grading import is_official  # grading asks this module for images; import it lazily

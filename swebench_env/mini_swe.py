@@ -49,7 +49,7 @@ from core.errors import UserError
 from swebench_env.agent import AgentConfig, Episode, ExitReason, final_patch, session_base_url
 from swebench_env.demos import SUBMIT_MARKER
 from swebench_env.runner import CommandRunner
-from swebench_env.tasks import Task
+from swebench_env.tasks import Instance
 
 DEFAULT_CONFIG = "benchmarks/swebench.yaml"  # under mini-swe-agent's shipped config folder
 # mini-swe-agent's model classes that reach any OpenAI-compatible server through litellm's `api_base`: native
@@ -180,7 +180,7 @@ class MiniSweAgent:
         self.mini_config = load_config(config_file)
         os.environ.setdefault("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", str(self.config.max_retries + 1))
 
-    def run(self, task: Task, runner: CommandRunner, manager_url: str, session_id: str) -> Episode:
+    def run(self, task: Instance, runner: CommandRunner, manager_url: str, session_id: str) -> Episode:
         import openai
 
         _, DefaultAgent, _, _, _ = _minisweagent()

@@ -49,7 +49,7 @@ from core.tags import SandboxPhase
 from swebench_env.docker_util import docker_client
 from swebench_env.grading import TESTBED, DockerGrader, DockerGraderConfig, GradingError, is_official
 from swebench_env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError, copy_in
-from swebench_env.tasks import Task, materialize_repo
+from swebench_env.tasks import Instance, materialize_repo
 
 LANE_PREFIX = "sandbox-"
 START_TIMEOUT_S = 900.0  # a lease's container started and its checkout copied in (the copy alone may take 600 s)
@@ -403,7 +403,7 @@ class EpisodeSandboxes:
         return self.agent_wait_s + self.grader_wait_s
 
     @contextmanager
-    def workspace(self, task: Task) -> Iterator[Lease]:
+    def workspace(self, task: Instance) -> Iterator[Lease]:
         """A leased container with `task`'s checkout at /testbed (as `grading.docker_workspace`), commands there."""
         from swebench_env.images import task_image
 
@@ -430,7 +430,7 @@ class PooledGrader(DockerGrader):
         self._lease: Lease | None = None
 
     @contextmanager
-    def _sandbox(self, task: Task) -> Iterator[Sandbox]:
+    def _sandbox(self, task: Instance) -> Iterator[Sandbox]:
         c = self.config  # the settings of DockerGrader._sandbox, but for the instance label (see the docstring)
         config = SandboxConfig(image=self._image(task), memory_mb=c.memory_mb, cpus=c.cpus, pids_limit=c.pids_limit,
                                workdir=TESTBED if is_official(task) else "/", output_limit_bytes=c.output_limit_bytes,
@@ -448,14 +448,14 @@ class PooledGrader(DockerGrader):
                 self._sandboxes.grader_wait_s += lease.waited_s
                 self._sandboxes.spans += lease.spans
 
-    def _run(self, sandbox: Sandbox, task: Task, patch: str, script: str) -> str:
+    def _run(self, sandbox: Sandbox, task: Instance, patch: str, script: str) -> str:
         if self._lease is None:
             return super()._run(sandbox, task, patch, script)
         with self._lease.marked(SandboxPhase.TEST_RUN):
             return super()._run(sandbox, task, patch, script)
 
 
-def _check_out(task: Task, sandbox: Sandbox) -> None:
+def _check_out(task: Instance, sandbox: Sandbox) -> None:
     with tempfile.TemporaryDirectory(prefix=f"ws-{task.instance_id}-") as tmp:
         copy_in(sandbox, materialize_repo(task, Path(tmp) / "repo"), TESTBED)
 

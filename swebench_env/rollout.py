@@ -49,15 +49,15 @@ from core.outputs import prepare_out, show_progress
 from swebench_env.agent import AgentConfig, BashAgent, Episode, ExitReason
 from swebench_env.evaluation import Evaluation, evaluate_locally
 from swebench_env.runner import CommandRunner, LocalRunner
-from swebench_env.tasks import Task, materialize_repo
+from swebench_env.tasks import Instance, materialize_repo
 
-Grader = Callable[[Task, str], Evaluation]  # (task, patch) -> its evaluation
-Workspace = Callable[[Task], AbstractContextManager[CommandRunner]]  # a runner in a fresh checkout of the task
+Grader = Callable[[Instance, str], Evaluation]  # (task, patch) -> its evaluation
+Workspace = Callable[[Instance], AbstractContextManager[CommandRunner]]  # a runner in a fresh checkout of the task
 ANNOTATION_RETRIES = 3
 
 
 class Agent(Protocol):
-    def run(self, task: Task, runner: CommandRunner, manager_url: str, session_id: str) -> Episode: ...
+    def run(self, task: Instance, runner: CommandRunner, manager_url: str, session_id: str) -> Episode: ...
 
 
 def _mini_swe_agent(config: AgentConfig, config_file: str | Path | None = None) -> Agent:
@@ -79,7 +79,7 @@ def make_agent(name: str, config: AgentConfig) -> Agent:
 
 
 @contextmanager
-def local_workspace(task: Task) -> Iterator[LocalRunner]:
+def local_workspace(task: Instance) -> Iterator[LocalRunner]:
     """A `LocalRunner` in a temporary checkout of `task` at its base commit (no isolation: see runner.py)."""
     with tempfile.TemporaryDirectory(prefix=f"swe-{task.instance_id}-") as tmp:
         yield LocalRunner(materialize_repo(task, Path(tmp) / "repo"))
@@ -106,17 +106,17 @@ def pooled_environment(pool, image: str | None = None, test_timeout_s: float | N
     """The (workspace, grader) pair of `--sandbox docker` with containers from a `pool.SandboxPool` (started
     ahead, at most its slots at once); each call has its own `EpisodeSandboxes`, so the pair may be shared."""
 
-    def workspace(task: Task) -> AbstractContextManager[CommandRunner]:
+    def workspace(task: Instance) -> AbstractContextManager[CommandRunner]:
         return pool.episode(image, test_timeout_s).workspace(task)
 
-    def grader(task: Task, patch: str) -> Evaluation:
+    def grader(task: Instance, patch: str) -> Evaluation:
         return pool.episode(image, test_timeout_s).grader(task, patch)
 
     return workspace, grader
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
+class SweRolloutConfig:
     manager_url: str  # http://HOST:PORT of the trajectory manager (not a session's /s/<id>/v1 URL)
     concurrency: int = 4  # episodes at once
     run_id: str = ""  # session ids are "<run_id>:<instance_id>"; "" draws a fresh one
@@ -138,7 +138,7 @@ class RolloutConfig:
         if self.admin_token is not None and not self.admin_token:
             raise ValueError("admin_token must not be empty (use None for no token)")
 
-    def session_id(self, task: Task) -> str:
+    def session_id(self, task: Instance) -> str:
         return f"{self.run_id}:{task.instance_id}"
 
     def to_dict(self) -> dict:
@@ -184,7 +184,9 @@ class Played:
     sandbox_spans: tuple[tuple[str, str, float, float], ...] = ()  # (lane, kind, start, end): pool.Span
 
 
-def play(task: Task, agent: Agent, manager_url: str, session_id: str, grader: Grader, workspace: Workspace) -> Played:
+def play(
+    task: Instance, agent: Agent, manager_url: str, session_id: str, grader: Grader, workspace: Workspace
+) -> Played:
     """One episode of `task` in session `session_id`, graded. Never raises for a failure of this episode: one
     broken task or sandbox must not end a rollout of hundreds; the result says what went wrong."""
     try:
@@ -207,7 +209,7 @@ def play(task: Task, agent: Agent, manager_url: str, session_id: str, grader: Gr
 
 
 def run_instance(
-    task: Task, agent: Agent, config: RolloutConfig, grader: Grader, workspace: Workspace
+    task: Instance, agent: Agent, config: SweRolloutConfig, grader: Grader, workspace: Workspace
 ) -> InstanceResult:
     """One episode of `task`, graded and annotated. Never raises for a failure of this instance (see `play`)."""
     sid = config.session_id(task)
@@ -225,14 +227,16 @@ def run_instance(
                           g.pass_to_pass, error, episode.total_s, played.grade_s, episode.patch)  # fmt: skip
 
 
-def _failed(task: Task, sid: str, reason: str, error: str, episode: Episode | None = None) -> InstanceResult:
+def _failed(task: Instance, sid: str, reason: str, error: str, episode: Episode | None = None) -> InstanceResult:
     turns, errors = (episode.turns, episode.format_errors) if episode else (0, 0)
     return InstanceResult(task.instance_id, sid, reason, turns, errors, False, None, False, False,
                           (0, len(task.FAIL_TO_PASS)), (0, len(task.PASS_TO_PASS)), error,
                           episode.total_s if episode else 0.0, 0.0, episode.patch if episode else "")  # fmt: skip
 
 
-def _annotation(task: Task, episode: Episode, evaluation: Evaluation, reward: float, config: RolloutConfig) -> dict:
+def _annotation(
+    task: Instance, episode: Episode, evaluation: Evaluation, reward: float, config: SweRolloutConfig
+) -> dict:
     meta = {
         "run_id": config.run_id,
         "resolved": evaluation.resolved,
@@ -246,7 +250,7 @@ def _annotation(task: Task, episode: Episode, evaluation: Evaluation, reward: fl
     return {"reward": reward, "task_id": task.instance_id, "meta": meta, "author": config.author}
 
 
-def annotate(config: RolloutConfig, session_id: str, body: dict) -> str | None:
+def annotate(config: SweRolloutConfig, session_id: str, body: dict) -> str | None:
     """POST the annotation to the manager; None when stored, else why not (a result: the rollout goes on).
     Connection failures and 5xx answers are retried a few times; a 4xx is final (a 404: no finished
     request in the session, so nothing to reward)."""
@@ -281,16 +285,16 @@ def _error_message(e: urllib.error.HTTPError) -> str:
 
 
 def run_rollout(
-    tasks: Sequence[Task],
+    tasks: Sequence[Instance],
     agent: Agent,
-    config: RolloutConfig,
+    config: SweRolloutConfig,
     grader: Grader = evaluate_locally,
     workspace: Workspace = local_workspace,
     on_result: Callable[[InstanceResult], None] | None = None,
     progress: bool = False,
 ) -> list[InstanceResult]:
     """Every task's `InstanceResult`, in the order of `tasks`; `on_result` sees each as it finishes. Instance
-    ids must be distinct: they name the sessions (`RolloutConfig.session_id`)."""
+    ids must be distinct: they name the sessions (`SweRolloutConfig.session_id`)."""
     repeated = sorted(i for i, n in Counter(t.instance_id for t in tasks).items() if n > 1)
     if repeated:
         raise ValueError(f"instance {repeated[0]!r} is given more than once; a rollout runs each task once")
@@ -341,9 +345,9 @@ def format_table(results: Sequence[InstanceResult]) -> str:
 
 def rollout_to(
     out: Path,
-    tasks: Sequence[Task],
+    tasks: Sequence[Instance],
     agent: Agent,
-    config: RolloutConfig,
+    config: SweRolloutConfig,
     settings: dict,
     grader: Grader = evaluate_locally,
     workspace: Workspace = local_workspace,
@@ -383,7 +387,7 @@ def read_admin_token(path: Path | None) -> str | None:
     return token
 
 
-def check_manager(config: RolloutConfig) -> None:
+def check_manager(config: SweRolloutConfig) -> None:
     """ValueError unless the manager at `config.manager_url` answers its health check: better than every
     episode retrying against nothing."""
     try:
@@ -396,7 +400,7 @@ def check_manager(config: RolloutConfig) -> None:
         raise ValueError(f"no trajectory manager answers at {config.manager_url}: {e}") from None
 
 
-def rollout_command(args, tasks: Sequence[Task]) -> int:
+def rollout_command(args, tasks: Sequence[Instance]) -> int:
     """`python -m swebench_env rollout`: every task once, against the manager at --base-url."""
     agent_config = AgentConfig(max_turns=args.max_turns, command_timeout_s=args.command_timeout_s,
                                max_tokens=args.max_tokens, temperature=args.temperature, model=args.model)  # fmt: skip
@@ -406,7 +410,9 @@ def rollout_command(args, tasks: Sequence[Task]) -> int:
         agent = _mini_swe_agent(agent_config, args.mini_config)
     else:
         agent = make_agent(args.agent, agent_config)
-    config = RolloutConfig(args.base_url, args.concurrency, args.run_id or "", read_admin_token(args.admin_token_file))
+    config = SweRolloutConfig(
+        args.base_url, args.concurrency, args.run_id or "", read_admin_token(args.admin_token_file)
+    )
     check_manager(config)
     out = prepare_out(args.out, args.out, args.overwrite)
     settings = {"command": "rollout", "tasks": str(args.tasks), "instances": len(tasks), "agent": args.agent,

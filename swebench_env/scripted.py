@@ -26,7 +26,7 @@ from reference.engine.fake import ScriptedEngine
 from swebench_env.agent import AgentConfig, BashAgent, Episode
 from swebench_env.demos import SUBMIT_COMMAND, Demonstration, Step
 from swebench_env.runner import CommandRunner
-from swebench_env.tasks import Task
+from swebench_env.tasks import Instance
 
 DEFAULT_MAX_CONTEXT = 32768  # tokens; the scripted engine holds no cache, so it can be generous
 NO_DEMONSTRATION = "I have no demonstration for this conversation."
@@ -48,7 +48,7 @@ class DemonstrationScript:
     in the prompt, which step by the number of assistant turns the prompt already holds. `submit_tool`: see
     `step_message`."""
 
-    def __init__(self, pairs: Iterable[tuple[Task, Demonstration]], tokenizer, submit_tool: bool = True) -> None:
+    def __init__(self, pairs: Iterable[tuple[Instance, Demonstration]], tokenizer, submit_tool: bool = True) -> None:
         self.tok = tokenizer
         self.submit_tool = submit_tool
         self._by_statement: dict[str, Demonstration] = {}
@@ -84,7 +84,7 @@ class DemonstrationScript:
 
 
 def demonstration_engine(
-    pairs: Iterable[tuple[Task, Demonstration]],
+    pairs: Iterable[tuple[Instance, Demonstration]],
     tokenizer,
     max_context: int = DEFAULT_MAX_CONTEXT,
     submit_tool: bool = True,
@@ -96,7 +96,7 @@ def demonstration_engine(
 
 
 def demonstration_manager(
-    pairs: Iterable[tuple[Task, Demonstration]],
+    pairs: Iterable[tuple[Instance, Demonstration]],
     tokenizer=None,
     store: str | Path = ":memory:",
     config=None,
@@ -114,7 +114,7 @@ def demonstration_manager(
 
 
 def replay_demonstration(
-    task: Task,
+    task: Instance,
     demo: Demonstration,
     manager_url: str,
     runner: CommandRunner,
@@ -131,13 +131,13 @@ def replay_demonstration(
 # ---- the command line (`python -m swebench_env replay`; the parser is in cli.py) ----
 
 
-def replay_command(args, tasks: Sequence[Task]) -> int:
+def replay_command(args, tasks: Sequence[Instance]) -> int:
     """Replay `tasks`' demonstrations through an in-process manager whose engine plays them, in sandboxes or
     locally (`--sandbox`), grade each patch and store the reward; exit code 1 unless every replay resolves."""
     from core.outputs import prepare_out
     from reference.tokenizer import Tokenizer, default_tokenizer
     from swebench_env.demos import load_demonstrations
-    from swebench_env.rollout import RolloutConfig, environment, rollout_to
+    from swebench_env.rollout import SweRolloutConfig, environment, rollout_to
 
     if not tasks:
         raise ValueError(f"{args.tasks} holds no task to replay")
@@ -156,7 +156,7 @@ def replay_command(args, tasks: Sequence[Task]) -> int:
     settings = {"command": "replay", "tasks": str(args.tasks), "demos": str(args.demos), "instances": len(tasks),
                 "tokenizer": args.tokenizer, "sandbox": args.sandbox, "agent_config": asdict(config)}  # fmt: skip
     with demonstration_manager(pairs, tok, store) as manager:
-        rollout = RolloutConfig(manager.url, args.concurrency, run_id=f"replay-{uuid.uuid4().hex[:8]}")
+        rollout = SweRolloutConfig(manager.url, args.concurrency, run_id=f"replay-{uuid.uuid4().hex[:8]}")
         results = rollout_to(out, tasks, BashAgent(config), rollout, settings, grader, workspace)
     resolved = sum(r.resolved for r in results)
     print(f"replayed {len(results)} demonstrations: {resolved} resolved; trajectories in {store} "

@@ -43,9 +43,9 @@ from swebench_env.evaluation import (
 )
 from swebench_env.git import GitError
 from swebench_env.suite.verify import TaskCheck, _patch_shape
-from swebench_env.tasks import Task, TaskFormatError, parse_records, read_task_file, task_from_dict
+from swebench_env.tasks import Instance, TaskFormatError, parse_records, read_task_file, task_from_dict
 
-Evaluate = Callable[[Task, str], Evaluation]
+Evaluate = Callable[[Instance, str], Evaluation]
 SANDBOXES = ("docker", "local")
 PLACEHOLDER = "derive-tests::placeholder"  # a FAIL_TO_PASS for the run: a Task needs one, the run ignores it
 _NO_MODULE = re.compile(r"No module named '([^']+)'")
@@ -62,7 +62,7 @@ def evaluator(sandbox: str, image: str | None = None, timeout_s: float = DEFAULT
     raise unknown_name("sandbox", sandbox, SANDBOXES)
 
 
-def _evaluate_here(task: Task, patch: str, timeout_s: float) -> Evaluation:
+def _evaluate_here(task: Instance, patch: str, timeout_s: float) -> Evaluation:
     return evaluate_locally(task, patch, timeout_s)
 
 
@@ -81,7 +81,7 @@ def _one_line(error: Exception) -> str:
 # ---- check ----
 
 
-def check_task(task: Task, evaluate: Evaluate) -> TaskCheck:
+def check_task(task: Instance, evaluate: Evaluate) -> TaskCheck:
     """The checks of the module docstring, in `evaluate`'s sandbox; problems as text, never raised."""
     start = time.perf_counter()
     problems = _patch_shape(task)
@@ -103,13 +103,13 @@ def check_task(task: Task, evaluate: Evaluate) -> TaskCheck:
     return TaskCheck(task.instance_id, tuple(problems), time.perf_counter() - start)
 
 
-def check_tasks(tasks: Sequence[Task], evaluate: Evaluate, jobs: int = 2) -> list[TaskCheck]:
+def check_tasks(tasks: Sequence[Instance], evaluate: Evaluate, jobs: int = 2) -> list[TaskCheck]:
     """`check_task` for each task, `jobs` at a time, in the order given."""
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="check") as pool:
         return list(pool.map(lambda t: check_task(t, evaluate), tasks))
 
 
-def _why_unresolved(task: Task, gold: Evaluation) -> str:
+def _why_unresolved(task: Instance, gold: Evaluation) -> str:
     missing = _missing_module(gold)
     if missing:
         return missing.removeprefix("; ")
@@ -156,7 +156,7 @@ class _Unusable(Exception):
     """A run whose results cannot be used; the message says why."""
 
 
-def derive_tests(task: Task, evaluate: Evaluate, runs: int = 1) -> Derived:
+def derive_tests(task: Instance, evaluate: Evaluate, runs: int = 1) -> Derived:
     """FAIL_TO_PASS and PASS_TO_PASS of `task` (its own lists are not read), from `runs` runs before and after."""
     start = time.perf_counter()
     probe = replace(task, FAIL_TO_PASS=(PLACEHOLDER,), PASS_TO_PASS=())
@@ -178,7 +178,7 @@ def derive_tests(task: Task, evaluate: Evaluate, runs: int = 1) -> Derived:
     return Derived(task.instance_id, f2p, p2p, problem, time.perf_counter() - start)
 
 
-def _passing(task: Task, patch: str, evaluate: Evaluate) -> set[str]:
+def _passing(task: Instance, patch: str, evaluate: Evaluate) -> set[str]:
     when = "with the gold patch" if patch else "with only the test patch"
     try:
         evaluation = evaluate(task, patch)
@@ -214,7 +214,7 @@ def derive_file(
         raise ValueError(f"--runs and --jobs must be >= 1, got {runs} and {jobs}")
     text = read_task_file(path)
     placed = parse_records(text, str(path))
-    tasks: dict[str, Task] = {}
+    tasks: dict[str, Instance] = {}
     results: dict[str, Derived] = {}
     for place, record in placed:
         iid = record.get("instance_id") if isinstance(record, Mapping) else None

@@ -8,9 +8,9 @@ One field goes beyond SWE-bench's schema: `repo_path`, where the repository come
 GitHub's `repo`: a local git directory (work tree or bare) or a git bundle file, relative to the task
 file. With it, tasks are added offline; without it, `repo` is GitHub's `owner/name` and official
 instances load unchanged. Fields a file carries beyond the schema (e.g. SWE-bench Verified's
-`difficulty`) are kept in `Task.extra` and written back; a misspelling of a known field is an error.
+`difficulty`) are kept in `Instance.extra` and written back; a misspelling of a known field is an error.
 Two of them are read: `image` and `install`, the task's environment (`environments.py`), checked when
-the task is made and read through `Task.environment`.
+the task is made and read through `Instance.environment`.
 
 `materialize_repo` fetches only `base_commit` and its history into a fresh repository on branch
 `main`, so commits after the base commit (the fix, for a real issue) are not in the checkout.
@@ -53,7 +53,7 @@ class TaskFormatError(ValueError):
 
 
 @dataclass(frozen=True)
-class Task:
+class Instance:
     """One SWE-bench instance. Test ids are pytest node ids, e.g. `tests/test_x.py::test_y[1-2]`."""
 
     instance_id: str  # unique in a file; letters, digits, `_.-` (used in file and container names)
@@ -114,13 +114,13 @@ class Task:
         return {**record, **self.extra}
 
 
-def _expect_str(task: Task, name: str) -> None:
+def _expect_str(task: Instance, name: str) -> None:
     value = getattr(task, name)
     if not isinstance(value, str):
         raise _bad(task, name, f"expected a string, got {type(value).__name__} {value!r:.60}")
 
 
-def _bad(task: Task, name: str, what: str) -> TaskFormatError:
+def _bad(task: Instance, name: str, what: str) -> TaskFormatError:
     return TaskFormatError(f"instance {getattr(task, 'instance_id', '?')!r}: field {name!r}: {what}")
 
 
@@ -130,12 +130,12 @@ def _relative(path: Path, base: Path | None) -> str:
     return str(path)
 
 
-def task_from_dict(record: Mapping[str, Any], base_dir: Path | None = None) -> Task:
+def task_from_dict(record: Mapping[str, Any], base_dir: Path | None = None) -> Instance:
     """A Task from one JSON record; a relative `repo_path` is taken from `base_dir` (default: the cwd)."""
     if not isinstance(record, Mapping):
         raise TaskFormatError(f"expected a JSON object per task, got {type(record).__name__}")
     name = record.get("instance_id", "?")
-    known = {f.name for f in fields(Task)} - {"extra"}
+    known = {f.name for f in fields(Instance)} - {"extra"}
     missing = [k for k in REQUIRED if k not in record]
     if missing:
         raise TaskFormatError(f"instance {name!r}: missing field(s) {missing}; a task needs {list(REQUIRED)}")
@@ -152,7 +152,7 @@ def task_from_dict(record: Mapping[str, Any], base_dir: Path | None = None) -> T
     if values.get("repo_path") is not None:
         values["repo_path"] = _repo_path(name, values["repo_path"], base_dir or Path.cwd())
     extra = {k: v for k, v in record.items() if k not in known}
-    return Task(**values, extra=extra)
+    return Instance(**values, extra=extra)
 
 
 def _test_ids(name: str, key: str, value: Any) -> tuple[str, ...]:
@@ -187,7 +187,7 @@ def _repo_path(name: str, value: Any, base_dir: Path) -> Path:
 
 def parse_tasks(
     text: str, source: str = "<tasks>", base_dir: Path | None = None, problems: list[str] | None = None
-) -> list[Task]:
+) -> list[Instance]:
     """Tasks from the text of a JSON list (or one object) or of JSONL; `source` names the text in errors.
     With a `problems` list, a record that breaks the schema (or a JSONL line that is not JSON) is skipped
     and a line saying why is appended to it; without, the first one raises TaskFormatError."""
@@ -221,8 +221,10 @@ def _problem(error: TaskFormatError, problems: list[str] | None) -> None:
     problems.append(str(error))
 
 
-def _validated(records: list[Any], places: list[str], base_dir: Path | None, problems: list[str] | None) -> list[Task]:
-    tasks: list[Task] = []
+def _validated(
+    records: list[Any], places: list[str], base_dir: Path | None, problems: list[str] | None
+) -> list[Instance]:
+    tasks: list[Instance] = []
     seen: dict[str, str] = {}
     for record, place in zip(records, places, strict=True):
         try:
@@ -240,7 +242,7 @@ def _validated(records: list[Any], places: list[str], base_dir: Path | None, pro
     return tasks
 
 
-def load_tasks(path: Path | str, problems: list[str] | None = None) -> list[Task]:
+def load_tasks(path: Path | str, problems: list[str] | None = None) -> list[Instance]:
     """Every task in a JSON or JSONL file; relative `repo_path`s are taken from the file's folder. `problems`:
     as for `parse_tasks` (skip bad records, say why there)."""
     path = Path(path)
@@ -259,7 +261,7 @@ def read_task_file(path: Path) -> str:
         raise TaskFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def dump_tasks(tasks: Iterable[Task], path: Path | str) -> Path:
+def dump_tasks(tasks: Iterable[Instance], path: Path | str) -> Path:
     """Write `tasks` as JSONL (JSON list if `path` ends in `.json`), `repo_path` relative to the file's folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -273,7 +275,7 @@ def dump_tasks(tasks: Iterable[Task], path: Path | str) -> Path:
 
 
 def materialize_repo(
-    task: Task,
+    task: Instance,
     dest: Path | str,
     *,
     github_url: str = GITHUB_URL,

@@ -42,8 +42,7 @@ from reference.trainer.batch import Trajectory
 from swebench_env.agent import AgentConfig
 from swebench_env.rollout import AGENTS, SANDBOXES, Played, environment, make_agent, play
 from swebench_env.sandbox import SandboxError
-from swebench_env.tasks import Task as Instance
-from swebench_env.tasks import load_tasks
+from swebench_env.tasks import Instance, load_tasks
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "held_out")

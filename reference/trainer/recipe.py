@@ -18,6 +18,36 @@ slow on seed 3 (235). Dividing by the group's std feeds that collapse: a group t
 agrees (15 samples right, one wrong) gets advantages of several units, a hard push onto the majority;
 without it (Dr. GRPO, Liu et al. 2025) the runtime reached 0.8 at steps 131-215 on all five seeds,
 the probe at 128-153 (lag 1, 4 seeds) and 143-177 on-policy (lag 0, 4 seeds; 181-397 with the std).
+
+The SWE recipe (`reference/configs/swe.yaml`, `make train-swe`; the warm start's measurements are in
+`reference.trainer.swe_probe`). The same 1.0 M-parameter model over the project's chat tokenizer, a
+supervised warm start on the 32 train demonstrations (300 steps of 4 episodes at lr 3e-3), then GRPO on
+groups of 8 episodes of a task, 4 tasks a step, at temperature 1, no entropy bonus, no std division.
+
+Why the warm start stops at 300 steps: the model memorises the demonstrations (loss 0.003 nats a generated
+token), and an episode samples about 730 tokens, so it resolves a task only when every one of them stays on
+the demonstrated path: pass@1 at temperature 1 is about exp(-730 x 0.003) = 0.1-0.2 (measured 0.16 and 0.18
+over 4 episodes a task, 0.09-0.25 over one), leaving RL the room between that and 1. At 250 steps no sampled
+fix turn resolves; at 400 steps half do.
+
+Why overlong episodes are masked (`task.options.overlong: mask`): half the episodes of that policy leave the
+path, wander, and end at the turn limit. Their hundreds of uncertain tokens carry most of the gradient's
+norm (a token's log-probability gradient is 1 - p, about 0.003 on the path and 0.3-0.6 off it), so with
+them in the loss a step is mostly noise that Adam scales to full size: pass@1 fell from 0.25 to 0.125 in five
+steps at lr 5e-4 (one episode a task) and the sampled entropy rose 0.29 -> 0.36; in a fix-turn probe lr
+3e-4 took pass@1 0.72 -> 0.30. Masked (their rewards still in the group's baseline, DAPO's overlong
+filtering), the entropy fell 0.21 -> 0.14-0.18 over 8 steps at lr 1e-4.
+
+Why evaluations run 4 episodes a task (`run.eval_samples`): one episode a task measured the same weights at
+0.094, 0.22 and 0.25. With 4, the standard error over the 32 tasks is about 0.035.
+
+Not yet shown: that GRPO raises pass@1. Measured from the same warm-started weights (4 episodes a task,
+train split): lr 1e-4, 8 steps, overlong masked: 0.164 -> 0.164 (7 tasks up, 9 down). At that rate Adam
+moves each weight by at most 8e-4 in 8 steps, against the warm start's 300 steps of 3e-3: the policy
+barely moves. At lr 5e-4 (masked; start 0.18) the sampled entropy rose again, 0.16 -> 0.25 in four steps,
+and the steps' training reward went 0.22, 0.09, 0.19, 0.03 (stopped there): too large a step for a memorised
+policy even without the off-path tokens. Between the two, more steps, larger groups and a learning-rate
+warm-up for Adam are what to measure next.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ from swebench_env.agent import TOOLS, AgentConfig, instance_messages, observatio
 from swebench_env.demos import Demonstration
 from swebench_env.runner import LocalRunner
 from swebench_env.scripted import step_message
-from swebench_env.tasks import Task, materialize_repo
+from swebench_env.tasks import Instance, materialize_repo
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "swe_probe"
 STEP_TIMEOUT_S = 60.0  # each demonstration command while recording (the agent's default command timeout)
@@ -151,7 +151,7 @@ def _diff(repo: Path) -> str:
     return done.stdout
 
 
-def record_demonstration(task: Task, demo: Demonstration) -> Recording:
+def record_demonstration(task: Instance, demo: Demonstration) -> Recording:
     """Run `demo` step by step in a fresh checkout of `task` (see the module docstring)."""
     with tempfile.TemporaryDirectory(prefix=f"swe-probe-{task.instance_id}-") as tmp:
         repo = materialize_repo(task, Path(tmp) / "repo")
@@ -166,7 +166,7 @@ def record_demonstration(task: Task, demo: Demonstration) -> Recording:
     return Recording(tuple(outputs), fix_step, fix_diff)
 
 
-def load_recordings(pairs: Sequence[tuple[Task, Demonstration]], path: Path) -> dict[str, Recording]:
+def load_recordings(pairs: Sequence[tuple[Instance, Demonstration]], path: Path) -> dict[str, Recording]:
     """Every pair's `Recording`, from the JSON cache at `path`; missing ones are recorded and added."""
     cached = json.loads(path.read_text()) if path.is_file() else {}
     missing = [(t, d) for t, d in pairs if t.instance_id not in cached]
@@ -194,7 +194,7 @@ class RenderedEpisode:
 
 
 def render_episode(
-    task: Task, demo: Demonstration, recording: Recording, tok: Tokenizer, config: AgentConfig | None = None
+    task: Instance, demo: Demonstration, recording: Recording, tok: Tokenizer, config: AgentConfig | None = None
 ) -> RenderedEpisode:
     """The token ids the manager records when the built-in agent plays `demo` (see the module docstring): the
     messages are built as `BashAgent` builds them and rendered by the manager's `ChatRenderer`, which splices
@@ -331,7 +331,7 @@ class FixJudge:
         self.root = root
         self._cache: dict[tuple[str, str], bool] = {}
 
-    def __call__(self, task: Task, recording: Recording, command: str | None) -> bool:
+    def __call__(self, task: Instance, recording: Recording, command: str | None) -> bool:
         if command is None:
             return False
         key = (task.instance_id, command)
@@ -339,7 +339,7 @@ class FixJudge:
             self._cache[key] = self._judge(task, recording, command)
         return self._cache[key]
 
-    def _judge(self, task: Task, recording: Recording, command: str) -> bool:
+    def _judge(self, task: Instance, recording: Recording, command: str) -> bool:
         from swebench_env.evaluation import evaluate_locally
 
         repo = self.root / task.instance_id
@@ -437,19 +437,19 @@ def run_sft(dims: ModelDims, data: Data, tok: Tokenizer, *, steps: int, batch: i
     return model, history
 
 
-def real_rollouts(model, tok: Tokenizer, tasks: Sequence[Task], config: AgentConfig, *, samples: int = 1,
+def real_rollouts(model, tok: Tokenizer, tasks: Sequence[Instance], config: AgentConfig, *, samples: int = 1,
                   concurrency: int = 4, seed: int = 0) -> list:  # fmt: skip
     """`samples` episodes of each task by the built-in agent through a trajectory manager and the built-in engine
     over a copy of `model`, in local checkouts, graded by the tasks' tests: `InstanceResult`s."""
     from reference.manager.embedded import ManagerThread
     from swebench_env.agent import BashAgent
-    from swebench_env.rollout import RolloutConfig, run_rollout
+    from swebench_env.rollout import SweRolloutConfig, run_rollout
 
     results = []
     with BuiltinEngine(copy.deepcopy(model), max_batch=32, seed=seed, tokenizer=tok) as engine:
         with ManagerThread({"probe": engine}, tok) as manager:
             for k in range(samples):
-                rollout = RolloutConfig(manager.url, concurrency, run_id=f"probe-{seed}-{k}")
+                rollout = SweRolloutConfig(manager.url, concurrency, run_id=f"probe-{seed}-{k}")
                 results += run_rollout(tasks, BashAgent(config), rollout)
     return results
 

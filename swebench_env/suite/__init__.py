@@ -17,7 +17,7 @@ from pathlib import Path
 
 from swebench_env.demos import Demonstration, load_demonstrations
 from swebench_env.suite.build import HELD_OUT_LIBRARIES, SPLITS
-from swebench_env.tasks import Task, load_tasks
+from swebench_env.tasks import Instance, load_tasks
 
 SUITE_DIR = Path(__file__).resolve().parent.parent / "data" / "suite"
 
@@ -32,7 +32,7 @@ def _splits(split: str) -> tuple[str, ...]:
     return (split,)
 
 
-def load_suite(split: str = "train", root: Path = SUITE_DIR) -> list[Task]:
+def load_suite(split: str = "train", root: Path = SUITE_DIR) -> list[Instance]:
     """The suite's tasks of `split` ("train", "held_out" or "all"), in a fixed order."""
     return [t for s in _splits(split) for t in load_tasks(Path(root) / f"{s}.jsonl")]
 

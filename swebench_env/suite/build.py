@@ -34,7 +34,7 @@ from swebench_env.git import deterministic_env, git
 from swebench_env.suite.demonstrate import make_demonstration
 from swebench_env.suite.library import Bug, Library, load_libraries
 from swebench_env.suite.mutations import Module
-from swebench_env.tasks import Task, dump_tasks
+from swebench_env.tasks import Instance, dump_tasks
 
 ID_PREFIX = "swesuite"
 HELD_OUT_LIBRARIES = ("semver", "statskit")
@@ -61,7 +61,7 @@ class SuiteBuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class BuiltTask:
-    task: Task
+    task: Instance
     demonstration: Demonstration
     split: str
 
@@ -106,7 +106,7 @@ def build_task(lib: Library, number: int, repos_dir: Path) -> BuiltTask:
         bundle = repos_dir / f"{iid}.bundle"
         bundle.parent.mkdir(parents=True, exist_ok=True)
         git("-c", "pack.threads=1", "bundle", "create", "-q", str(bundle.resolve()), "HEAD", "main", cwd=repo)
-    task = Task(
+    task = Instance(
         instance_id=iid, repo=f"{ID_PREFIX}/{lib.name}", base_commit=base_commit,
         problem_statement=problem_statement(bug, observed, expected), patch=patch, test_patch=test_patch,
         FAIL_TO_PASS=tuple(fail), PASS_TO_PASS=tuple(passing), version=lib.version, created_at=CREATED_AT,

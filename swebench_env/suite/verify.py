@@ -19,7 +19,7 @@ from pathlib import Path
 
 from swebench_env.demos import Demonstration, replay, submitted_patch
 from swebench_env.evaluation import PASSING, evaluate_locally, patch_files
-from swebench_env.tasks import Task, materialize_repo
+from swebench_env.tasks import Instance, materialize_repo
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class TaskCheck:
         return not self.problems
 
 
-def check_task(task: Task, demo: Demonstration | None = None) -> TaskCheck:
+def check_task(task: Instance, demo: Demonstration | None = None) -> TaskCheck:
     """Run the checks above on `task` (and on `demo` when given)."""
     start = time.perf_counter()
     problems = _patch_shape(task)
@@ -54,7 +54,7 @@ def check_task(task: Task, demo: Demonstration | None = None) -> TaskCheck:
     return TaskCheck(task.instance_id, tuple(problems), time.perf_counter() - start)
 
 
-def _patch_shape(task: Task) -> list[str]:
+def _patch_shape(task: Instance) -> list[str]:
     problems = []
     tests_in_gold = [p for p in patch_files(task.patch) if _is_test_path(p)]
     sources_in_tests = [p for p in patch_files(task.test_patch) if not _is_test_path(p)]
@@ -70,7 +70,7 @@ def _is_test_path(path: str) -> bool:
     return path.startswith(("tests/", "test/")) or "/tests/" in path or name.startswith("test_")
 
 
-def _check_demo(task: Task, demo: Demonstration) -> list[str]:
+def _check_demo(task: Instance, demo: Demonstration) -> list[str]:
     if demo.instance_id != task.instance_id:
         return [f"the demonstration is for {demo.instance_id!r}"]
     with tempfile.TemporaryDirectory(prefix=f"demo-{task.instance_id}-") as tmp:
@@ -84,7 +84,7 @@ def _check_demo(task: Task, demo: Demonstration) -> list[str]:
     return []
 
 
-def check_tasks(tasks: list[Task], demos: dict[str, Demonstration] | None = None, jobs: int = 2) -> list[TaskCheck]:
+def check_tasks(tasks: list[Instance], demos: dict[str, Demonstration] | None = None, jobs: int = 2) -> list[TaskCheck]:
     """`check_task` for each task, `jobs` at a time, in the order given."""
     demos = demos or {}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from swebench_env import cli
-from swebench_env.evaluation import Evaluation, Grade, Outcome
+from swebench_env.evaluation import Evaluation, Outcome, Verdict
 from swebench_env.suite import SUITE_DIR, load_suite
 from swebench_env.taskcheck import derive_file, derive_tests, evaluator
 from swebench_env.tasks import load_tasks
@@ -35,7 +35,7 @@ def fake(before: list[dict], after: list[dict], log: str = "", problem: str | No
     def evaluate(task, patch: str) -> Evaluation:
         statuses = next(runs[bool(patch)])
         return Evaluation(
-            task.instance_id, True, statuses, Grade(False, (0, 1), (0, 0)), log, problem if patch else None
+            task.instance_id, True, statuses, Verdict(False, (0, 1), (0, 0)), log, problem if patch else None
         )
 
     return evaluate

@@ -15,7 +15,7 @@ from swebench_env import cli  # noqa: E402
 from swebench_env.agent import AgentConfig, ExitReason  # noqa: E402
 from swebench_env.demos import SUBMIT_MARKER  # noqa: E402
 from swebench_env.mini_swe import MiniSweAgent, RunnerEnvironment, load_config  # noqa: E402
-from swebench_env.rollout import RolloutConfig, run_rollout  # noqa: E402
+from swebench_env.rollout import SweRolloutConfig, run_rollout  # noqa: E402
 from swebench_env.runner import LocalRunner  # noqa: E402
 from swebench_env.scripted import demonstration_manager  # noqa: E402
 from swebench_env.suite import SUITE_DIR, load_suite, load_suite_demonstrations  # noqa: E402
@@ -81,7 +81,7 @@ def test_the_unmodified_agent_resolves_demonstrated_tasks_and_its_tokens_are_sto
 def test_the_step_limit_ends_the_episode_and_the_checkout_diff_is_graded(manager, pairs):
     task, demo = pairs[0]
     agent = MiniSweAgent(AgentConfig(max_turns=2))
-    [result] = run_rollout([task], agent, RolloutConfig(manager.url, run_id="limit", admin_token=TOKEN))
+    [result] = run_rollout([task], agent, SweRolloutConfig(manager.url, run_id="limit", admin_token=TOKEN))
     assert len(demo.steps) > 2
     assert (result.exit_reason, result.turns, result.resolved, result.reward, result.reward_stored) == (
         "turn_limit", 2, False, 0.0, True)  # fmt: skip
@@ -173,7 +173,7 @@ def test_the_unmodified_agent_works_in_a_docker_sandbox(manager, pairs, base_ima
 
     workspace, grader = environment("docker", base_image)
     agent = MiniSweAgent(AgentConfig(max_turns=len(pairs[1][1].steps) + 1))
-    config = RolloutConfig(manager.url, run_id="mini-docker", admin_token=TOKEN)
+    config = SweRolloutConfig(manager.url, run_id="mini-docker", admin_token=TOKEN)
     [result] = run_rollout([pairs[1][0]], agent, config, grader, workspace)
     assert (result.exit_reason, result.resolved, result.reward, result.reward_stored, result.error) == (
         "submitted", True, 1.0, True, None)  # fmt: skip

@@ -20,8 +20,8 @@ from swebench_env.demos import (
     submitted_patch,
 )
 from swebench_env.evaluation import (
-    Grade,
     Outcome,
+    Verdict,
     evaluate_locally,
     grade,
     judged_files,
@@ -65,11 +65,11 @@ def test_parse_pytest_log_reads_the_short_summary():
 def test_grade_needs_every_listed_test_to_pass(task):
     everything = {t: Outcome.PASSED for t in (*task.FAIL_TO_PASS, *task.PASS_TO_PASS)}
     f2p, p2p = len(task.FAIL_TO_PASS), len(task.PASS_TO_PASS)
-    assert grade(task, everything) == Grade(True, (f2p, f2p), (p2p, p2p))
+    assert grade(task, everything) == Verdict(True, (f2p, f2p), (p2p, p2p))
     one_failed = {**everything, task.FAIL_TO_PASS[0]: Outcome.FAILED}
-    assert grade(task, one_failed) == Grade(False, (f2p - 1, f2p), (p2p, p2p))
+    assert grade(task, one_failed) == Verdict(False, (f2p - 1, f2p), (p2p, p2p))
     one_missing = {t: s for t, s in everything.items() if t != task.PASS_TO_PASS[0]}
-    assert grade(task, one_missing) == Grade(False, (f2p, f2p), (p2p - 1, p2p))
+    assert grade(task, one_missing) == Verdict(False, (f2p, f2p), (p2p - 1, p2p))
 
 
 def test_patch_files_and_the_test_command(task):

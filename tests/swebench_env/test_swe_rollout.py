@@ -13,7 +13,7 @@ from reference.manager.manager import ManagerConfig
 from swebench_env import cli
 from swebench_env.agent import AgentConfig, BashAgent, Episode, ExitReason
 from swebench_env.evaluation import Evaluation, grade
-from swebench_env.rollout import RolloutConfig, environment, make_agent, run_rollout
+from swebench_env.rollout import SweRolloutConfig, environment, make_agent, run_rollout
 from swebench_env.scripted import demonstration_manager
 from swebench_env.suite import SUITE_DIR, load_suite, load_suite_demonstrations
 
@@ -44,7 +44,7 @@ def _reward(manager, session_id: str):
 
 
 def test_a_rollout_grades_every_task_and_stores_the_rewards(tasks, manager):
-    config = RolloutConfig(manager.url, concurrency=2, run_id="r1", admin_token=TOKEN)
+    config = SweRolloutConfig(manager.url, concurrency=2, run_id="r1", admin_token=TOKEN)
     results = run_rollout(tasks, BashAgent(AgentConfig(max_turns=12)), config)
     assert [(r.instance_id, r.exit_reason, r.resolved, r.reward, r.reward_stored) for r in results] == [
         (t.instance_id, "submitted", True, 1.0, True) for t in tasks
@@ -58,14 +58,14 @@ def test_the_grader_is_pluggable_and_its_verdict_is_the_reward(tasks, manager):
     def never(task, patch):
         return Evaluation(task.instance_id, True, {}, grade(task, {}), "")
 
-    config = RolloutConfig(manager.url, concurrency=1, run_id="r2", admin_token=TOKEN)
+    config = SweRolloutConfig(manager.url, concurrency=1, run_id="r2", admin_token=TOKEN)
     [result] = run_rollout(tasks[:1], BashAgent(AgentConfig()), config, grader=never)
     assert (result.exit_reason, result.resolved, result.reward, result.reward_stored) == ("submitted", False, 0.0, True)
     assert _reward(manager, result.session_id) == (0.0, [0.0])
 
 
 def test_a_wrong_admin_token_leaves_the_reward_unstored(tasks, manager):
-    config = RolloutConfig(manager.url, concurrency=1, run_id="r3", admin_token="wrong")
+    config = SweRolloutConfig(manager.url, concurrency=1, run_id="r3", admin_token="wrong")
     [result] = run_rollout(tasks[:1], BashAgent(AgentConfig()), config)
     assert (result.resolved, result.reward_stored) == (True, False)
     assert result.error.startswith("the manager refused the reward (HTTP 401)")
@@ -81,7 +81,7 @@ class _FailingAgent:
 
 
 def test_an_episode_cut_by_an_api_error_gets_no_reward(tasks, manager):
-    config = RolloutConfig(manager.url, concurrency=1, run_id="r4", admin_token=TOKEN)
+    config = SweRolloutConfig(manager.url, concurrency=1, run_id="r4", admin_token=TOKEN)
     [result] = run_rollout(tasks[:1], _FailingAgent(), config)
     assert (result.exit_reason, result.reward, result.reward_stored) == ("api_error", None, False)
     assert result.error == "no reward stored: the episode ended on an API error (HTTP 503: no engine)"
@@ -89,7 +89,7 @@ def test_an_episode_cut_by_an_api_error_gets_no_reward(tasks, manager):
 
 def test_a_broken_instance_does_not_stop_the_rollout(tasks, manager):
     broken = replace(tasks[0], instance_id="broken-1", base_commit="0" * 40)  # not in its bundle
-    config = RolloutConfig(manager.url, concurrency=2, run_id="r5", admin_token=TOKEN)
+    config = SweRolloutConfig(manager.url, concurrency=2, run_id="r5", admin_token=TOKEN)
     results = run_rollout([broken, tasks[1]], BashAgent(AgentConfig()), config)
     assert [(r.exit_reason, r.resolved, r.reward) for r in results] == [
         ("crashed", False, None),
@@ -127,7 +127,7 @@ def test_unknown_agents_and_session_urls_are_refused(manager):
     with pytest.raises(UserError, match="unknown agent 'swe-agent'; valid choices: builtin, mini-swe-agent"):
         make_agent("swe-agent", AgentConfig())
     with pytest.raises(ValueError, match="not a session URL"):
-        RolloutConfig(f"{manager.url}/s/abc/v1")
+        SweRolloutConfig(f"{manager.url}/s/abc/v1")
 
 
 @contextmanager
@@ -149,7 +149,7 @@ def test_the_tiny_random_model_ends_by_the_turn_limit_with_reward_0(tasks):
     the turn limit on format errors, its empty patch resolves nothing, and the reward 0 is stored."""
     with _tiny_model_manager() as m:
         agent = BashAgent(AgentConfig(max_turns=2, max_tokens=24))
-        [result] = run_rollout(tasks[:1], agent, RolloutConfig(m.url, run_id="tiny"))
+        [result] = run_rollout(tasks[:1], agent, SweRolloutConfig(m.url, run_id="tiny"))
         stored = _reward(m, result.session_id)
     assert (result.exit_reason, result.turns, result.format_errors) == ("turn_limit", 2, 2)
     assert (result.resolved, result.reward, result.reward_stored) == (False, 0.0, True)
@@ -168,7 +168,7 @@ def test_the_tiny_model_rolls_out_8_tasks_in_sandboxes_with_rewards_stored_and_t
     eight = load_suite("train")[::4][:8]
     workspace, grader = environment("docker", base_image)
     with _tiny_model_manager(tmp_path / "t.sqlite") as m:
-        config = RolloutConfig(m.url, concurrency=2, run_id="tiny8")
+        config = SweRolloutConfig(m.url, concurrency=2, run_id="tiny8")
         results = run_rollout(eight, BashAgent(AgentConfig(max_turns=2, max_tokens=16)), config, grader, workspace)
         stored = [_reward(m, r.session_id) for r in results]
         report = check_store(m.store, default_model()[0], default_tokenizer())
