@@ -87,7 +87,7 @@ def test_shard_by_group_keeps_groups_whole_and_covers_the_batch():
         ("clip_eps_high", 1.5, "clip_eps_high must be in \\(0, 1\\) or null, got 1.5"),
         ("ratio_cap", 1.1, "ratio_cap must be > 1 \\+ clip_eps"),
         ("entropy_coef", -0.1, "entropy_coef must be >= 0"),
-        ("lr", math.nan, "lr must be > 0, got nan"),
+        ("lr", math.nan, "lr must be a finite number, got nan"),
         ("micro_batch_size", 0, "micro_batch_size must be an integer >= 1, got 0"),
         ("betas", (0.9, 1.0), "betas must be two values in \\[0, 1\\)"),
     ],
