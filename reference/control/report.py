@@ -175,8 +175,14 @@ def write_instances(labels: list[str], rows: list, path: Path) -> None:
             w.writerow([split, pid, *(v for c in got for v in _cell(c))])
 
 
+def _rate(c) -> float | None:
+    """A cell's mean reward: (reward sum, episodes with a verdict) -> their ratio; None without a verdict."""
+    return None if c is None or not c[1] else c[0] / c[1]
+
+
 def _cell(c) -> tuple:
-    return ("", "") if c is None or not c[1] else (round(c[0] / c[1], 4), c[1])
+    rate = _rate(c)
+    return ("", "") if rate is None else (round(rate, 4), c[1])
 
 
 def instance_table(metrics: MetricsLog, first: str = "start", last: str = "end") -> str:
@@ -191,20 +197,19 @@ def instance_table(metrics: MetricsLog, first: str = "start", last: str = "end")
     for split, pid, got in rows:
         lines.append(f"{split:<8}  {pid:<{width}}  {_show(got[a]):>14}  {_show(got[b]):>14}")
     for split in ("train", "held-out"):
-        pairs = [(got[a], got[b]) for s, _, got in rows if s == split and got[a] and got[b] and got[a][1] and got[b][1]]
+        pairs = [(_rate(got[a]), _rate(got[b])) for s, _, got in rows if s == split]
+        pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
         if pairs:
-            up = sum(y[0] / y[1] > x[0] / x[1] for x, y in pairs)
-            down = sum(y[0] / y[1] < x[0] / x[1] for x, y in pairs)
-            before, after = (sum(p[i][0] / p[i][1] for p in pairs) / len(pairs) for i in (0, 1))
+            up, down = sum(y > x for x, y in pairs), sum(y < x for x, y in pairs)
+            before, after = (sum(p[i] for p in pairs) / len(pairs) for i in (0, 1))
             lines.append(f"{split}: pass@1 {before:.3f} -> {after:.3f} over {len(pairs)} problems "
                          f"({up} up, {down} down)")  # fmt: skip
     return "\n".join(lines)
 
 
 def _show(c) -> str:
-    if c is None or not c[1]:
-        return "-"
-    return f"{c[0] / c[1]:.2f} ({c[0]:g}/{c[1]})"
+    rate = _rate(c)
+    return "-" if rate is None else f"{rate:.2f} ({c[0]:g}/{c[1]})"
 
 
 def draw_rewards(metrics: MetricsLog, path: Path, label: str) -> None:
