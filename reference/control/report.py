@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -65,15 +66,21 @@ def _finite(value):
 
 
 class Progress:
-    """A progress bar per training step, with reward and trained tokens per second (only on a terminal)."""
+    """A progress bar per training step, with reward and trained tokens per second, on a terminal; elsewhere (a
+    log file, a pipe) one plain line a step, so a long run still says where it is."""
 
     def __init__(self, steps: int, enabled: bool = True, done: int = 0) -> None:
         self.bar = tqdm(total=steps, initial=done, desc="train", unit="step", disable=not show_progress(enabled),
                         leave=False)  # fmt: skip
+        self.lines, self.steps, self.done = enabled and self.bar.disable, steps, done
 
     def update(self, record: dict) -> None:
         self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", tok_s=f"{record['tokens_per_s_trained']:,.0f}")
         self.bar.update(1)
+        self.done += 1
+        if self.lines:
+            print(f"train: step {self.done}/{self.steps}, reward {record['reward_mean']:.3f}, "
+                  f"{record['tokens_per_s_trained']:,.0f} trained tokens/s", file=sys.stderr, flush=True)  # fmt: skip
 
     def __enter__(self) -> Progress:
         return self

@@ -16,6 +16,7 @@ This runs before the run's workers start, so it has every core of the machine to
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -49,10 +50,15 @@ def warm_start(cfg, task, out: Path, model_dir: str, metrics: MetricsLog, progre
     model, tokenizer = load_checkpoint(model_dir)
     bar = tqdm(total=config.steps, desc="warm start", unit="step", disable=not show_progress(progress), leave=False)
 
+    every = max(1, config.steps // 10)  # without a terminal: a plain line every tenth of the warm start
+
     def on_step(record: dict) -> None:
         metrics.warm_start({**record, "time_s": time.monotonic() - start})
         bar.set_postfix(loss=f"{record['loss']:.3f}")
         bar.update(1)
+        if progress and bar.disable and (record["step"] % every == 0 or record["step"] == config.steps):
+            print(f"warm start: step {record['step']}/{config.steps}, loss {record['loss']:.4f}", file=sys.stderr,
+                  flush=True)  # fmt: skip
 
     try:
         supervised_fit(model, records, config, tokenizer.pad_token_id, on_step)

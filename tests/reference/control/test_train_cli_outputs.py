@@ -159,3 +159,7 @@ def test_the_progress_bar_only_on_a_terminal(monkeypatch, stderr, shown):
     monkeypatch.setattr(sys, "stderr", stderr)
     with Progress(3) as progress:
         assert progress.bar.disable is not shown
+        progress.update({"reward_mean": 0.25, "tokens_per_s_trained": 1234.5})
+    lines = [line for line in stderr.getvalue().splitlines() if line.startswith("train: step")]
+    # no terminal (a log file): one plain line a step instead of the bar's frames
+    assert lines == ([] if shown else ["train: step 1/3, reward 0.250, 1,234 trained tokens/s"])
