@@ -8,6 +8,11 @@ better), whatever eps is; so does a group of one.
 A sample is an episode: an agent's episode may come as several records (one per rewrite of its
 history, `reference.rollout.episodes`) that share an episode id and a reward. The mean and std are
 taken over episodes, each counted once, and every record gets its episode's advantage.
+
+`negative_weight` (w, in [0, 1]) scales the advantages below zero after the above: 1 is GRPO as written; 0
+trains only on the episodes better than their group's mean (reward-weighted self-imitation, as in RAFT and
+the "positive sample reinforcement" of Zhu et al. 2025). The mean is still taken over every episode, so a
+group that all succeeds or all fails still carries no signal.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ def group_advantages(
     normalize_std: bool = True,
     eps: float = 1e-6,
     episode_ids: Sequence[Hashable | None] | None = None,
+    negative_weight: float = 1.0,
 ) -> list[float]:
     """One advantage per record, in the order given (see the module docstring for the formula). `episode_ids`:
     records with the same (group, episode id) are one episode; None (or no list) makes a record its own."""
@@ -32,6 +38,8 @@ def group_advantages(
         raise ValueError(f"{len(episode_ids)} episode ids for {len(rewards)} rewards; they must match")
     if eps <= 0:
         raise ValueError(f"eps must be > 0, got {eps}")
+    if not 0 <= negative_weight <= 1:
+        raise ValueError(f"negative_weight must be in [0, 1], got {negative_weight}")
     members = _episodes(rewards, group_ids, episode_ids)
     advantages = [0.0] * len(rewards)
     for episodes in members.values():
@@ -44,8 +52,9 @@ def group_advantages(
             std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
             scale = 1.0 / (std + eps)
         for reward, indices in episodes.values():
+            advantage = (reward - mean) * scale
             for i in indices:
-                advantages[i] = (reward - mean) * scale
+                advantages[i] = advantage * negative_weight if advantage < 0 else advantage
     return advantages
 
 

@@ -25,8 +25,10 @@ class TrainerConfig:
     kl_coef: float = 0.0  # weight of the k3 KL to a frozen reference model; >= 0 (> 0 needs one)
     normalize_std: bool = True  # divide group-centred rewards by the group's std
     std_eps: float = 1e-6  # added to the std before dividing; > 0
+    negative_weight: float = 1.0  # scales negative advantages (0: train only on better-than-average samples); [0, 1]
     # Optimiser.
-    lr: float = 3e-4  # AdamW learning rate, constant; > 0
+    lr: float = 3e-4  # AdamW learning rate, constant after the warm-up; > 0
+    warmup_steps: int = 0  # linear learning-rate warm-up: step k (from 0) uses lr * min(1, (k + 1) / warmup_steps)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas, each in [0, 1)
     weight_decay: float = 0.01  # AdamW decoupled weight decay; >= 0
     adam_eps: float = 1e-8  # AdamW epsilon; > 0
@@ -37,8 +39,8 @@ class TrainerConfig:
     seed: int = 0  # seeds the trainer's RNGs (prompt order, sampling in the probe)
 
     def __post_init__(self) -> None:
-        for name in ("clip_eps", "ratio_cap", "entropy_coef", "kl_coef", "std_eps", "lr", "weight_decay", "adam_eps",
-                     "grad_clip"):  # fmt: skip
+        for name in ("clip_eps", "ratio_cap", "entropy_coef", "kl_coef", "std_eps", "negative_weight", "lr",
+                     "weight_decay", "adam_eps", "grad_clip"):  # fmt: skip
             value = getattr(self, name)
             _check(_is_real(value), name, value, "a finite number")
         object.__setattr__(self, "betas", tuple(self.betas))
@@ -52,6 +54,7 @@ class TrainerConfig:
         _check(self.entropy_coef >= 0, "entropy_coef", self.entropy_coef, ">= 0")
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
         _check(self.std_eps > 0, "std_eps", self.std_eps, "> 0")
+        _check(0 <= self.negative_weight <= 1, "negative_weight", self.negative_weight, "in [0, 1]")
         _check(self.lr > 0, "lr", self.lr, "> 0")
         betas_ok = len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)
         _check(betas_ok, "betas", self.betas, "two values in [0, 1)")
@@ -59,6 +62,8 @@ class TrainerConfig:
         _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "> 0")
         _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, ">= 0 (0 turns clipping off)")
         _check(_is_int(self.micro_batch_size) and self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size)
+        _check(_is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps,
+               "an integer >= 0 (0: no warm-up)")  # fmt: skip
         _check(_is_int(self.checkpoint_every_steps) and self.checkpoint_every_steps >= 0, "checkpoint_every_steps",
                self.checkpoint_every_steps, "an integer >= 0")  # fmt: skip
         _check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")

@@ -107,6 +107,12 @@ class Trainer:
         """The policy version of the current weights (= steps taken)."""
         return self.step
 
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate of the next step: `lr` after a linear warm-up over `warmup_steps` steps."""
+        warmup = self.config.warmup_steps
+        return self.config.lr * (min(1.0, (self.step + 1) / warmup) if warmup else 1.0)
+
     def train_step(self, trajectories: Sequence[Trajectory]) -> StepMetrics:
         """One optimiser step on this rank's `trajectories` (whole groups); every rank calls it together."""
         start = time.perf_counter()
@@ -114,6 +120,7 @@ class Trainer:
         advantages = group_advantages(
             [t.reward for t in trajectories], [t.group_id for t in trajectories],
             self.config.normalize_std, self.config.std_eps, [t.episode_id for t in trajectories],
+            self.config.negative_weight,
         )  # fmt: skip
         # Shortest first (stable, so deterministic): micro-batches of similar lengths pad little. The loss is
         # the step's global token mean, so the order changes only the order of the gradient sums.
@@ -138,6 +145,8 @@ class Trainer:
             self._accumulate(sums, maxes, batch, out, trajectories[lo:hi])
         self.parallel.sync_gradients(self.model)
         grad_norm = self._clip_gradients()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate
         self.optimizer.step()
         return self._finish_step(sums, maxes, grad_norm, start)
 

@@ -225,3 +225,20 @@ def test_micro_batches_hold_sequences_of_similar_length(make_model, monkeypatch)
                         "g", float(i)) for i, n in enumerate(lengths)]  # fmt: skip
     trainer.train_step(batch)
     assert widths == [[3, 3], [20, 20]]
+
+
+def test_the_learning_rate_warms_up_linearly(make_model):
+    """Adam's first steps move every weight by about the learning rate whatever the gradient's size; with
+    `warmup_steps` the k-th step (from 0) uses lr * (k + 1) / warmup_steps, then lr."""
+    config = TrainerConfig(lr=1e-2, warmup_steps=4, weight_decay=0.0, entropy_coef=0.0)
+    trainer = Trainer(make_model(0), config, pad_id=0)
+    moves = []
+    for _ in range(5):
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        trainer.train_step(on_policy(make_batch(trainer.model)))
+        after = trainer.model.parameters()
+        moves.append(max((p.detach() - q).abs().max().item() for p, q in zip(after, before, strict=True)))
+    assert moves[0] == pytest.approx(2.5e-3, rel=1e-3)  # Adam's first step: |m / sqrt(v)| = 1 for every weight
+    assert all(m <= lr * 1.01 for m, lr in zip(moves, [2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2], strict=True))
+    assert moves[3] > moves[0] * 1.5
+    assert trainer.learning_rate == 1e-2

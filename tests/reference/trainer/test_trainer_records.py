@@ -24,6 +24,15 @@ def test_advantages_without_std_are_reward_minus_group_mean():
     assert group_advantages([1.0, 0.0, 3.0, 5.0], [0, 0, 1, 1], normalize_std=False) == [0.5, -0.5, -1.0, 1.0]
 
 
+def test_negative_weight_scales_only_the_advantages_below_zero():
+    rewards, groups = [1.0, 0.0, 0.0, 0.0, 2.0, 2.0], ["a", "a", "a", "a", "b", "b"]
+    assert group_advantages(rewards, groups, normalize_std=False, negative_weight=0.0) == [0.75, 0, 0, 0, 0, 0]
+    half = group_advantages(rewards, groups, normalize_std=False, negative_weight=0.5)
+    assert half == pytest.approx([0.75, -0.125, -0.125, -0.125, 0.0, 0.0])
+    with pytest.raises(ValueError, match="negative_weight must be in \\[0, 1\\], got 1.5"):
+        group_advantages(rewards, groups, negative_weight=1.5)
+
+
 def test_a_group_with_equal_rewards_or_one_member_gets_exactly_zero():
     adv = group_advantages([0.3, 0.3, 0.3, 7.0], ["g", "g", "g", "lonely"], normalize_std=True, eps=1e-12)
     assert adv == [0.0, 0.0, 0.0, 0.0]
@@ -89,6 +98,8 @@ def test_shard_by_group_keeps_groups_whole_and_covers_the_batch():
         ("entropy_coef", -0.1, "entropy_coef must be >= 0"),
         ("lr", math.nan, "lr must be a finite number, got nan"),
         ("micro_batch_size", 0, "micro_batch_size must be an integer >= 1, got 0"),
+        ("negative_weight", -0.5, "negative_weight must be in \\[0, 1\\], got -0.5"),
+        ("warmup_steps", -1, "warmup_steps must be an integer >= 0 \\(0: no warm-up\\), got -1"),
         ("betas", (0.9, 1.0), "betas must be two values in \\[0, 1\\)"),
     ],
 )
