@@ -131,6 +131,7 @@ DEFAULT_DIR = Path(tempfile.gettempdir()) / "swe_probe"
 STEP_TIMEOUT_S = 60.0  # each demonstration command while recording (the agent's default command timeout)
 FIX_TIMEOUT_S = 20.0  # a sampled fix command
 FIX_MAX_TOKENS = 512  # the longest demonstrated fix turn is 391 tokens
+OPTIMIZER_FILE = "optimizer.pt"  # `sft --save DIR` writes the AdamW state here
 
 
 # ---- recorded outputs ----
@@ -407,7 +408,7 @@ def evaluate(model, tok: Tokenizer, data: Data, judge: FixJudge, samples: int, s
 def run_sft(dims: ModelDims, data: Data, tok: Tokenizer, *, steps: int, batch: int, lr: float, warmup: int,
             seed: int, eval_every: int, samples: int, judge: FixJudge,
             log: Callable[[str], None] = print):  # fmt: skip
-    """SFT from a random init (seeded by `seed`) on the train episodes; returns (model, eval log)."""
+    """SFT from a random init (seeded by `seed`) on the train episodes; returns (model, the AdamW state, eval log)."""
     model = build_model(dims.config(tok.vocab_size), seed=seed).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, warmup)))
@@ -434,7 +435,7 @@ def run_sft(dims: ModelDims, data: Data, tok: Tokenizer, *, steps: int, batch: i
             metrics["wall_s"] = time.perf_counter() - start
             history.append(metrics)
             log(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()}))
-    return model, history
+    return model, optimizer.state_dict(), history
 
 
 def real_rollouts(model, tok: Tokenizer, tasks: Sequence[Instance], config: AgentConfig, *, samples: int = 1,
@@ -455,14 +456,17 @@ def real_rollouts(model, tok: Tokenizer, tasks: Sequence[Instance], config: Agen
 
 
 def run_fix_grpo(model, tok: Tokenizer, data: Data, judge: FixJudge, *, steps: int, tasks_per_step: int,
-                 group_size: int, trainer_config, eval_every: int, samples: int,
+                 group_size: int, trainer_config, eval_every: int, samples: int, moments: dict | None = None,
                  log: Callable[[str], None] = print) -> list[dict]:  # fmt: skip
     """GRPO on the fix turn alone (prompt = the demonstration's history up to it, reward = the proxy's verdict)
-    with the project's `Trainer`, on-policy; the proxy is evaluated every `eval_every` steps."""
+    with the project's `Trainer`, on-policy; the proxy is evaluated every `eval_every` steps. `moments`: an AdamW
+    state (the SFT's) to continue from instead of a fresh optimiser."""
     from reference.trainer.batch import Trajectory
     from reference.trainer.trainer import Trainer
 
     trainer = Trainer(model, trainer_config, pad_id=tok.pad_token_id)
+    if moments is not None:
+        trainer.adopt_optimizer_moments(moments)
     seed, history, start = trainer_config.seed, [], time.perf_counter()
     history.append({"step": 0, **evaluate(trainer.model, tok, data, judge, samples, seed)})
     log(json.dumps(history[-1]))
@@ -534,6 +538,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tasks-per-step", type=int, default=4, help="grpo: tasks a step")
     parser.add_argument("--group-size", type=int, default=8, help="grpo: samples per task")
     parser.add_argument("--grpo-lr", type=float, default=3e-4)
+    parser.add_argument("--grpo-warmup", type=int, default=0, help="grpo: linear learning-rate warm-up steps")
+    parser.add_argument("--negative-weight", type=float, default=1.0, help="grpo: scales negative advantages")
+    parser.add_argument("--carry-optimizer", action="store_true",
+                        help="grpo: continue from the SFT's AdamW moments (--model DIR/optimizer.pt)")  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     tok = default_tokenizer()
@@ -542,11 +550,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "lengths":
         _lengths(data)
     elif args.command == "sft":
-        model, _ = run_sft(_dims(args), data, tok, steps=args.steps, batch=args.batch, lr=args.lr,
-                           warmup=args.warmup, seed=args.seed, eval_every=args.eval_every, samples=args.samples,
-                           judge=judge)  # fmt: skip
+        model, moments, _ = run_sft(_dims(args), data, tok, steps=args.steps, batch=args.batch, lr=args.lr,
+                                    warmup=args.warmup, seed=args.seed, eval_every=args.eval_every,
+                                    samples=args.samples, judge=judge)  # fmt: skip
         if args.save is not None:
             save_checkpoint(model, tok, args.save)
+            torch.save(moments, args.save / OPTIMIZER_FILE)
     elif args.command in ("rollout", "grpo"):
         if args.model is None:
             parser.error(f"{args.command} needs --model DIR (a checkpoint `sft --save` wrote)")
@@ -562,10 +571,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             from reference.trainer.config import TrainerConfig
 
             config = TrainerConfig(lr=args.grpo_lr, entropy_coef=0.0, normalize_std=False, micro_batch_size=8,
-                                   seed=args.seed)  # fmt: skip
+                                   seed=args.seed, warmup_steps=args.grpo_warmup, weight_decay=0.0,
+                                   negative_weight=args.negative_weight)  # fmt: skip
+            moments = None
+            if args.carry_optimizer:
+                if not (args.model / OPTIMIZER_FILE).is_file():
+                    parser.error(f"--carry-optimizer: {args.model / OPTIMIZER_FILE} is missing (sft --save writes it)")
+                moments = torch.load(args.model / OPTIMIZER_FILE)
             run_fix_grpo(model.train(), tok, data, judge, steps=args.steps, tasks_per_step=args.tasks_per_step,
                          group_size=args.group_size, trainer_config=config, eval_every=args.eval_every,
-                         samples=args.samples)  # fmt: skip
+                         samples=args.samples, moments=moments)  # fmt: skip
 
 
 def _counts(values) -> dict:

@@ -107,6 +107,18 @@ class Trainer:
         """The policy version of the current weights (= steps taken)."""
         return self.step
 
+    def adopt_optimizer_moments(self, state: dict) -> None:
+        """Continue from another AdamW's moments over the same parameters in the same order (`state`: its
+        `state_dict()`, e.g. a supervised warm start's), keeping this trainer's learning rate, betas, eps and weight
+        decay. Adam then scales each weight's step by the size its gradients had there, not by the first RL
+        gradients alone (whose first steps move every weight by about the learning rate, noise or not)."""
+        if self.parallel.fsdp:
+            raise ValueError("adopting optimiser moments is not supported with FSDP (the state is sharded)")
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(state)  # checks that the groups and their sizes match
+        for group, kept in zip(self.optimizer.param_groups, settings, strict=True):
+            group.update(kept)
+
     @property
     def learning_rate(self) -> float:
         """The learning rate of the next step: `lr` after a linear warm-up over `warmup_steps` steps."""

@@ -242,3 +242,24 @@ def test_the_learning_rate_warms_up_linearly(make_model):
     assert all(m <= lr * 1.01 for m, lr in zip(moves, [2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2], strict=True))
     assert moves[3] > moves[0] * 1.5
     assert trainer.learning_rate == 1e-2
+
+
+def test_a_trainer_adopts_another_optimisers_moments_but_keeps_its_own_settings(make_model):
+    """The warm start's AdamW state carried into RL: the moments and step count come over, the learning rate,
+    betas and weight decay stay the trainer's; a state over other parameters is refused."""
+    model = make_model(0)
+    donor_model = make_model(0)
+    donor = torch.optim.AdamW(donor_model.parameters(), lr=3e-3, weight_decay=0.0)
+    batch = on_policy(make_batch(donor_model))
+    donor_trainer = Trainer(donor_model, TrainerConfig(), pad_id=0)
+    donor_trainer.optimizer = donor
+    donor_trainer.train_step(batch)
+    trainer = Trainer(model, TrainerConfig(lr=1e-4, weight_decay=0.05), pad_id=0)
+    trainer.adopt_optimizer_moments(donor.state_dict())
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-4]
+    assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [0.05]
+    for p, q in zip(model.parameters(), donor_model.parameters(), strict=True):
+        torch.testing.assert_close(trainer.optimizer.state[p]["exp_avg_sq"], donor.state[q]["exp_avg_sq"])
+    other = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))])
+    with pytest.raises(ValueError):
+        trainer.adopt_optimizer_moments(other.state_dict())
