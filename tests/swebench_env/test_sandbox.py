@@ -20,7 +20,7 @@ import pytest
 
 from swebench_env.docker_util import DockerUnavailable, docker_client
 from swebench_env.grading import DockerGrader, DockerGraderConfig
-from swebench_env.reaper import CREATED, LABEL, Owner, is_stale
+from swebench_env.reaper import CREATED, LABEL, OWNER_PID, Owner, is_stale
 from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, _storage_options, copy_in
 from swebench_env.suite import load_suite
 
@@ -110,7 +110,9 @@ def test_reaper_removes_other_hosts_sandboxes_past_a_given_age():
 
 @pytest.fixture(scope="module", autouse=True)
 def no_leaked_containers():
-    """The daemon holds the same containers after this module as before it."""
+    """No container started during this module outlives it: none of this process's, and none whose owner (a
+    child the tests started and killed) is gone. A live process's sandboxes on the same daemon (another run or
+    test job) are not this module's: the owner labels every sandbox carries tell them apart."""
     try:
         client = docker_client()
     except DockerUnavailable:
@@ -118,7 +120,9 @@ def no_leaked_containers():
         return
     before = {c.name for c in client.containers.list(all=True)}
     yield
-    leaked = {c.name for c in client.containers.list(all=True)} - before
+    here, now = Owner.current(), time.time()
+    leaked = {c.name for c in client.containers.list(all=True, ignore_removed=True) if c.name not in before
+              and (c.labels.get(OWNER_PID) == str(here.pid) or is_stale(c.labels, here, now))}  # fmt: skip
     assert not leaked
 
 
