@@ -124,14 +124,16 @@ class TrainConfig:
         try:  # the trainers build it inside their workers: a bad value must stop the run before they start
             TrainerConfig.from_dict(self.trainer)
         except (ValueError, TypeError) as e:
-            raise UserError(f"trainer: {e}".replace("TrainerConfig.", "trainer.").replace("__init__() ", "")) from None
+            message = str(e).replace("TrainerConfig.", "trainer.").replace("__init__() ", "")
+            raise UserError(message if message.startswith("trainer.") else f"trainer: {message}") from None
         if self.warm_start.get("steps", 0):
             from reference.control.warm_start import supervised_config
 
             try:
                 supervised_config(self.warm_start)
             except (ValueError, TypeError) as e:
-                raise UserError(f"warm_start: {e}".replace("SupervisedConfig.__init__() ", "")) from None
+                message = str(e).replace("SupervisedConfig.__init__() ", "")
+                raise UserError(message if message.startswith("warm_start.") else f"warm_start: {message}") from None
 
 
 def _check_gpus(r: ResourcesSection) -> None:
