@@ -46,8 +46,13 @@ train split): lr 1e-4, 8 steps, overlong masked: 0.164 -> 0.164 (7 tasks up, 9 d
 moves each weight by at most 8e-4 in 8 steps, against the warm start's 300 steps of 3e-3: the policy
 barely moves. At lr 5e-4 (masked; start 0.18) the sampled entropy rose again, 0.16 -> 0.25 in four steps,
 and the steps' training reward went 0.22, 0.09, 0.19, 0.03 (stopped there): too large a step for a memorised
-policy even without the off-path tokens. Between the two, more steps, larger groups and a learning-rate
-warm-up for Adam are what to measure next.
+policy even without the off-path tokens. The fix-turn probe then tried the space between (its module
+docstring has the table): a learning-rate warm-up (`trainer.warmup_steps`), 5e-5 to 2e-4 for up to 30 steps,
+every task in every step, training only on the better-than-mean episodes (`trainer.negative_weight` 0) and
+continuing from the warm start's own AdamW moments. Small steps left pass@1 where it was; larger ones broke the
+memorised policy, even when they only imitated its own successes. What to measure next: RL from a warm start
+that has not memorised its demonstrations (stopped earlier, or on more tasks than it can memorise), where the
+sampled episodes differ in more than a few tokens, and a KL anchor to the warm start.
 """
 
 from __future__ import annotations
