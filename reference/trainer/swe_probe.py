@@ -27,7 +27,7 @@ What it does, per command (`python -m reference.trainer.swe_probe COMMAND ...`):
   (`swebench_env.rollout.run_rollout` with `--sandbox local`'s workspace and grader).
 - `grpo`: GRPO on the fix turn alone from a checkpoint (the project's `Trainer`; reward = the proxy's verdict),
   to see whether RL moves the proxy from a warm start; `--carry-optimizer` continues from the AdamW state that
-  `sft --save` writes beside the weights (optimizer.pt).
+  `sft --save` writes beside the weights (optimizer.pt), `--kl-coef` anchors the policy to the starting weights.
 
     python -m reference.trainer.swe_probe record
     python -m reference.trainer.swe_probe sft --steps 300 --eval-every 50 --seed 0 --save /tmp/swe_probe/ckpt
@@ -491,7 +491,8 @@ def run_fix_grpo(model, tok: Tokenizer, data: Data, judge: FixJudge, *, steps: i
     from reference.trainer.batch import Trajectory
     from reference.trainer.trainer import Trainer
 
-    trainer = Trainer(model, trainer_config, pad_id=tok.pad_token_id)
+    reference = copy.deepcopy(model) if trainer_config.kl_coef > 0 else None  # the KL's anchor: the start weights
+    trainer = Trainer(model, trainer_config, pad_id=tok.pad_token_id, ref_model=reference)
     if moments is not None:
         trainer.adopt_optimizer_moments(moments)
     seed, history, start = trainer_config.seed, [], time.perf_counter()
@@ -567,6 +568,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--grpo-lr", type=float, default=3e-4)
     parser.add_argument("--grpo-warmup", type=int, default=0, help="grpo: linear learning-rate warm-up steps")
     parser.add_argument("--negative-weight", type=float, default=1.0, help="grpo: scales negative advantages")
+    parser.add_argument("--kl-coef", type=float, default=0.0, help="grpo: k3 KL to the starting weights")
     parser.add_argument("--carry-optimizer", action="store_true",
                         help="grpo: continue from the SFT's AdamW moments (--model DIR/optimizer.pt)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -599,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             config = TrainerConfig(lr=args.grpo_lr, entropy_coef=0.0, normalize_std=False, micro_batch_size=8,
                                    seed=args.seed, warmup_steps=args.grpo_warmup, weight_decay=0.0,
-                                   negative_weight=args.negative_weight)  # fmt: skip
+                                   negative_weight=args.negative_weight, kl_coef=args.kl_coef)  # fmt: skip
             moments = None
             if args.carry_optimizer:
                 if not (args.model / OPTIMIZER_FILE).is_file():

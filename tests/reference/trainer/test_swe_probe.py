@@ -78,3 +78,40 @@ def test_a_few_sft_steps_lower_the_loss(task_and_demo, recording, one_thread):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = [sft_step(model, optimizer, [episode], tok.pad_token_id) for _ in range(4)]
     assert losses[-1] < losses[0] - 0.5
+
+
+class ResolvesOnce:
+    """A judge stub: only its `at`-th call (from 0) resolves, so the group judged around it has rewards that differ."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.commands = at, []
+
+    def __call__(self, task, recording, command: str | None) -> bool:
+        self.commands.append(command)
+        return len(self.commands) == self.at + 1
+
+
+def test_fix_turn_grpo_with_a_kl_anchor_and_the_sft_moments_trains_and_evaluates(task_and_demo, one_thread):
+    from reference.trainer.config import TrainerConfig
+    from reference.trainer.swe_probe import Data, run_fix_grpo
+
+    tok = default_tokenizer()
+    steps = len(task_and_demo[1].steps) - 1
+    short = Recording(tuple((0, "ok\n", False) for _ in range(steps)), fix_step=4, fix_diff="")
+    episode = render_episode(*task_and_demo, short, tok)
+    dims = ModelDims(hidden=32, layers=1, heads=2, kv_heads=1, head_dim=16, intermediate=64)
+    model = build_model(dims.config(tok.vocab_size), seed=0).train()
+    sft = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sft_step(model, sft, [episode], tok.pad_token_id)
+    before = [p.detach().clone() for p in model.parameters()]
+    judge, lines = ResolvesOnce(at=1), []  # call 0: the first evaluation; 1, 2: the group
+    config = TrainerConfig(lr=1e-3, kl_coef=0.1, entropy_coef=0.0, normalize_std=False, warmup_steps=2)
+    data = Data([(task_and_demo[0], short, episode)], [])
+    history = run_fix_grpo(model, tok, data, judge, steps=1, tasks_per_step=1, group_size=2, trainer_config=config,
+                           eval_every=1, samples=1, moments=sft.state_dict(), log=lines.append)  # fmt: skip
+    assert [h["step"] for h in history] == [0, 1]
+    assert history[1]["reward"] == 0.5  # one of the group's two samples resolved: advantages +-0.5
+    assert len(judge.commands) == 1 + 2 + 1  # the first evaluation, the group of 2, the second evaluation
+    assert all(0.0 <= h["proxy_train"] <= 1.0 for h in history)
+    assert any((p.detach() - q).abs().max() > 0 for p, q in zip(model.parameters(), before, strict=True))
+    assert len(lines) == 2
