@@ -124,16 +124,21 @@ class TrainConfig:
         try:  # the trainers build it inside their workers: a bad value must stop the run before they start
             TrainerConfig.from_dict(self.trainer)
         except (ValueError, TypeError) as e:
-            message = str(e).replace("TrainerConfig.", "trainer.").replace("__init__() ", "")
-            raise UserError(message if message.startswith("trainer.") else f"trainer: {message}") from None
+            raise _section_error(
+                "trainer", str(e).replace("TrainerConfig.", "trainer.").replace("__init__() ", "")
+            ) from None
         if self.warm_start.get("steps", 0):
             from reference.control.warm_start import supervised_config
 
             try:
                 supervised_config(self.warm_start)
             except (ValueError, TypeError) as e:
-                message = str(e).replace("SupervisedConfig.__init__() ", "")
-                raise UserError(message if message.startswith("warm_start.") else f"warm_start: {message}") from None
+                raise _section_error("warm_start", str(e).replace("SupervisedConfig.__init__() ", "")) from None
+
+
+def _section_error(section: str, message: str) -> UserError:
+    """A config section's error, prefixed with the section's name unless the message already names its key."""
+    return UserError(message if message.startswith(f"{section}.") else f"{section}: {message}")
 
 
 def _check_gpus(r: ResourcesSection) -> None:

@@ -79,6 +79,11 @@ class TrainerConfig:
         return cls(**data)
 
 
+def linear_warmup(lr: float, step: int, warmup_steps: int) -> float:
+    """The learning rate of step `step` (from 0) after a linear warm-up over `warmup_steps` steps (0: none)."""
+    return lr * min(1.0, (step + 1) / warmup_steps) if warmup_steps else lr
+
+
 def _is_real(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 

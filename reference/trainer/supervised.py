@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from reference.trainer.batch import Trajectory, collate
+from reference.trainer.config import linear_warmup
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def supervised_fit(
                 order = rng.sample(range(len(trajectories)), len(trajectories))
             picked.append(trajectories[order.pop()])
         for group in optimizer.param_groups:
-            group["lr"] = config.lr * min(1.0, (step + 1) / max(1, config.warmup_steps))
+            group["lr"] = linear_warmup(config.lr, step, config.warmup_steps)
         loss, tokens = _step(model, optimizer, picked, config, pad_id)
         record = {"step": step + 1, "loss": loss, "tokens": tokens, "time_s": time.perf_counter() - start}
         records.append(record)

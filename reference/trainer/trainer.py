@@ -26,7 +26,7 @@ import torch
 
 from reference.trainer.advantages import group_advantages
 from reference.trainer.batch import TokenBatch, Trajectory, collate
-from reference.trainer.config import TrainerConfig
+from reference.trainer.config import TrainerConfig, linear_warmup
 from reference.trainer.handoff import Handoff, publish_weights
 from reference.trainer.loss import LossOutput, grpo_loss, token_logprobs
 from reference.trainer.parallel import DataParallel
@@ -122,8 +122,7 @@ class Trainer:
     @property
     def learning_rate(self) -> float:
         """The learning rate of the next step: `lr` after a linear warm-up over `warmup_steps` steps."""
-        warmup = self.config.warmup_steps
-        return self.config.lr * (min(1.0, (self.step + 1) / warmup) if warmup else 1.0)
+        return linear_warmup(self.config.lr, self.step, self.config.warmup_steps)
 
     def train_step(self, trajectories: Sequence[Trajectory]) -> StepMetrics:
         """One optimiser step on this rank's `trajectories` (whole groups); every rank calls it together."""
