@@ -2,8 +2,9 @@
 
 A small SWE run (`python -m reference train` in a process and session of its own: 2 train tasks and 1 held-out
 task, 3 steps of 2 tasks x 2 episodes, 2 turns an episode, a checkpoint every step, no warm start) is killed
-once a checkpoint is written, a finished group waits for a step after that checkpoint and, with Docker, sandboxes
-of the run are live. Then `python -m reference train --resume DIR`. What it must show:
+once a checkpoint is written, a finished group that no step consumed waits (one the killed run cannot consume
+before it dies) and, with Docker, sandboxes of the run are live. Then `python -m reference train --resume DIR`.
+What it must show:
 
 - the resumed run trains every step after the checkpoint and exits 0 (killed just after the trainer wrote the
   checkpoint, before that version of the weights was published, it publishes it: `layout.resumed_weights`);
@@ -128,8 +129,14 @@ def _checkpoint(out: Path) -> int | None:
 
 
 def _ready_to_kill(run: Run, out: Path, stores: list, client) -> int | None:
-    """The last checkpoint, once one is written, a finished group waits for a step after it (never consumed, or
-    consumed by a later step) and, with Docker, a sandbox of the run is live; else None."""
+    """The last checkpoint, once one is written, a finished group that no step consumed will still be untrained
+    after the kill and, with Docker, a sandbox of the run is live; else None.
+
+    A group consumed by the step in flight is not enough: the trainer worker finishes that step, checkpoint
+    included, after the driver is killed, so the group ends up behind the checkpoint. An unconsumed group stays
+    unconsumed once the driver is gone, provided the driver cannot consume it between this check and the kill:
+    either a step is in flight (the next one waits for it) and its checkpoint is not the run's last, or no step is
+    and fewer groups wait than a step takes."""
     run.alive()
     step = _checkpoint(out)
     if step is None:
@@ -138,8 +145,10 @@ def _ready_to_kill(run: Run, out: Path, stores: list, client) -> int | None:
     if not stores:
         stores.append(TrajectoryStore(out / "trajectories.sqlite"))
     store = stores[0]
-    waiting = any(s >= step for s in store.consumed().values()) or untrained_groups(store)
-    if not waiting or (client is not None and not _containers(client, run.pid)):
+    untrained = untrained_groups(store)
+    in_flight = any(s >= step for s in store.consumed().values())
+    safe = step + 1 < STEPS if in_flight else len(untrained) < PROMPTS
+    if not untrained or not safe or (client is not None and not _containers(client, run.pid)):
         return None
     return step
 
