@@ -322,11 +322,12 @@ def turn_exact_match(model, episodes: Sequence[RenderedEpisode], pad_id: int) ->
 
 
 def sample_completions(model, prompts: Sequence[Sequence[int]], n: int, stop_ids: Sequence[int], max_tokens: int,
-                       seed: int, max_batch: int = 32) -> list[list[GenerateResult]]:  # fmt: skip
-    """`n` temperature-1 completions of each prompt (each up to and including a stop token, or `max_tokens`
+                       seed: int, max_batch: int = 32,
+                       temperature: float = 1.0) -> list[list[GenerateResult]]:  # fmt: skip
+    """`n` completions of each prompt at `temperature` (each up to and including a stop token, or `max_tokens`
     long), with their raw logprobs, from the project's built-in engine (continuous batching, a KV cache, the
     prompt's KV shared by its samples) over a copy of `model`."""
-    params = [SamplingParams(max_tokens, 1.0, stop_token_ids=tuple(stop_ids), seed=seed * 1_000_003 + i)
+    params = [SamplingParams(max_tokens, temperature, stop_token_ids=tuple(stop_ids), seed=seed * 1_000_003 + i)
               for i in range(len(prompts) * n)]  # fmt: skip
     requests = [GenerateRequest(f"r{i}", tuple(prompts[i // n]), p) for i, p in enumerate(params)]
 
@@ -388,10 +389,12 @@ def fix_prompt(episode: RenderedEpisode) -> tuple[int, ...]:
     return episode.token_ids[: episode.turns[episode.fix_turn][0]]
 
 
-def proxy_pass_at_1(model, tok: Tokenizer, items, judge: FixJudge, samples: int, seed: int) -> float:
+def proxy_pass_at_1(model, tok: Tokenizer, items, judge: FixJudge, samples: int, seed: int,
+                    temperature: float = 1.0) -> float:  # fmt: skip
     """Mean over `items` (task, recording, episode) of the share of `samples` sampled fix turns that resolve."""
     prompts = [fix_prompt(episode) for _, _, episode in items]
-    groups = sample_completions(model, prompts, samples, tok.stop_token_ids, FIX_MAX_TOKENS, seed)
+    groups = sample_completions(model, prompts, samples, tok.stop_token_ids, FIX_MAX_TOKENS, seed,
+                                temperature=temperature)  # fmt: skip
     total = 0.0
     for (task, recording, _), group in zip(items, groups, strict=True):
         total += sum(judge(task, recording, bash_command(tok.decode(r.token_ids))) for r in group) / samples
@@ -421,19 +424,21 @@ def load_data(tok: Tokenizer, cache: Path, config: AgentConfig | None = None) ->
     return Data(splits["train"], splits["held_out"])
 
 
-def evaluate(model, tok: Tokenizer, data: Data, judge: FixJudge, samples: int, seed: int) -> dict:
+def evaluate(model, tok: Tokenizer, data: Data, judge: FixJudge, samples: int, seed: int,
+             temperature: float = 1.0) -> dict:  # fmt: skip
     """The proxy pass@1 of each split and the teacher-forced exact match of the fix turn / all turns (train)."""
     was_training = model.training
     model.eval()
-    train = proxy_pass_at_1(model, tok, data.train, judge, samples, seed)
-    held = proxy_pass_at_1(model, tok, data.held_out, judge, samples, seed) if data.held_out else float("nan")
+    train = proxy_pass_at_1(model, tok, data.train, judge, samples, seed, temperature)
+    held = (proxy_pass_at_1(model, tok, data.held_out, judge, samples, seed, temperature) if data.held_out
+            else float("nan"))  # fmt: skip
     fix_em, turn_em = turn_exact_match(model, [e for *_, e in data.train], tok.pad_token_id)
     model.train(was_training)
     return {"proxy_train": train, "proxy_held_out": held, "fix_exact": fix_em, "turn_exact": turn_em}
 
 
 def run_sft(dims: ModelDims, data: Data, tok: Tokenizer, *, steps: int, batch: int, lr: float, warmup: int,
-            seed: int, eval_every: int, samples: int, judge: FixJudge,
+            seed: int, eval_every: int, samples: int, judge: FixJudge, temperature: float = 1.0,
             log: Callable[[str], None] = print):  # fmt: skip
     """SFT from a random init (seeded by `seed`) on the train episodes; returns (model, the AdamW state, eval log)."""
     model = build_model(dims.config(tok.vocab_size), seed=seed).train()
@@ -458,7 +463,7 @@ def run_sft(dims: ModelDims, data: Data, tok: Tokenizer, *, steps: int, batch: i
         if step % eval_every == 0 or step == steps:
             loss = sum(losses[-len(episodes) // batch :]) / (len(episodes) // batch)  # the last epoch's worth
             metrics = {"step": step, "epochs": step * batch / len(episodes), "loss": loss, "train_s": train_s,
-                       **evaluate(model, tok, data, judge, samples, seed + step)}  # fmt: skip
+                       **evaluate(model, tok, data, judge, samples, seed + step, temperature)}  # fmt: skip
             metrics["wall_s"] = time.perf_counter() - start
             history.append(metrics)
             log(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()}))
@@ -484,7 +489,7 @@ def real_rollouts(model, tok: Tokenizer, tasks: Sequence[Instance], config: Agen
 
 def run_fix_grpo(model, tok: Tokenizer, data: Data, judge: FixJudge, *, steps: int, tasks_per_step: int,
                  group_size: int, trainer_config, eval_every: int, samples: int, moments: dict | None = None,
-                 log: Callable[[str], None] = print) -> list[dict]:  # fmt: skip
+                 temperature: float = 1.0, log: Callable[[str], None] = print) -> list[dict]:  # fmt: skip
     """GRPO on the fix turn alone (prompt = the demonstration's history up to it, reward = the proxy's verdict)
     with the project's `Trainer`, on-policy; the proxy is evaluated every `eval_every` steps. `moments`: an AdamW
     state (the SFT's) to continue from instead of a fresh optimiser."""
@@ -496,13 +501,13 @@ def run_fix_grpo(model, tok: Tokenizer, data: Data, judge: FixJudge, *, steps: i
     if moments is not None:
         trainer.adopt_optimizer_moments(moments)
     seed, history, start = trainer_config.seed, [], time.perf_counter()
-    history.append({"step": 0, **evaluate(trainer.model, tok, data, judge, samples, seed)})
+    history.append({"step": 0, **evaluate(trainer.model, tok, data, judge, samples, seed, temperature)})
     log(json.dumps(history[-1]))
     while trainer.step < steps:
         items = trainer.rng.sample(data.train, tasks_per_step)
         prompts = [fix_prompt(e) for *_, e in items]
         groups = sample_completions(trainer.model, prompts, group_size, tok.stop_token_ids, FIX_MAX_TOKENS,
-                                    seed * 7919 + trainer.step)  # fmt: skip
+                                    seed * 7919 + trainer.step, temperature=temperature)  # fmt: skip
         batch = []
         for (task, recording, _), prompt, group in zip(items, prompts, groups, strict=True):
             for r in group:
@@ -514,7 +519,7 @@ def run_fix_grpo(model, tok: Tokenizer, data: Data, judge: FixJudge, *, steps: i
         line = {"step": trainer.step, "reward": metrics.reward_mean, "entropy": metrics.entropy,
                 "wall_s": time.perf_counter() - start}  # fmt: skip
         if trainer.step % eval_every == 0 or trainer.step == steps:
-            line |= evaluate(trainer.model, tok, data, judge, samples, seed + 100_000 + trainer.step)
+            line |= evaluate(trainer.model, tok, data, judge, samples, seed + 100_000 + trainer.step, temperature)
             history.append(line)
         log(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in line.items()}))
     return history
@@ -569,6 +574,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--grpo-warmup", type=int, default=0, help="grpo: linear learning-rate warm-up steps")
     parser.add_argument("--negative-weight", type=float, default=1.0, help="grpo: scales negative advantages")
     parser.add_argument("--kl-coef", type=float, default=0.0, help="grpo: k3 KL to the starting weights")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="sampling temperature of the proxy, the fix-turn GRPO and the rollouts")  # fmt: skip
     parser.add_argument("--carry-optimizer", action="store_true",
                         help="grpo: continue from the SFT's AdamW moments (--model DIR/optimizer.pt)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -581,7 +588,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.command == "sft":
         model, moments, _ = run_sft(_dims(args), data, tok, steps=args.steps, batch=args.batch, lr=args.lr,
                                     warmup=args.warmup, seed=args.seed, eval_every=args.eval_every,
-                                    samples=args.samples, judge=judge)  # fmt: skip
+                                    samples=args.samples, judge=judge, temperature=args.temperature)  # fmt: skip
         if args.save is not None:
             save_checkpoint(model, tok, args.save)
             torch.save(moments, args.save / OPTIMIZER_FILE)
@@ -591,7 +598,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         model, tok = load_checkpoint(args.model)
         if args.command == "rollout":
             tasks = [t for t, *_ in (data.train if args.split == "train" else data.held_out)]
-            config = AgentConfig(max_turns=args.max_turns, max_tokens=FIX_MAX_TOKENS)
+            config = AgentConfig(max_turns=args.max_turns, max_tokens=FIX_MAX_TOKENS, temperature=args.temperature)
             results = real_rollouts(model, tok, tasks, config, samples=args.samples, seed=args.seed)
             print(json.dumps({"pass@1": sum(r.resolved for r in results) / len(results),
                               "exit_reasons": _counts(r.exit_reason for r in results),
@@ -609,7 +616,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 moments = torch.load(args.model / OPTIMIZER_FILE)
             run_fix_grpo(model.train(), tok, data, judge, steps=args.steps, tasks_per_step=args.tasks_per_step,
                          group_size=args.group_size, trainer_config=config, eval_every=args.eval_every,
-                         samples=args.samples, moments=moments)  # fmt: skip
+                         samples=args.samples, moments=moments, temperature=args.temperature)  # fmt: skip
 
 
 def _counts(values) -> dict:

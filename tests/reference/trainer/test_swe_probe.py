@@ -115,3 +115,20 @@ def test_fix_turn_grpo_with_a_kl_anchor_and_the_sft_moments_trains_and_evaluates
     assert all(0.0 <= h["proxy_train"] <= 1.0 for h in history)
     assert any((p.detach() - q).abs().max() > 0 for p, q in zip(model.parameters(), before, strict=True))
     assert len(lines) == 2
+
+
+def test_samples_follow_the_temperature(one_thread):
+    from reference.trainer.swe_probe import sample_completions
+
+    tok = default_tokenizer()
+    dims = ModelDims(hidden=32, layers=1, heads=2, kv_heads=1, head_dim=16, intermediate=64)
+    model = build_model(dims.config(tok.vocab_size), seed=0).eval()
+    prompt = tok.encode("Fix the bug.")
+
+    def samples(temperature: float) -> list[tuple[int, ...]]:
+        (group,) = sample_completions(model, [prompt], 3, tok.stop_token_ids, 6, seed=1, temperature=temperature)
+        return [tuple(r.token_ids) for r in group]
+
+    greedy = samples(0.0)
+    assert len(set(greedy)) == 1 and len(greedy[0]) == 6  # one path: the argmax
+    assert len(set(samples(1.0))) == 3  # a random model over the whole vocabulary: three different draws
