@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 INLINE_MAX_TOKENS = 8192  # a batch of at most this many tokens may be journaled on the loop
 INLINE_SLOW_S = 0.01  # a journal write slower than this (a slow disk) sends the next batches to the thread
 INLINE_PAUSE_S = 10.0  # for this long
+STALLED_WRITE_S = 0.5  # a journal write slower than this is logged as a warning (faster slow ones: debug)
 FOLD_AFTER_S = 0.1  # a journaled record is folded into SQLite within about this long
 FOLD_RETRY_S = 1.0  # after a failed fold, the writer thread tries again this often
 _FOLD = "fold"  # the writer thread's job besides batches
@@ -132,8 +133,10 @@ class Recorder:
         finally:
             if (took := time.monotonic() - started) > INLINE_SLOW_S:
                 self._inline_paused_until = time.monotonic() + INLINE_PAUSE_S
-                log.warning("a journal write on the event loop took %.0f ms: records go to the writer thread "
-                            "for %.0f s", took * 1e3, INLINE_PAUSE_S)  # fmt: skip
+                # tens of milliseconds is routine on a busy machine, and the pause handles it: not worth a warning
+                log.log(logging.WARNING if took > STALLED_WRITE_S else logging.DEBUG,
+                        "a journal write on the event loop took %.0f ms: records go to the writer thread for %.0f s",
+                        took * 1e3, INLINE_PAUSE_S)  # fmt: skip
         if fold_due is None:
             return None
         self.journaled += len(batch)
