@@ -103,7 +103,9 @@ def write_outputs(timeline: Timeline, metrics: MetricsLog, config: dict, out: Pa
     if picture:
         shown, note = steady_window(timeline)
         draw_timeline(shown, out / "timeline.png", f"{summary['policy']} (measured), {timeline.meta['workload']}{note}")
-        draw_rewards(metrics, out / "reward.png", f"{summary['policy']}, {timeline.meta['workload']}")
+        temperature = config.get("rollout", {}).get("temperature")  # pass@1 depends on it: say it
+        sampled = f", sampled at temperature {temperature:g}" if isinstance(temperature, int | float) else ""
+        draw_rewards(metrics, out / "reward.png", f"{summary['policy']}, {timeline.meta['workload']}{sampled}")
     return summary
 
 
