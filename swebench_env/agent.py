@@ -24,6 +24,7 @@ import enum
 import json
 import random
 import shlex
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -168,6 +169,21 @@ def instance_messages(task: Instance, config: AgentConfig) -> list[dict]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
+_HTTP: openai.DefaultHttpxClient | None = None
+_HTTP_LOCK = threading.Lock()
+
+
+def shared_http_client() -> openai.DefaultHttpxClient:
+    """One connection pool for every episode of this process: an OpenAI client's own pool builds a TLS context
+    (tens of ms of CPU) even for a plain-HTTP manager, and its connections would not outlive the episode. The
+    per-request timeout is the OpenAI client's; the pool is never closed (it lives as long as the process)."""
+    global _HTTP
+    with _HTTP_LOCK:
+        if _HTTP is None:
+            _HTTP = openai.DefaultHttpxClient()
+        return _HTTP
+
+
 class BashAgent:
     """`BashAgent(config).run(task, runner, manager_url, session_id)` -> Episode (see the module docstring)."""
 
@@ -179,11 +195,9 @@ class BashAgent:
         start = time.monotonic()
         state = _State(instance_messages(task, self.config), random.Random(session_id))
         client = openai.OpenAI(base_url=session_base_url(manager_url, session_id), api_key=self.api_key,
-                               max_retries=0, timeout=self.config.request_timeout_s)  # fmt: skip
-        try:
-            reason, error = self._loop(client, runner, state)
-        finally:
-            client.close()
+                               max_retries=0, timeout=self.config.request_timeout_s,
+                               http_client=shared_http_client())  # fmt: skip
+        reason, error = self._loop(client, runner, state)
         diff_start = time.monotonic()
         patch, diff_error = final_patch(task, runner, self.config)
         state.commands_s += time.monotonic() - diff_start

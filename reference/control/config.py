@@ -70,6 +70,7 @@ class ModelSection:
 class EngineSection:
     backend: str  # builtin (CPU) | vllm (GPUs)
     max_batch: int  # sequences an engine decodes together
+    coalesce_s: float = 0.0  # > 0: an engine's stream waits this long after a token for more, sent as one line
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,8 @@ class TrainConfig:
         if self.rollout.group_size < 2:
             raise UserError(f"rollout.group_size must be >= 2 (GRPO compares samples of a prompt), got "
                             f"{self.rollout.group_size}")  # fmt: skip
+        if not 0 <= self.engine.coalesce_s <= 1:  # also refuses NaN
+            raise UserError(f"engine.coalesce_s must be in [0, 1] seconds, got {self.engine.coalesce_s}")
         if self.policy.max_staleness < 0:
             raise UserError(f"policy.max_staleness must be >= 0, got {self.policy.max_staleness}")
         if self.model.dir is not None and not Path(self.model.dir).is_dir():

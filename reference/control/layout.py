@@ -99,5 +99,5 @@ def worker_specs(cfg: TrainConfig, policy: BasePolicy, model_dir: str) -> list[W
         mine = tuple(cores[i * c : (i + 1) * c]) if cores else ()
         tags = tuple(t.value for t in (Tag.ROLLOUT, Tag.TRAIN) if r.can(t))
         specs.append(WorkerSpec(r.name, tags, mine, model_dir, cfg.run.seed + i, cfg.engine.max_batch,
-                                cfg.engine.backend))  # fmt: skip
+                                cfg.engine.backend, cfg.engine.coalesce_s))  # fmt: skip
     return specs

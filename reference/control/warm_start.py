@@ -79,7 +79,13 @@ def evaluate_weights(cfg, task, model_dir: str, store: Path, label: str) -> dict
     one engine process of the run's backend and an embedded trajectory manager recording to `store`."""
     from reference.control.run import evaluate_splits
 
-    spec = EngineSpec(backend=cfg.engine.backend, model=model_dir, seed=cfg.run.seed, max_batch=cfg.engine.max_batch)
+    spec = EngineSpec(
+        backend=cfg.engine.backend,
+        model=model_dir,
+        seed=cfg.run.seed,
+        max_batch=cfg.engine.max_batch,
+        coalesce_s=cfg.engine.coalesce_s,
+    )
     rollout_config = RolloutConfig(cfg.rollout.group_size, cfg.rollout.max_concurrency, cfg.rollout.temperature)
     config = ManagerConfig(model_name=f"seamlessflow-{cfg.task.name}", max_pause_s=0, max_in_flight_requests=0,
                            max_loop_lag_s=0)  # fmt: skip

@@ -39,6 +39,7 @@ class WorkerSpec:
     seed: int = 0
     max_batch: int = 64  # engine: sequences decoded together
     backend: str = "builtin"  # engine backend
+    coalesce_s: float = 0.0  # engine: how long a stream waits after a token for more to send in one line
 
     @property
     def threads(self) -> int:
@@ -58,7 +59,8 @@ class ResourceWorker:
         self.engine: EngineProcess | None = None
         if spec.can_roll_out:
             self.engine = EngineProcess(EngineSpec(backend=spec.backend, model=spec.model_dir, seed=spec.seed,
-                                                   max_batch=spec.max_batch, torch_threads=spec.threads))  # fmt: skip
+                                                   max_batch=spec.max_batch, torch_threads=spec.threads,
+                                                   coalesce_s=spec.coalesce_s))  # fmt: skip
         self.trainer: Trainer | None = None
         self.tokenizer: Tokenizer | None = None
 

@@ -440,21 +440,29 @@ class BuiltinEngine:
         self._counters.steps += 1
         self._counters.tokens_generated += len(tokens)
         self._activity.add_tokens(len(tokens))
-        finished: list[tuple[int, FinishReason]] = []
-        for i, (seq, token, logprob) in enumerate(zip(running, tokens, logprobs, strict=True)):
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for seq, token, logprob in zip(running, tokens, logprobs, strict=True):
             seq.tokens.append(token)
             seq.generated += 1
-            reason = self._deliver(seq, TokenEvent(token, logprob, self._version))
+            by_loop.setdefault(seq.loop, []).append((seq.out, TokenEvent(token, logprob, self._version)))
+        # one wake-up of each caller's loop a step, not one a token: a thread-safe call writes to a socket
+        closed = set()
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening
+                closed.add(loop)
+        finished: list[tuple[int, FinishReason]] = []
+        for i, seq in enumerate(running):
+            reason = FinishReason.ABORT if seq.loop in closed else self._finish_reason(seq)
             if reason is not None:
                 finished.append((i, reason))
         for i, reason in reversed(finished):
             self._retire(i, reason)
 
-    def _deliver(self, seq: _Seq, event: TokenEvent) -> FinishReason | None:
-        """Send `event` (already appended to seq.tokens); why seq must now finish, or None."""
-        if not self._emit(seq, event):
-            return FinishReason.ABORT
-        if event.token_id in seq.stop:
+    def _finish_reason(self, seq: _Seq) -> FinishReason | None:
+        """Why seq must finish now that its last sampled token went out, or None."""
+        if seq.tokens[-1] in seq.stop:
             return FinishReason.STOP
         if seq.generated >= seq.request.params.max_tokens or len(seq.tokens) >= self.max_context:
             return FinishReason.LENGTH
@@ -559,3 +567,9 @@ def _request_error(seq: _Seq, err: Exception) -> EngineError:
 
 def _chunks(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _put_all(items: list) -> None:
+    """On a caller's loop: hand each (queue, event) of one decode step to its stream."""
+    for out, event in items:
+        out.put_nowait(event)

@@ -51,11 +51,17 @@ class LossOutput:
 
 
 def token_logprobs(model, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p(target), entropy of the full distribution), both [B, L-1] float32, from one forward."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
-    logsm = torch.log_softmax(logits, dim=-1)  # [B, L-1, V]
-    logp = logsm.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
-    entropy = -(logsm.exp() * logsm).sum(-1)
+    """(log p(target), entropy of the full distribution), both [B, L-1] float32, from one forward; 0 at the
+    targets no row of the batch trains (`batch.mask`). The vocabulary projection and its softmax run only at
+    the positions some row trains (the model's `logits_to_keep`): an agent episode's prompt and tool outputs
+    are most of its tokens, and [B, L, V] logits are most of a step's memory."""
+    keep = (batch.mask > 0).any(0).nonzero()[:, 0]  # target positions (hidden position p predicts token p+1)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
+    logsm = torch.log_softmax(logits.float(), dim=-1)  # [B, K, V]
+    targets = batch.input_ids[:, 1:].index_select(1, keep)
+    shape = batch.mask.shape
+    logp = logsm.new_zeros(shape).index_copy(1, keep, logsm.gather(-1, targets[..., None])[..., 0])
+    entropy = logsm.new_zeros(shape).index_copy(1, keep, -(logsm.exp() * logsm).sum(-1))
     return logp, entropy
 
 

@@ -186,12 +186,17 @@ class Trainer:
         return [(i * n // count, (i + 1) * n // count) for i in range(count)]
 
     def _micro_step(self, batch: TokenBatch, total_tokens: int, last: bool) -> LossOutput:
+        c = self.config
+        if self._without_gradient(batch):
+            with torch.no_grad():
+                logp, entropy = token_logprobs(self.model, batch)
+            return grpo_loss(logp, entropy, batch, total_tokens, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
+                             ratio_cap=c.ratio_cap)  # fmt: skip
         logp, entropy = token_logprobs(self.model, batch)
         ref_logp = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_logp, _ = token_logprobs(self.ref_model, batch)
-        c = self.config
         out = grpo_loss(
             logp, entropy, batch, total_tokens, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
             ratio_cap=c.ratio_cap, entropy_coef=c.entropy_coef, kl_coef=c.kl_coef, ref_logp=ref_logp,
@@ -199,6 +204,14 @@ class Trainer:
         self.parallel.before_backward(self.model, last)
         (out.loss * self.parallel.loss_scale).backward()
         return out
+
+    def _without_gradient(self, batch: TokenBatch) -> bool:
+        """Whether `batch`'s loss has a zero gradient, so that only its metrics are computed (no backward pass):
+        every advantage is 0 (a group that all failed or all succeeded, or the below-mean episodes under
+        `negative_weight` 0) and there is no KL or entropy term. Never under FSDP, whose collectives need every
+        rank's backward."""
+        c = self.config
+        return not self.parallel.fsdp and c.kl_coef == 0 and c.entropy_coef == 0 and not bool(batch.advantages.any())
 
     def _accumulate(self, sums, maxes, batch: TokenBatch, out: LossOutput, trajs: Sequence[Trajectory]) -> None:
         on = batch.mask > 0

@@ -359,6 +359,27 @@ def test_max_batch_limits_running_requests(model):
     assert all(len(r.token_ids) == 60 for r in results)
 
 
+def test_a_decode_step_wakes_each_callers_loop_once(model, monkeypatch):
+    """The tokens of one decode step reach their streams in one thread-safe call a loop, not one a token (each
+    such call writes to the loop's wake-up socket), and every stream still gets every token in order."""
+    from reference.engine import builtin
+
+    calls = []
+    original = builtin._put_all
+    monkeypatch.setattr(builtin, "_put_all", lambda items: calls.append(len(items)) or original(items))
+    requests = [req(f"w{i}", prompt(4, i), 12, temperature=0.0) for i in range(4)]
+
+    async def run():
+        with BuiltinEngine(model, max_batch=4) as engine:
+            return await _run_queued(engine, requests)
+
+    results = asyncio.run(run())
+    assert [len(r.token_ids) for r in results] == [12] * 4
+    assert sum(calls) == 48 and len(calls) == 12 and set(calls) == {4}  # 12 steps of the 4 requests together
+    for r, q in zip(results, requests, strict=True):
+        assert list(r.token_ids) == hf_greedy(model, list(q.prompt_token_ids), 12)
+
+
 async def _wait_for(condition, timeout_s: float = 30.0) -> None:
     """Poll an async `condition()` until it is true; fail after `timeout_s`."""
     async with asyncio.timeout(timeout_s):

@@ -21,6 +21,8 @@ from reference.cli import main
         (["--set", "policy.max_staleness=-1"], "policy.max_staleness must be >= 0"),
         (["--set", "rollout.prompts_per_step=0"], "rollout.prompts_per_step must be >= 1"),
         (["--set", "run.eval_samples=0"], "run.eval_samples must be in [1, 64], got 0"),
+        (["--set", "engine.coalesce_s=5"], "engine.coalesce_s must be in [0, 1] seconds, got 5"),
+        (["--set", "engine.coalesce_s=.nan"], "engine.coalesce_s must be in [0, 1] seconds, got nan"),
         (["--set", "trainer.lr=fast"], "error: trainer.lr must be a finite number, got 'fast'"),
         (["--set", "trainer.lr=-1"], "error: trainer.lr must be > 0, got -1"),
         (["--set", "trainer.negative_weight=2"], "error: trainer.negative_weight must be in [0, 1], got 2"),

@@ -15,8 +15,9 @@ import math
 import pytest
 import torch
 
-from reference.trainer.batch import Trajectory
+from reference.trainer.batch import Trajectory, collate
 from reference.trainer.config import TrainerConfig
+from reference.trainer.loss import token_logprobs
 from reference.trainer.trainer import Trainer
 
 # (token ids, generated mask, group, reward, log-ratio offsets per generated token, versions)
@@ -263,3 +264,57 @@ def test_a_trainer_adopts_another_optimisers_moments_but_keeps_its_own_settings(
     other = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))])
     with pytest.raises(ValueError):
         trainer.adopt_optimizer_moments(other.state_dict())
+
+
+class _AlwaysBackward(Trainer):
+    def _without_gradient(self, batch) -> bool:
+        return False
+
+
+class _Counting(Trainer):
+    skipped = 0
+
+    def _without_gradient(self, batch) -> bool:
+        skip = super()._without_gradient(batch)
+        self.skipped += skip
+        return skip
+
+
+def test_episodes_without_a_gradient_skip_the_backward_pass_but_not_the_metrics(make_model):
+    """Under negative_weight 0 the below-mean samples (and whole equal groups) have advantage 0: the trainer
+    runs no backward pass for them, and the step is the same as with one (gradient and every metric)."""
+    config = TrainerConfig(negative_weight=0.0, entropy_coef=0.0, kl_coef=0.0, grad_clip=0.0, micro_batch_size=1)
+    fast, full = _Counting(make_model(0), config, pad_id=0), _AlwaysBackward(make_model(0), config, pad_id=0)
+    trajs = on_policy(make_batch(fast.model))
+    trajs += [dataclasses.replace(trajs[i], group_id="equal", reward=1.0) for i in (0, 1)]
+    a, b = fast.train_step(trajs), full.train_step(trajs)
+    assert fast.skipped == 5  # the two below-mean samples of group a, one of b, both of the equal group
+    for field in ("loss", "entropy", "ratio_mean", "clip_fraction", "tokens", "sequences", "reward_mean", "grad_norm"):
+        assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-5, abs=1e-7), field
+    for p, q in zip(fast.model.parameters(), full.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+
+
+def test_an_entropy_bonus_keeps_the_backward_pass(make_model):
+    config = TrainerConfig(negative_weight=0.0, entropy_coef=0.01, grad_clip=0.0, micro_batch_size=1)
+    trainer = _Counting(make_model(0), config, pad_id=0)
+    trainer.train_step(on_policy(make_batch(trainer.model)))
+    assert trainer.skipped == 0
+
+
+def test_token_logprobs_project_the_vocabulary_only_where_a_row_trains(make_model):
+    model = make_model(0)
+    trajs = make_batch(model)
+    trajs[1] = dataclasses.replace(trajs[1], trained=False)
+    batch = collate(trajs, [0.0] * len(trajs), 0)
+    logp, entropy = token_logprobs(model, batch)
+    with torch.no_grad():
+        logsm = torch.log_softmax(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, -1)
+    full_logp = logsm[:, :-1].gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+    full_entropy = -(logsm.exp() * logsm).sum(-1)[:, :-1]
+    on = batch.mask > 0
+    torch.testing.assert_close(logp[on], full_logp[on], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(entropy[on], full_entropy[on], rtol=1e-5, atol=1e-6)
+    projected = on.any(0)  # a position some row trains is projected for every row; the rest are 0
+    assert bool((logp[:, ~projected] == 0).all()) and bool((entropy[:, ~projected] == 0).all())
+    assert not bool(on[1].any()) and int(projected.sum()) < on.shape[1]
