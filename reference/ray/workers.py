@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from collections import Counter
 from collections.abc import Sequence
 
@@ -33,6 +35,10 @@ class RayWorkers:
         self._local = address is None
         tags = Counter(tag for s in specs for tag in s.capabilities)
         if not ray.is_initialized():
+            # ray.init replaces the SIGTERM handler with sys.exit, which would skip the run's clean stop (a SWE
+            # task's sandboxes removed): the handler in place before it is put back.
+            main = threading.current_thread() is threading.main_thread()
+            sigterm = signal.getsignal(signal.SIGTERM) if main else None
             try:
                 if address is None:
                     ray.init(num_cpus=len(os.sched_getaffinity(0)), resources=dict(tags), include_dashboard=False,
@@ -42,6 +48,9 @@ class RayWorkers:
             except (ConnectionError, RuntimeError, ValueError) as e:
                 where = address or "a local Ray"
                 raise UserError(f"cannot reach the Ray cluster at {where!r}: {str(e).splitlines()[0]}") from None
+            finally:
+                if sigterm is not None:
+                    signal.signal(signal.SIGTERM, sigterm)
             self._started_ray = True
         actor = ray.remote(ResourceWorker)
         self.actors = {
