@@ -21,10 +21,10 @@ the convention the shipped demonstrations (and mini-swe-agent) use.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import random
 import shlex
-import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -169,19 +169,12 @@ def instance_messages(task: Instance, config: AgentConfig) -> list[dict]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
-_HTTP: openai.DefaultHttpxClient | None = None
-_HTTP_LOCK = threading.Lock()
-
-
+@functools.cache
 def shared_http_client() -> openai.DefaultHttpxClient:
     """One connection pool for every episode of this process: an OpenAI client's own pool builds a TLS context
     (tens of ms of CPU) even for a plain-HTTP manager, and its connections would not outlive the episode. The
     per-request timeout is the OpenAI client's; the pool is never closed (it lives as long as the process)."""
-    global _HTTP
-    with _HTTP_LOCK:
-        if _HTTP is None:
-            _HTTP = openai.DefaultHttpxClient()
-        return _HTTP
+    return openai.DefaultHttpxClient()
 
 
 class BashAgent:

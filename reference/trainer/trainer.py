@@ -14,6 +14,7 @@ against the gap between the engine's behaviour policy and the weights being trai
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -187,22 +188,20 @@ class Trainer:
 
     def _micro_step(self, batch: TokenBatch, total_tokens: int, last: bool) -> LossOutput:
         c = self.config
-        if self._without_gradient(batch):
-            with torch.no_grad():
-                logp, entropy = token_logprobs(self.model, batch)
-            return grpo_loss(logp, entropy, batch, total_tokens, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
-                             ratio_cap=c.ratio_cap)  # fmt: skip
-        logp, entropy = token_logprobs(self.model, batch)
+        inert = self._without_gradient(batch)
+        with torch.no_grad() if inert else contextlib.nullcontext():
+            logp, entropy = token_logprobs(self.model, batch)
         ref_logp = None
-        if self.ref_model is not None:
+        if self.ref_model is not None and not inert:
             with torch.no_grad():
                 ref_logp, _ = token_logprobs(self.ref_model, batch)
         out = grpo_loss(
             logp, entropy, batch, total_tokens, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
             ratio_cap=c.ratio_cap, entropy_coef=c.entropy_coef, kl_coef=c.kl_coef, ref_logp=ref_logp,
         )  # fmt: skip
-        self.parallel.before_backward(self.model, last)
-        (out.loss * self.parallel.loss_scale).backward()
+        if not inert:
+            self.parallel.before_backward(self.model, last)
+            (out.loss * self.parallel.loss_scale).backward()
         return out
 
     def _without_gradient(self, batch: TokenBatch) -> bool:
