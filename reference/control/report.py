@@ -82,6 +82,14 @@ class Progress:
             print(f"train: step {self.done}/{self.steps}, reward {record['reward_mean']:.3f}, "
                   f"{record['tokens_per_s_trained']:,.0f} trained tokens/s", file=sys.stderr, flush=True)  # fmt: skip
 
+    def note(self, text: str) -> None:
+        """One line about what the run does between steps (an evaluation): above the bar on a terminal, plain
+        elsewhere; nothing when progress is off."""
+        if self.lines:
+            print(text, file=sys.stderr, flush=True)
+        elif not self.bar.disable:
+            self.bar.write(text, file=sys.stderr)
+
     def __enter__(self) -> Progress:
         return self
 

@@ -33,7 +33,9 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
     rcfg = RolloutConfig(cfg.rollout.group_size, cfg.rollout.max_concurrency, cfg.rollout.temperature)
     async with RolloutManager(task, m.url, rcfg, f"run{time.time_ns()}", cfg.run.seed, finished, token) as rollout:
         rollout.adopt(adopted)
+        bar.note(f"evaluating the weights before RL ({_episodes(cfg.run.eval_samples)} a problem) ...")
         start = await evaluate_splits(rollout, task, "start", cfg.run.eval_samples)
+        bar.note(evaluation_line("start", start))
         metrics.held_out(offset, {**start, "label": "start", "time_s": 0.0})
         sink = _Sink(metrics, bar)
         evaluations = Evaluations(cfg, task, rollout, workers, policy.trainers[0], metrics)
@@ -56,12 +58,24 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
             await executor.close()
         await evaluations.finish()
         await _all_serving(m.manager)  # the last held-out evaluation may use every engine
+        bar.note(f"evaluating the weights after RL ({_episodes(cfg.run.eval_samples)} a problem) ...")
         end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples)
+        bar.note(evaluation_line("end", end))
         metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall})
         metrics.counters.update(sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
                                 syncs=len(executor.sync_s), requests=rollout.requests,
                                 engine_restarts=m.manager.supervisor.restarts)  # fmt: skip
     return wall
+
+
+def _episodes(n: int) -> str:
+    return f"{n} episode{'' if n == 1 else 's'}"
+
+
+def evaluation_line(label: str, result: dict) -> str:
+    """`evaluate_splits`' result as one line: held-out (and train) pass@1."""
+    train = f", train {result['train_exact_match']:.3f}" if "train_exact_match" in result else ""
+    return f"evaluation {label}: held-out {result['exact_match']:.3f}{train} (exact match, mean over episodes)"
 
 
 async def evaluate_splits(rollout: RolloutManager, task, label: str, samples: int = 1) -> dict:

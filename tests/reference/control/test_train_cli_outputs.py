@@ -163,3 +163,17 @@ def test_the_progress_bar_only_on_a_terminal(monkeypatch, stderr, shown):
     lines = [line for line in stderr.getvalue().splitlines() if line.startswith("train: step")]
     # no terminal (a log file): one plain line a step instead of the bar's frames
     assert lines == ([] if shown else ["train: step 1/3, reward 0.250, 1,234 trained tokens/s"])
+
+
+@pytest.mark.parametrize(("stderr", "shown"), [(Terminal(), True), (io.StringIO(), False)])
+def test_an_evaluation_says_what_it_does_with_or_without_a_terminal(monkeypatch, stderr, shown):
+    from reference.control.report import Progress
+    from reference.control.run import evaluation_line
+
+    monkeypatch.setattr(sys, "stderr", stderr)
+    with Progress(3) as progress:
+        progress.note(evaluation_line("start", {"exact_match": 0.0, "train_exact_match": 0.59375}))
+    assert "evaluation start: held-out 0.000, train 0.594" in stderr.getvalue()
+    with Progress(3, enabled=False) as quiet:
+        quiet.note("not shown")
+    assert "not shown" not in stderr.getvalue()
