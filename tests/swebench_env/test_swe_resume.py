@@ -128,42 +128,50 @@ def _checkpoint(out: Path) -> int | None:
     return int(found[-1].name.removeprefix("step-")) if found else None
 
 
-def _ready_to_kill(run: Run, out: Path, stores: list, client) -> int | None:
-    """The last checkpoint, once one is written, a finished group that no step consumed will still be untrained
-    after the kill and, with Docker, a sandbox of the run is live; else None.
+def _ready_to_kill(run: Run, out: Path, store: TrajectoryStore, client) -> int | None:
+    """The last checkpoint, once one is written, a finished group that no step consumed waits, no step consumed
+    groups for the run's last step and, with Docker, a sandbox of the run is live; else None. Called while the
+    run's driver is stopped (SIGSTOP), so that nothing it does can change the answer before the kill.
 
     A group consumed by the step in flight is not enough: the trainer worker finishes that step, checkpoint
-    included, after the driver is killed, so the group ends up behind the checkpoint. An unconsumed group stays
-    unconsumed once the driver is gone, provided the driver cannot consume it between this check and the kill:
-    either a step is in flight (the next one waits for it) and its checkpoint is not the run's last, or no step is
-    and fewer groups wait than a step takes."""
-    run.alive()
+    included, after the driver is killed, so the group ends up behind the checkpoint; for the same reason the step
+    in flight must not be the run's last, or the resumed run finds every step trained. A stopped driver consumes
+    nothing more, so an unconsumed group stays unconsumed through the kill."""
     step = _checkpoint(out)
     if step is None:
         return None
+    consumed = store.consumed()
+    step = _checkpoint(out)  # read after `consumed`: a step the trainer finished meanwhile is not in flight
     assert step < STEPS, f"the run trained all {STEPS} steps before it could be killed:\n{run.tail()}"
-    if not stores:
-        stores.append(TrajectoryStore(out / "trajectories.sqlite"))
-    store = stores[0]
-    untrained = untrained_groups(store)
-    in_flight = any(s >= step for s in store.consumed().values())
-    safe = step + 1 < STEPS if in_flight else len(untrained) < PROMPTS
-    if not untrained or not safe or (client is not None and not _containers(client, run.pid)):
+    if max(consumed.values(), default=-1) + 1 >= STEPS or not untrained_groups(store):
+        return None
+    if client is not None and not _containers(client, run.pid):
         return None
     return step
 
 
 def _kill(run: Run, out: Path, client) -> int:
-    """SIGKILL the run once it is ready; the checkpoint it leaves, once its workers are gone (a trainer worker
-    finishes the step it is in, checkpoint included, before Ray ends it)."""
-    stores: list = []
-    try:
-        _wait_for(lambda: _ready_to_kill(run, out, stores, client), RUN_TIMEOUT_S, "a checkpoint and a waiting group")
-        run.process.send_signal(signal.SIGKILL)
-        run.process.wait(timeout=60)
-    finally:
-        for store in stores:
-            store.close()
+    """SIGKILL the run once it is ready (checked with its driver stopped, killed before it runs again); the
+    checkpoint it leaves, once its workers are gone (a trainer worker finishes the step it is in, checkpoint
+    included, before Ray ends it)."""
+    _wait_for(lambda: run.alive() and _checkpoint(out) is not None, RUN_TIMEOUT_S, "a first checkpoint")
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    with TrajectoryStore(out / "trajectories.sqlite") as store:  # opened while the driver runs: no lock waits
+        while True:
+            run.alive()
+            run.process.send_signal(signal.SIGSTOP)
+            ready = None
+            try:
+                ready = _ready_to_kill(run, out, store, client)
+            finally:
+                if not ready:
+                    run.process.send_signal(signal.SIGCONT)
+            if ready:
+                break
+            assert time.monotonic() < deadline, f"timed out waiting for a waiting group to kill on:\n{run.tail()}"
+            time.sleep(0.05)
+    run.process.send_signal(signal.SIGKILL)
+    run.process.wait(timeout=60)
 
     def working(sid: int, cmd: str) -> bool:  # its Ray workers, and their engines (sessions of their own)
         return (sid == run.pid and "ResourceWorker" in cmd) or ("reference engine" in cmd and str(out) in cmd)
