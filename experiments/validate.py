@@ -163,6 +163,7 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
             "window_batches": rt.policy.window_batches,
             "fill_idle": rt.policy.fill_idle,
             "stale_samples": rt.policy.stale_samples,
+            "drain": rt.policy.drain,
         },  # fmt: skip
         "costs": {
             "profile": config_path(out / "profile.yaml"),

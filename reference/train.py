@@ -12,10 +12,10 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from core.policies import PolicyConfig, make_policy
+from core.policies import make_policy
 from core.tags import Tag
 from core.timeline import Timeline, TimelineRecorder
-from reference.control.config import TrainConfig, check_feasible
+from reference.control.config import TrainConfig, check_feasible, policy_config
 from reference.control.engines import WorkerEngine
 from reference.control.layout import initial_weights, last_checkpoint, resumed, resumed_weights, worker_specs
 from reference.control.report import MetricsLog, Progress
@@ -45,8 +45,7 @@ def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
            resume: bool) -> tuple[Timeline, MetricsLog]:  # fmt: skip
     checkpoint = last_checkpoint(out, cfg.policy.num_steps) if resume else None
     done = checkpoint.step if checkpoint else 0  # steps trained before this run: the policy counts from here
-    pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps - done, cfg.policy.max_staleness,
-                        cfg.policy.window_batches, cfg.policy.fill_idle, cfg.policy.stale_samples)  # fmt: skip
+    pcfg = policy_config(cfg, cfg.policy.num_steps - done)
     policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)
     weights = out / "weights"
     model_dir = resumed_weights(cfg, task, weights, checkpoint) if checkpoint else initial_weights(cfg, task, weights)

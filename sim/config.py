@@ -175,6 +175,7 @@ class PolicySettings:
     window_batches: int | None
     fill_idle: bool
     stale_samples: str  # streaming: drop | regenerate a finished group that fell out of the bound
+    drain: bool = False  # generate no group beyond what the run's steps train (core.policies.PolicyConfig)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ class Simulation:
             cfg.policy.window_batches,
             cfg.policy.fill_idle,
             cfg.policy.stale_samples,
+            cfg.policy.drain,
         )
         self.policy = make_policy(policy, pcfg, cfg.num_resources, cfg.train_fraction, cfg.rollout.tensor_parallel)
         self.resources = self.policy.resources

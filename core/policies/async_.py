@@ -92,7 +92,9 @@ class AsyncPolicy(BasePolicy):
 
     def _may_start(self, batch: int) -> bool:
         """Batch `batch` may start once the trainer took batch `batch - ahead`, and only with
-        weights of version >= `batch - max_staleness`."""
+        weights of version >= `batch - max_staleness`; with `drain`, only a batch a step will take."""
+        if self.config.drain and batch >= self.config.num_steps:
+            return False
         return batch < self._taken + self.ahead and batch - self._rollout_version <= self.config.max_staleness
 
     def _submit_batch(self) -> Decision:

@@ -37,6 +37,10 @@ class PolicyConfig:
     stale_samples: what `streaming` does with a finished group that fell out of the staleness
         bound: "regenerate" its stale samples (the rest of the group is kept) or "drop" the whole
         group and start a new one in its place.
+    drain: submit no group beyond what the run's remaining steps consume, so the last steps run without
+        work that no step will train (a complete training run: the shortest wall time). Off by default:
+        a run then measures `num_steps` steps of a longer run, generating past its last step as a
+        pipelined policy does in steady state (see `submit`).
     """
 
     batch_groups: int
@@ -45,6 +49,7 @@ class PolicyConfig:
     window_batches: int | None = None
     fill_idle: bool = False
     stale_samples: str = "regenerate"
+    drain: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch_groups", "num_steps"):
@@ -146,7 +151,10 @@ class BasePolicy:
         """Submit groups until `outstanding` are in flight or finished-but-untrained.
 
         A run measures `num_steps` steps of a longer training run, so pipelined policies keep
-        generating past the last measured step instead of draining (no end-of-run artefact)."""
+        generating past the last measured step instead of draining (no end-of-run artefact), unless
+        `drain` caps what is outstanding at what the remaining steps consume."""
+        if self.config.drain:
+            outstanding = min(outstanding, self.config.num_steps * self.config.batch_groups - self.consumed)
         n = outstanding - self.in_flight - len(self.ready)
         if n <= 0:
             return []

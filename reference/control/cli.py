@@ -131,8 +131,8 @@ def _dry_run(cfg, names) -> int:
 
 def validate(cfg) -> None:
     """Everything that can be checked before a process starts, one clear line each (UserError)."""
-    from core.policies import PolicyConfig, make_policy
-    from reference.control.config import check_feasible
+    from core.policies import make_policy
+    from reference.control.config import check_feasible, policy_config
     from reference.tasks import make_task
 
     try:
@@ -152,8 +152,7 @@ def validate(cfg) -> None:
         from reference.ray.address import check_ray_address
 
         check_ray_address(cfg.run.ray_address)
-    pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps, cfg.policy.max_staleness,
-                        cfg.policy.window_batches, cfg.policy.fill_idle, cfg.policy.stale_samples)  # fmt: skip
+    pcfg = policy_config(cfg)
     policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)
     if cfg.rollout.prompts_per_step < len(policy.trainers):
         raise UserError(f"rollout.prompts_per_step {cfg.rollout.prompts_per_step} cannot feed {len(policy.trainers)} "

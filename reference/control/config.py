@@ -12,7 +12,7 @@ from pathlib import Path
 
 from core.config import apply_overrides, from_dict, load_yaml, merge
 from core.errors import UserError
-from core.policies import POLICIES
+from core.policies import POLICIES, PolicyConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "train.yaml"
 BACKENDS = ("builtin", "vllm")
@@ -33,6 +33,8 @@ class PolicySection:
     window_batches: int | None  # tag: batches kept in flight (null: 1 + max_staleness)
     fill_idle: bool  # tag: start extra groups when a rollout resource runs dry
     stale_samples: str = "regenerate"  # streaming: regenerate | drop a finished group that fell out of the bound
+    drain: bool = False  # generate no group beyond what the run's steps train (false: keep the steady state's
+    # pipeline running past the last step, as a measurement of a longer run wants)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,14 @@ class TrainConfig:
                 supervised_config(self.warm_start)
             except (ValueError, TypeError) as e:
                 raise _section_error("warm_start", str(e).replace("SupervisedConfig.__init__() ", "")) from None
+
+
+def policy_config(cfg: TrainConfig, num_steps: int | None = None) -> PolicyConfig:
+    """The scheduling policy's knobs for this run (`num_steps`: the steps left, where a resumed run has fewer)."""
+    p = cfg.policy
+    steps = p.num_steps if num_steps is None else num_steps
+    return PolicyConfig(cfg.rollout.prompts_per_step, steps, p.max_staleness, p.window_batches, p.fill_idle,
+                        p.stale_samples, p.drain)  # fmt: skip
 
 
 def _section_error(section: str, message: str) -> UserError:

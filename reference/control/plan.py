@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from core import config as cfgio
 from core import specs
 from core.errors import UserError
-from core.policies import BasePolicy, PolicyConfig, make_policy
+from core.policies import BasePolicy, make_policy
 from core.specs import DeviceSpec, ModelSpec
 from core.tags import Tag
-from reference.control.config import TrainConfig, check_feasible
+from reference.control.config import TrainConfig, check_feasible, policy_config
 
 GB = 1e9
 FP32_PER_BF16 = 2  # the runtime's trainer and built-in engine compute in fp32; the simulator counts bf16
@@ -83,8 +83,7 @@ def plan(cfg: TrainConfig) -> str:
     """The run's plan as text (see the module docstring); UserError for what the config cannot describe."""
     task = task_plan(cfg)
     model = model_spec(cfg, task)
-    pcfg = PolicyConfig(cfg.rollout.prompts_per_step, cfg.policy.num_steps, cfg.policy.max_staleness,
-                        cfg.policy.window_batches, cfg.policy.fill_idle, cfg.policy.stale_samples)  # fmt: skip
+    pcfg = policy_config(cfg)
     gpus = cfg.resources.gpus_per_resource
     policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, max(1, gpus))
     flight = in_flight(cfg, task, policy)

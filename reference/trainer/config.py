@@ -33,6 +33,8 @@ class TrainerConfig:
     weight_decay: float = 0.01  # AdamW decoupled weight decay; >= 0
     adam_eps: float = 1e-8  # AdamW epsilon; > 0
     grad_clip: float = 1.0  # max global L2 norm of the gradient; 0 turns clipping off
+    epochs: int = 1  # optimiser steps on each step's data (PPO's epochs: the later ones clipped against the
+    # behaviour policy's log-probs; one policy version a step whatever the count); an integer >= 1
     # Batching and bookkeeping.
     micro_batch_size: int = 64  # sequences per forward/backward; >= 1 (does not change the result)
     checkpoint_every_steps: int = 0  # write a resumable checkpoint every this many steps; 0 = never
@@ -62,6 +64,7 @@ class TrainerConfig:
         _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "> 0")
         _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, ">= 0 (0 turns clipping off)")
         _check(_is_int(self.micro_batch_size) and self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size)
+        _check(_is_int(self.epochs) and self.epochs >= 1, "epochs", self.epochs)
         _check(_is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps,
                "an integer >= 0 (0: no warm-up)")  # fmt: skip
         _check(_is_int(self.checkpoint_every_steps) and self.checkpoint_every_steps >= 0, "checkpoint_every_steps",

@@ -149,18 +149,31 @@ class Trainer:
             sums[_SUMS.index("reward")] = sum(t.reward for t in trajectories)
             return self._finish_step(sums, maxes, 0.0, start)
         sums, maxes = torch.zeros(len(_SUMS), dtype=torch.float64), torch.full((len(_MAXES),), -math.inf)
+        grad_norm = self._update(trajectories, advantages, total, sums, maxes)
+        if self.config.epochs > 1 and self._drops_inert():  # later passes: only where the gradient is not 0
+            kept = [i for i, a in enumerate(advantages) if a != 0 and trajectories[i].trained]
+            trajectories, advantages = [trajectories[i] for i in kept], [advantages[i] for i in kept]
+        for _ in range(1, self.config.epochs if trajectories else 1):
+            self._update(trajectories, advantages, total)
+        return self._finish_step(sums, maxes, grad_norm, start)
+
+    def _update(self, trajectories, advantages, total: int, sums=None, maxes=None) -> float:
+        """One optimiser step on `trajectories`, the loss normalised by the step's `total` trained tokens (so a
+        later epoch's objective is the first one's, whatever it leaves out); the first epoch's metrics go into
+        `sums` and `maxes`. Returns the gradient's norm before clipping."""
         self.optimizer.zero_grad(set_to_none=True)
         bounds = self._micro_batches(len(trajectories))
         for i, (lo, hi) in enumerate(bounds):
             batch = collate(trajectories[lo:hi], advantages[lo:hi], self.pad_id).to(self.device)
             out = self._micro_step(batch, total, last=i == len(bounds) - 1)
-            self._accumulate(sums, maxes, batch, out, trajectories[lo:hi])
+            if sums is not None:
+                self._accumulate(sums, maxes, batch, out, trajectories[lo:hi])
         self.parallel.sync_gradients(self.model)
         grad_norm = self._clip_gradients()
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate
         self.optimizer.step()
-        return self._finish_step(sums, maxes, grad_norm, start)
+        return grad_norm
 
     def _finish_step(self, sums: torch.Tensor, maxes: torch.Tensor, grad_norm: float, start: float) -> StepMetrics:
         self.step += 1
@@ -209,8 +222,13 @@ class Trainer:
         every advantage is 0 (a group that all failed or all succeeded, or the below-mean episodes under
         `negative_weight` 0) and there is no KL or entropy term. Never under FSDP, whose collectives need every
         rank's backward."""
+        return self._drops_inert() and not bool(batch.advantages.any())
+
+    def _drops_inert(self) -> bool:
+        """Whether a sample whose advantage is 0 adds nothing to the gradient and may skip its backward pass
+        (no KL or entropy term) and whether a rank may do so alone (not under FSDP)."""
         c = self.config
-        return not self.parallel.fsdp and c.kl_coef == 0 and c.entropy_coef == 0 and not bool(batch.advantages.any())
+        return not self.parallel.fsdp and c.kl_coef == 0 and c.entropy_coef == 0
 
     def _accumulate(self, sums, maxes, batch: TokenBatch, out: LossOutput, trajs: Sequence[Trajectory]) -> None:
         on = batch.mask > 0

@@ -423,6 +423,27 @@ def test_any_completion_order_trains_every_step_within_the_staleness_bound(name,
         assert all(j - version <= max_staleness for j, version in enumerate(executor.submits))
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("max_staleness", [0, 1, 2])
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_a_draining_run_submits_only_the_groups_its_steps_train(name, max_staleness, seed):
+    steps, batch = 6, 3
+    kept = PolicyConfig(batch_groups=batch, num_steps=steps, max_staleness=max_staleness)
+    drained = PolicyConfig(batch_groups=batch, num_steps=steps, max_staleness=max_staleness, drain=True)
+    submitted = {}
+    for label, cfg in (("kept", kept), ("drained", drained)):
+        policy = make_policy(name, cfg, num_resources=4, train_fraction=0.5, devices=2)
+        executor = FakeExecutor(policy, seed)
+        executor.run()
+        assert executor.steps == list(range(steps))
+        assert max(executor.lags) <= (0 if policy.strictly_on_policy else max_staleness)
+        submitted[label] = policy.submitted
+    assert submitted["drained"] == steps * batch  # fresh groups; stale ones are regenerated, not resubmitted
+    assert submitted["kept"] >= steps * batch
+    if name in ("tag", "streaming") and max_staleness:  # a window beyond one batch generates past the last step
+        assert submitted["kept"] > steps * batch
+
+
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_runs_survive_losing_a_train_and_a_rollout_resource_at_random_times(name, seed):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
 import time
 from types import SimpleNamespace
 
@@ -129,6 +130,19 @@ def test_sandbox_spans_of_finished_groups_reach_the_timeline_in_the_runs_time_ba
                    ("sandbox-1", SandboxPhase.TOOL, 0.5, "s-e0")]  # fmt: skip
     assert timeline.sandboxes[0].end_s == 5.0  # clipped to the run
     assert timeline.sandboxes[1].end_s == pytest.approx(0.5, abs=1e-3)
+
+
+def test_training_tasks_come_in_shuffled_passes_over_the_split():
+    task = make_task("swe", sandbox="local")
+    split = sorted(p.problem_id for p in task.train_problems())
+    drawn = [p.problem_id for p in task.sample_train(random.Random(3), 5 * len(split) // 2)]
+    passes = [drawn[i : i + len(split)] for i in range(0, len(drawn), len(split))]
+    assert sorted(passes[0]) == sorted(passes[1]) == split  # each task once a pass
+    assert passes[0] != passes[1] and passes[0] != split  # each pass in its own shuffled order
+    assert len(set(passes[2])) == len(passes[2])  # a pass cut short repeats nothing either
+    again = make_task("swe", sandbox="local")  # the same seed, the same order, over calls of any size
+    rng = random.Random(3)
+    assert [p.problem_id for n in (7, 1, 40, 32) for p in again.sample_train(rng, n)] == drawn
 
 
 def test_bad_task_settings_are_one_line_errors(tmp_path, capsys):

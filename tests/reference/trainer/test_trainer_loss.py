@@ -295,6 +295,43 @@ def test_episodes_without_a_gradient_skip_the_backward_pass_but_not_the_metrics(
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
 
 
+class _MicroSteps(Trainer):
+    calls = 0
+
+    def _micro_step(self, batch, total_tokens, last):
+        self.calls += len(batch.advantages)
+        return super()._micro_step(batch, total_tokens, last)
+
+
+def test_epochs_are_optimiser_steps_on_the_same_data_the_later_ones_only_where_a_gradient_is(make_model):
+    """`epochs` 2 is one version of the weights made by two optimiser steps on the step's data: the same weights
+    as two steps of one epoch on it (the later epoch normalised by the same token count, clipped against the same
+    behaviour log-probs), the first epoch's metrics, and a second epoch that leaves out the samples of advantage 0."""
+    config = TrainerConfig(negative_weight=0.0, entropy_coef=0.0, kl_coef=0.0, micro_batch_size=1, lr=1e-2)
+    twice = _MicroSteps(make_model(0), dataclasses.replace(config, epochs=2), pad_id=0)
+    single = Trainer(make_model(0), config, pad_id=0)
+    trajs = on_policy(make_batch(twice.model))
+    trajs += [dataclasses.replace(trajs[i], group_id="equal", reward=1.0) for i in (0, 1)]
+    m = twice.train_step(trajs)
+    first = single.train_step(trajs)
+    single.train_step(trajs)
+    assert twice.calls == len(trajs) + (len(trajs) - 5)  # 5 samples have advantage 0 (see the test above)
+    assert twice.version == 1 and single.version == 2
+    for field in ("loss", "entropy", "ratio_mean", "clip_fraction", "tokens", "reward_mean", "grad_norm"):
+        assert getattr(m, field) == pytest.approx(getattr(first, field), rel=1e-6), field
+    moved = False
+    for p, q, r in zip(twice.model.parameters(), single.model.parameters(), make_model(0).parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+        moved |= not torch.equal(p, r)
+    assert moved
+
+
+def test_epochs_must_be_a_whole_number_of_at_least_one():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"TrainerConfig.epochs must be an integer >= 1, got"):
+            TrainerConfig(epochs=bad)
+
+
 def test_an_entropy_bonus_keeps_the_backward_pass(make_model):
     config = TrainerConfig(negative_weight=0.0, entropy_coef=0.01, grad_clip=0.0, micro_batch_size=1)
     trainer = _Counting(make_model(0), config, pad_id=0)
