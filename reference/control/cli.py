@@ -192,6 +192,22 @@ def _print_instances(metrics, out: Path) -> None:
         print(f"{text}\n(every evaluation's figures: {out}/instances.csv)")
 
 
+def _with_new_keys(resolved: dict) -> dict:
+    """A saved run's resolved config with what was added since it was written at its defaults: a section key
+    with a default value (`policy.drain`, `run.held_out_samples`, ...) and the `warm_start` section (steps 0)."""
+    import typing
+
+    from reference.control.config import TrainConfig
+
+    resolved.setdefault("warm_start", {"steps": 0})
+    for name, section in typing.get_type_hints(TrainConfig).items():
+        if dataclasses.is_dataclass(section) and isinstance(resolved.get(name), dict):
+            for f in dataclasses.fields(section):
+                if f.default is not dataclasses.MISSING:
+                    resolved[name].setdefault(f.name, f.default)
+    return resolved
+
+
 def _resume(out: Path, quiet: bool) -> int:
     from reference.control.config import TrainConfig
     from reference.control.report import write_outputs
@@ -200,9 +216,7 @@ def _resume(out: Path, quiet: bool) -> int:
     saved = out / "config.yaml"
     if not saved.is_file():
         raise UserError(f"--resume {str(out)!r}: no config.yaml there (not a training run's folder)")
-    resolved = yaml.safe_load(saved.read_text())
-    resolved.setdefault("warm_start", {"steps": 0})  # a run from before warm starts existed had none
-    resolved["resources"] = {"gpus_per_resource": 0, "gpu": None, **resolved["resources"]}  # GPU keys: new
+    resolved = _with_new_keys(yaml.safe_load(saved.read_text()))
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = from_dict(TrainConfig, {k: v for k, v in resolved.items() if k in fields})
     print(f"resuming {out} ...", file=sys.stderr)

@@ -83,6 +83,7 @@ class RunSection:
     ray_address: str | None  # join this Ray cluster (null: start a local one sized to this machine)
     time_limit_s: float  # the run stops with an error after this long
     eval_samples: int = 1  # episodes of each problem in an evaluation (pass@1 is their mean reward)
+    held_out_samples: int | None = None  # episodes of each held-out problem (null: eval_samples)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,9 @@ class TrainConfig:
             raise UserError(f"model.dir {self.model.dir!r} is not a directory (a local Qwen3 checkpoint)")
         if not 1 <= self.run.eval_samples <= MAX_EVAL_SAMPLES:
             raise UserError(f"run.eval_samples must be in [1, {MAX_EVAL_SAMPLES}], got {self.run.eval_samples}")
+        held = self.run.held_out_samples
+        if held is not None and not 1 <= held <= MAX_EVAL_SAMPLES:
+            raise UserError(f"run.held_out_samples must be null or in [1, {MAX_EVAL_SAMPLES}], got {held!r}")
         if not self.run.time_limit_s > 0:
             raise UserError(f"run.time_limit_s must be > 0, got {self.run.time_limit_s}")
         _check_gpus(self.resources)

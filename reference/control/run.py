@@ -33,8 +33,8 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
     rcfg = RolloutConfig(cfg.rollout.group_size, cfg.rollout.max_concurrency, cfg.rollout.temperature)
     async with RolloutManager(task, m.url, rcfg, f"run{time.time_ns()}", cfg.run.seed, finished, token) as rollout:
         rollout.adopt(adopted)
-        bar.note(f"evaluating the weights before RL ({_episodes(cfg.run.eval_samples)} a problem) ...")
-        start = await evaluate_splits(rollout, task, "start", cfg.run.eval_samples)
+        bar.note(f"evaluating the weights before RL ({_per_problem(cfg.run)}) ...")
+        start = await evaluate_splits(rollout, task, "start", cfg.run.eval_samples, cfg.run.held_out_samples)
         bar.note(evaluation_line("start", start))
         metrics.held_out(offset, {**start, "label": "start", "time_s": 0.0})
         sink = _Sink(metrics, bar)
@@ -58,8 +58,8 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
             await executor.close()
         await evaluations.finish()
         await _all_serving(m.manager)  # the last held-out evaluation may use every engine
-        bar.note(f"evaluating the weights after RL ({_episodes(cfg.run.eval_samples)} a problem) ...")
-        end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples)
+        bar.note(f"evaluating the weights after RL ({_per_problem(cfg.run)}) ...")
+        end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples, cfg.run.held_out_samples)
         bar.note(evaluation_line("end", end))
         metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall})
         metrics.counters.update(sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
@@ -68,8 +68,16 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
     return wall
 
 
-def _episodes(n: int) -> str:
-    return f"{n} episode{'' if n == 1 else 's'}"
+def _per_problem(run) -> str:
+    """How many episodes an evaluation runs a problem, in words."""
+    n, held = run.eval_samples, run.held_out_samples
+
+    def episodes(k: int) -> str:
+        return f"{k} episode{'' if k == 1 else 's'}"
+
+    if held is None or held == n:
+        return f"{episodes(n)} a problem"
+    return f"{episodes(n)} a training problem, {episodes(held)} a held-out one"
 
 
 def evaluation_line(label: str, result: dict) -> str:
@@ -78,15 +86,16 @@ def evaluation_line(label: str, result: dict) -> str:
     return f"evaluation {label}: held-out {result['exact_match']:.3f}{train} (exact match, mean over episodes)"
 
 
-async def evaluate_splits(rollout: RolloutManager, task, label: str, samples: int = 1) -> dict:
-    """`samples` episodes of each held-out problem (`reward_mean`, `exact_match`, ...), and of each training
-    problem (`train_*`) where the task lists them (`train_problems`: pass@1 on the train split), through the
-    engines."""
-    splits = {"": task.held_out()}
+async def evaluate_splits(rollout: RolloutManager, task, label: str, samples: int = 1,
+                          held_out_samples: int | None = None) -> dict:  # fmt: skip
+    """`held_out_samples` (None: `samples`) episodes of each held-out problem (`reward_mean`, `exact_match`,
+    ...), and `samples` of each training problem (`train_*`) where the task lists them (`train_problems`: pass@1
+    on the train split), through the engines."""
+    splits = {"": (task.held_out(), samples if held_out_samples is None else held_out_samples)}
     if hasattr(task, "train_problems"):
-        splits["train_"] = task.train_problems()
-    results = await asyncio.gather(*(rollout.evaluate(problems, f"{label}-{prefix or 'held'}", samples)
-                                     for prefix, problems in splits.items()))  # fmt: skip
+        splits["train_"] = (task.train_problems(), samples)
+    results = await asyncio.gather(*(rollout.evaluate(problems, f"{label}-{prefix or 'held'}", n)
+                                     for prefix, (problems, n) in splits.items()))  # fmt: skip
     return {f"{prefix}{k}": v for prefix, result in zip(splits, results, strict=True) for k, v in result.items()}
 
 
@@ -117,7 +126,8 @@ class Evaluations:
         return None
 
     async def _in_background(self, version: int) -> None:
-        result = await evaluate_splits(self.rollout, self.task, f"v{version}", self.cfg.run.eval_samples)
+        run = self.cfg.run
+        result = await evaluate_splits(self.rollout, self.task, f"v{version}", run.eval_samples, run.held_out_samples)
         self.metrics.held_out(version, {**result, "label": f"v{version}", "time_s": self.now(), "background": True})
 
     async def finish(self) -> None:

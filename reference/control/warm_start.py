@@ -75,8 +75,9 @@ def supervised_config(section: dict) -> SupervisedConfig:
 
 
 def evaluate_weights(cfg, task, model_dir: str, store: Path, label: str) -> dict:
-    """`run.eval_samples` episodes of every evaluation problem of `task` with the weights in `model_dir`, through
-    one engine process of the run's backend and an embedded trajectory manager recording to `store`."""
+    """`run.eval_samples` episodes of every evaluation problem of `task` (`run.held_out_samples` of a held-out one)
+    with the weights in `model_dir`, through one engine process of the run's backend and an embedded trajectory
+    manager recording to `store`."""
     from reference.control.run import evaluate_splits
 
     spec = EngineSpec(
@@ -93,7 +94,7 @@ def evaluate_weights(cfg, task, model_dir: str, store: Path, label: str) -> dict
     async def run(url: str) -> dict:
         async with RolloutManager(task, url, rollout_config, f"{label}{time.time_ns()}", cfg.run.seed,
                                   lambda group: None) as rollout:  # fmt: skip
-            return await evaluate_splits(rollout, task, label, cfg.run.eval_samples)
+            return await evaluate_splits(rollout, task, label, cfg.run.eval_samples, cfg.run.held_out_samples)
 
     tokenizer = Tokenizer.load(model_dir)
     with EngineProcess(spec) as engine, ManagerThread({"eval": engine.client()}, tokenizer, store, config) as m:

@@ -147,6 +147,49 @@ def test_resume_reads_a_config_with_provenance(capsys, tmp_path, started):
     assert started == [("async", out), ("async", out)]
 
 
+def test_resume_reads_a_config_written_before_newer_keys_existed(capsys, tmp_path, started):
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--policy", "tag", "--steps", "7"]) == 130
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    del saved["policy"]["drain"], saved["run"]["held_out_samples"], saved["engine"]["coalesce_s"]
+    (out / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert main(["train", "--resume", str(out)]) == 130
+    assert started == [("tag", out), ("tag", out)]
+
+
+def test_an_evaluation_note_says_how_many_episodes_each_split_gets():
+    from types import SimpleNamespace
+
+    from reference.control.run import _per_problem
+
+    assert _per_problem(SimpleNamespace(eval_samples=1, held_out_samples=None)) == "1 episode a problem"
+    assert _per_problem(SimpleNamespace(eval_samples=2, held_out_samples=2)) == "2 episodes a problem"
+    two_one = _per_problem(SimpleNamespace(eval_samples=2, held_out_samples=1))
+    assert two_one == "2 episodes a training problem, 1 episode a held-out one"
+
+
+def test_an_evaluation_runs_its_own_count_of_episodes_on_the_held_out_split():
+    import asyncio
+    from types import SimpleNamespace
+
+    from reference.control.run import evaluate_splits
+
+    asked = []
+
+    class Rollout:
+        async def evaluate(self, problems, label, samples):
+            asked.append((label, len(problems), samples))
+            return {"exact_match": 0.0}
+
+    task = SimpleNamespace(held_out=lambda: ["h"] * 9, train_problems=lambda: ["t"] * 32)
+    result = asyncio.run(evaluate_splits(Rollout(), task, "end", 2, 1))
+    assert sorted(asked) == [("end-held", 9, 1), ("end-train_", 32, 2)]
+    assert result == {"exact_match": 0.0, "train_exact_match": 0.0}
+    asked.clear()
+    asyncio.run(evaluate_splits(Rollout(), task, "end", 3))
+    assert sorted(asked) == [("end-held", 9, 3), ("end-train_", 32, 3)]
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
