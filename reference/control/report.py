@@ -229,6 +229,10 @@ def _show(c) -> str:
     return "-" if rate is None else f"{rate:.2f} ({c[0]:g}/{c[1]})"
 
 
+def _per_task(k: int) -> str:
+    return f" ({k} episodes a task)" if k > 1 else " (one episode a task)"
+
+
 def draw_rewards(metrics: MetricsLog, path: Path, label: str) -> None:
     """Reward over the run's wall time: the training steps' mean reward and the evaluations; for a task that is
     also evaluated on its training problems (pass@1 of SWE tasks), both splits' success rates."""
@@ -243,12 +247,12 @@ def draw_rewards(metrics: MetricsLog, path: Path, label: str) -> None:
             label="training reward (mean of the step's samples)")  # fmt: skip
     evals = sorted(metrics.evaluations, key=lambda e: e["time_s"])
     if evals and "train_exact_match" in evals[0]:
-        k = evals[-1].get("samples", 1)
-        over = f" ({k} episodes a task)" if k > 1 else " (one episode a task)"
+        held = evals[-1].get("samples", 1)
+        train = evals[-1].get("train_samples", held)
         ax.plot([e["time_s"] for e in evals], [e["train_exact_match"] for e in evals], marker="o", linestyle="--",
-                label=f"pass@1, train split{over}")  # fmt: skip
+                label=f"pass@1, train split{_per_task(train)}")  # fmt: skip
         ax.plot([e["time_s"] for e in evals], [e["exact_match"] for e in evals], marker="s", linestyle="--",
-                label=f"pass@1, held-out split{over}")  # fmt: skip
+                label=f"pass@1, held-out split{_per_task(held)}")  # fmt: skip
     elif evals:
         ax.plot([e["time_s"] for e in evals], [e["reward_mean"] for e in evals], marker="s", linestyle="--",
                 label="held-out reward")  # fmt: skip
