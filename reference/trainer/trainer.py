@@ -153,7 +153,7 @@ class Trainer:
         if self.config.epochs > 1 and self._drops_inert():  # later passes: only where the gradient is not 0
             kept = [i for i, a in enumerate(advantages) if a != 0 and trajectories[i].trained]
             trajectories, advantages = [trajectories[i] for i in kept], [advantages[i] for i in kept]
-        for _ in range(1, self.config.epochs if trajectories else 1):
+        for _ in range(1, self.config.epochs):  # on every rank, one with nothing left too (its gradients sum in)
             self._update(trajectories, advantages, total)
         return self._finish_step(sums, maxes, grad_norm, start)
 

@@ -326,6 +326,17 @@ def test_epochs_are_optimiser_steps_on_the_same_data_the_later_ones_only_where_a
     assert moved
 
 
+def test_a_later_epoch_with_nothing_to_train_leaves_the_weights_alone(make_model):
+    config = TrainerConfig(negative_weight=0.0, entropy_coef=0.0, kl_coef=0.0, micro_batch_size=1, epochs=3)
+    trainer = _MicroSteps(make_model(0), config, pad_id=0)
+    trajs = [dataclasses.replace(t, group_id="equal", reward=1.0) for t in on_policy(make_batch(trainer.model))]
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    metrics = trainer.train_step(trajs)  # every advantage 0: the later epochs get no sample
+    assert trainer.calls == len(trajs) and trainer.version == 1 and metrics.sequences == len(trajs)
+    for p, q in zip(trainer.model.parameters(), before, strict=True):
+        assert torch.equal(p, q)
+
+
 def test_epochs_must_be_a_whole_number_of_at_least_one():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match=r"TrainerConfig.epochs must be an integer >= 1, got"):
