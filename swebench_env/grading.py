@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import shlex
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -67,7 +69,7 @@ from swebench_env.evaluation import (
     read_eval_log,
 )
 from swebench_env.git import GitError
-from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, copy_in, write_files
+from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, copy_in, folder_archive, write_files
 from swebench_env.tasks import Instance, materialize_repo
 
 TESTBED = "/testbed"  # where the repository lies in a sandbox, as in SWE-bench's images
@@ -85,6 +87,37 @@ _CLEAN_ENV = [
 
 class GradingError(RuntimeError):
     """The task could not be graded: no verdict on the patch. The message names the instance and why."""
+
+
+ARCHIVE_CACHE_BYTES = 256 << 20  # checkouts kept as tars in memory (a training run copies each one in many times)
+ARCHIVE_MAX_BYTES = 16 << 20  # a larger checkout is made afresh each time
+_archives: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (source, base commit) -> tar, least recent first
+_archives_lock = threading.Lock()
+
+
+def checkout_archive(task: Instance) -> bytes:
+    """`task`'s repository at its base commit (`materialize_repo`) as the tar that `copy_in` unpacks at /testbed.
+
+    A commit names its content, so the tar is kept per (repository source, base commit), up to
+    `ARCHIVE_CACHE_BYTES` in all, least recently used first out: each episode of a training run needs the same
+    checkout twice (workspace and grader), and making it costs three git processes. Raises GradingError when
+    the repository cannot be checked out."""
+    key = (str(task.repo_path) if task.repo_path is not None else task.repo, task.base_commit)
+    with _archives_lock:
+        if (cached := _archives.get(key)) is not None:
+            _archives.move_to_end(key)
+            return cached
+    with tempfile.TemporaryDirectory(prefix=f"checkout-{task.instance_id}-") as tmp:
+        try:
+            archive = folder_archive(materialize_repo(task, Path(tmp) / "repo"))
+        except GitError as e:
+            raise GradingError(f"instance {task.instance_id!r}: its repository cannot be checked out: {e}") from e
+    if len(archive) <= ARCHIVE_MAX_BYTES:
+        with _archives_lock:
+            _archives[key] = archive
+            while sum(map(len, _archives.values())) > ARCHIVE_CACHE_BYTES:
+                _archives.popitem(last=False)
+    return archive
 
 
 @dataclass(frozen=True)
@@ -246,14 +279,10 @@ class DockerGrader:
             script, parse = official_script(task, patch)
             with self._sandbox(task) as sandbox:
                 return evaluation_from_log(task, self._run(sandbox, task, patch, script), parse, patch)
-        with tempfile.TemporaryDirectory(prefix=f"grade-{task.instance_id}-") as tmp:
-            try:
-                repo = materialize_repo(task, Path(tmp) / "repo")
-            except GitError as e:
-                raise GradingError(f"instance {task.instance_id!r}: its repository cannot be checked out: {e}") from e
-            with self._sandbox(task) as sandbox:
-                copy_in(sandbox, repo, TESTBED)
-                log = self._run(sandbox, task, patch, eval_script(task, self.config.test_timeout_s, patch))
+        repo = checkout_archive(task)
+        with self._sandbox(task) as sandbox:
+            copy_in(sandbox, repo, TESTBED)
+            log = self._run(sandbox, task, patch, eval_script(task, self.config.test_timeout_s, patch))
         return evaluation_from_log(task, log, patch=patch)
 
     def _run(self, sandbox: Sandbox, task: Instance, patch: str, script: str) -> str:
@@ -292,6 +321,6 @@ def docker_workspace(
                            **dict(limits or {}))  # fmt: skip
     with Sandbox(config, client) as sandbox:
         if not is_official(task):
-            with tempfile.TemporaryDirectory(prefix=f"ws-{task.instance_id}-") as tmp:
-                copy_in(sandbox, materialize_repo(task, Path(tmp) / "repo"), TESTBED)
+            copy_in(sandbox, checkout_archive(task), TESTBED)
+        sandbox.start_shell()  # the agent's commands: one docker exec for all of them (`swebench_env.shell`)
         yield sandbox

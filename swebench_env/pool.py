@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import json
-import tempfile
 import threading
 import time
 from collections import deque
@@ -43,13 +42,19 @@ from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from core.tags import SandboxPhase
 from swebench_env.docker_util import docker_client
-from swebench_env.grading import TESTBED, DockerGrader, DockerGraderConfig, GradingError, is_official
+from swebench_env.grading import (
+    TESTBED,
+    DockerGrader,
+    DockerGraderConfig,
+    GradingError,
+    checkout_archive,
+    is_official,
+)
 from swebench_env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError, copy_in
-from swebench_env.tasks import Instance, materialize_repo
+from swebench_env.tasks import Instance
 
 LANE_PREFIX = "sandbox-"
 START_TIMEOUT_S = 900.0  # a lease's container started and its checkout copied in (the copy alone may take 600 s)
@@ -409,7 +414,7 @@ class EpisodeSandboxes:
 
         config = SandboxConfig(image=task_image(task, self.image, client=self.pool.client), workdir=TESTBED,
                                labels=AGENT_ROLE)  # fmt: skip
-        prepare = None if is_official(task) else functools.partial(_check_out, task)
+        prepare = functools.partial(_prepare_workspace, task)
         lease = None
         try:
             with self.pool.lease(config, prepare, SandboxPhase.MODEL) as lease:
@@ -455,9 +460,11 @@ class PooledGrader(DockerGrader):
             return super()._run(sandbox, task, patch, script)
 
 
-def _check_out(task: Instance, sandbox: Sandbox) -> None:
-    with tempfile.TemporaryDirectory(prefix=f"ws-{task.instance_id}-") as tmp:
-        copy_in(sandbox, materialize_repo(task, Path(tmp) / "repo"), TESTBED)
+def _prepare_workspace(task: Instance, sandbox: Sandbox) -> None:
+    """The checkout at /testbed (an official task's image has it) and the command runner for the agent."""
+    if not is_official(task):
+        copy_in(sandbox, checkout_archive(task), TESTBED)
+    sandbox.start_shell()
 
 
 def _take_begun(queue: deque[_Box] | None) -> _Box | None:

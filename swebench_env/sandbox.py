@@ -4,7 +4,9 @@ A `Sandbox` is one container started from an image with the network off (`networ
 memory (no swap), CPU and process-count limits, `docker-init` as pid 1 (so killed processes are
 reaped), and a bounded lifetime: its main process is `sleep max_lifetime_s`, so even a container that
 every clean-up missed stops by itself. `exec` runs one command with `bash -lc` in a fresh shell, as
-mini-swe-agent does: no state is kept between commands but the file system.
+mini-swe-agent does: no state is kept between commands but the file system. Each is a `docker exec` (about
+80 ms of CPU) unless `start_shell()` has started the sandbox's command runner (`shell.py`: one exec for all
+of an agent's commands, the same results); agents' workspaces start one.
 
 Each command is wrapped so that:
 - it runs under `timeout -s KILL <timeout_s>` inside the container, which kills its process group;
@@ -42,7 +44,6 @@ import logging
 import math
 import os
 import select
-import shlex
 import signal
 import socket
 import tarfile
@@ -65,6 +66,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxError",
     "copy_in",
+    "folder_archive",
     "write_files",
     "reap_stale_sandboxes",
 ]
@@ -152,6 +154,7 @@ class Sandbox:
         self._pid = os.getpid()  # the process that may close it (a forked child's exit hooks must not)
         self.name = f"{config.name_prefix}-{os.getpid()}-{uuid.uuid4().hex[:10]}"
         self.disk_limit: str | None = None  # once started: "storage_opt", "tmpfs" or None (see "Disk" above)
+        self._shell = None  # the command runner (`start_shell`), while it lives
 
     def __enter__(self) -> Sandbox:
         return self if self._container is not None else self.start()
@@ -225,6 +228,24 @@ class Sandbox:
         except Exception as e:
             raise SandboxError(f"could not create sandbox {self.name} from image {c.image!r}: {e}") from e
 
+    def start_shell(self) -> bool:
+        """Start the sandbox's command runner (`swebench_env.shell`): from now on `exec` runs commands through
+        it, one `docker exec` for all of them instead of one each. False where it cannot start (no `python3` in
+        the image): `exec` goes on with `docker exec`. For a sandbox that runs many commands (an agent's)."""
+        from swebench_env.shell import Shell, ShellError
+
+        container = self._require()
+        with self._lock:
+            if self._shell is not None and self._shell.alive:
+                return True
+            try:
+                self._shell = Shell(self._client.api, container.id, WRAPPER, self.config.env, self.config.workdir)
+            except ShellError as e:
+                log.info("sandbox %s: %s; commands go through docker exec", self.name, e)
+                self._shell = None
+                return False
+        return True
+
     def exec(
         self, cmd: str, timeout_s: float | None = None, workdir: str | None = None, env: Mapping[str, str] | None = None
     ) -> ExecResult:
@@ -233,6 +254,12 @@ class Sandbox:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r} must be positive")
         container = self._require()
+        shell = self._shell
+        if shell is not None and shell.alive and shell.lock.acquire(blocking=False):
+            try:
+                return self._exec_in(shell, cmd, timeout_s, workdir, env)
+            finally:
+                shell.lock.release()
         api = self._client.api
         start = time.monotonic()
         try:
@@ -258,13 +285,31 @@ class Sandbox:
         exit_code = -1 if status is None else status
         return ExecResult(exit_code, out.text(), timed_out, out.dropped > 0, duration_s)
 
-    def put_archive(self, dest: str, tar_stream) -> None:
-        """Unpack a tar (a binary file object) at `dest`, an existing folder, with `tar -x` in the container: the
-        daemon's own copy cannot write into tmpfs mounts, and files written in the container count against its
-        limits. A full disk or a read-only `dest` raises SandboxError with tar's complaint."""
+    def _exec_in(self, shell, cmd: str, timeout_s: float, workdir: str | None, env) -> ExecResult:
+        c = self.config
+        start = time.monotonic()
+        answer = shell.run(cmd, timeout_s, workdir or c.workdir, {**c.env, **(env or {})}, c.output_limit_bytes,
+                           c.client_grace_s)  # fmt: skip
+        if answer.status is None and not answer.died:
+            self._require()  # a vanished container is a SandboxError, as for `docker exec`
+        duration_s = time.monotonic() - start
+        out = _Output(c.output_limit_bytes)
+        out.head, out.tail, out.dropped = bytearray(answer.head), bytearray(answer.tail), answer.dropped
+        status = answer.status
+        timed_out = (status is None and not answer.died) or (status == SIGKILL_STATUS and duration_s >= timeout_s)
+        return ExecResult(-1 if status is None else status, out.text(), timed_out, out.dropped > 0, duration_s)
+
+    def put_archive(self, dest: str, tar_stream, make_dest: bool = False) -> None:
+        """Unpack a tar (a binary file object) at `dest`, an existing folder (made first, with its parents, if
+        `make_dest`), with `tar -x` in the container: the daemon's own copy cannot write into tmpfs mounts, and
+        files written in the container count against its limits. A full disk or a read-only `dest` raises
+        SandboxError with tar's (or mkdir's) complaint. One `docker exec` either way."""
         api, container = self._client.api, self._require()
+        untar = ["tar", "-x", "-C", dest, "-f", "-"]
+        if make_dest:
+            untar = ["sh", "-c", 'mkdir -p -- "$0" && exec tar -x -C "$0" -f -', dest]
         try:
-            exec_id = api.exec_create(container.id, ["tar", "-x", "-C", dest, "-f", "-"], stdin=True)["Id"]
+            exec_id = api.exec_create(container.id, untar, stdin=True)["Id"]
             sock = api.exec_start(exec_id, socket=True)
         except Exception as e:
             raise SandboxError(f"sandbox {self.name}: could not copy files into {dest}: {e}") from e
@@ -283,6 +328,9 @@ class Sandbox:
         """Remove the container (idempotent; never raises for a container that is already gone)."""
         with self._lock:
             container, self._container = self._container, None
+            shell, self._shell = self._shell, None
+        if shell is not None:
+            shell.close()
         with _live_lock:
             _LIVE.discard(self)
         if container is None:
@@ -302,14 +350,34 @@ class Sandbox:
         return container
 
 
-def copy_in(sandbox: Sandbox, local_dir: str | Path, dest: str) -> None:
-    """Copy the contents of `local_dir` (a git checkout, say) to `dest` in the sandbox, owned by root.
+def copy_in(sandbox: Sandbox, local_dir: str | Path | bytes, dest: str) -> None:
+    """Copy the contents of `local_dir` (a git checkout, say) to `dest` in the sandbox, owned by root; or, given
+    bytes, unpack that tar (as `folder_archive` writes it) there.
 
     Owners are reset to root because git refuses to work in a repository owned by another user."""
+    if isinstance(local_dir, bytes):
+        _check_dest(dest, "copy_in")
+        sandbox.put_archive(dest, io.BytesIO(local_dir), make_dest=True)
+        return
     local_dir = Path(local_dir)
     if not local_dir.is_dir():
         raise ValueError(f"copy_in: {local_dir} is not a folder")
-    _put_tar(sandbox, dest, "copy_in", lambda tar: tar.add(local_dir, arcname=".", filter=_as_root))
+    _put_tar(sandbox, dest, "copy_in", lambda tar: _add_as_root(tar, local_dir))
+
+
+def folder_archive(local_dir: str | Path) -> bytes:
+    """The tar that `copy_in(sandbox, local_dir, dest)` unpacks, as bytes (to copy the same folder in many times)."""
+    local_dir = Path(local_dir)
+    if not local_dir.is_dir():
+        raise ValueError(f"folder_archive: {local_dir} is not a folder")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        _add_as_root(tar, local_dir)
+    return buf.getvalue()
+
+
+def _add_as_root(tar: tarfile.TarFile, local_dir: Path) -> None:
+    tar.add(local_dir, arcname=".", filter=_as_root)
 
 
 def write_files(sandbox: Sandbox, dest: str, files: Mapping[str, str], mode: int = 0o644) -> None:
@@ -330,16 +398,17 @@ def write_files(sandbox: Sandbox, dest: str, files: Mapping[str, str], mode: int
 
 def _put_tar(sandbox: Sandbox, dest: str, caller: str, fill) -> None:
     """Make the folder `dest` in the sandbox and unpack there the tar that `fill(tar)` writes."""
-    if not dest.startswith("/"):
-        raise ValueError(f"{caller}: dest={dest!r} must be an absolute path")
-    made = sandbox.exec(f"mkdir -p {shlex.quote(dest)}", timeout_s=60)
-    if made.exit_code != 0:
-        raise SandboxError(f"sandbox {sandbox.name}: mkdir -p {dest} failed: {made.output.strip()}")
+    _check_dest(dest, caller)
     with tempfile.TemporaryFile() as buf:
         with tarfile.open(fileobj=buf, mode="w") as tar:
             fill(tar)
         buf.seek(0)
-        sandbox.put_archive(dest, buf)
+        sandbox.put_archive(dest, buf, make_dest=True)
+
+
+def _check_dest(dest: str, caller: str) -> None:
+    if not dest.startswith("/"):
+        raise ValueError(f"{caller}: dest={dest!r} must be an absolute path")
 
 
 def _as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:

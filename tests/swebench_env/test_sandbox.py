@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from swebench_env.docker_util import DockerUnavailable, docker_client
-from swebench_env.grading import DockerGrader, DockerGraderConfig
+from swebench_env.grading import DockerGrader, DockerGraderConfig, GradingError, checkout_archive
 from swebench_env.reaper import CREATED, LABEL, OWNER_PID, Owner, is_stale
-from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, _storage_options, copy_in
+from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, _storage_options, copy_in, folder_archive
 from swebench_env.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,6 +276,30 @@ def test_copy_in_copies_a_git_checkout(sandbox, tmp_path):
     assert sandbox.exec("cat pkg/mod.py", timeout_s=30, workdir="/testbed").output == "X = 1\n"
     assert sandbox.exec("git log --format=%s", timeout_s=30, workdir="/testbed").output == "first\n"
     assert sandbox.exec("git status --porcelain", timeout_s=30, workdir="/testbed").output == ""
+
+
+@pytest.mark.docker
+def test_an_archive_is_copied_in_to_a_folder_it_makes_and_a_file_in_the_way_is_a_sandbox_error(sandbox, tmp_path):
+    (tmp_path / "a.txt").write_text("one\n")
+    copy_in(sandbox, folder_archive(tmp_path), "/testbed/deep/er")
+    assert sandbox.exec("cat /testbed/deep/er/a.txt && stat -c %U /testbed/deep/er/a.txt", timeout_s=30).output == (
+        "one\nroot\n"
+    )
+    sandbox.exec("touch /tmp/file", timeout_s=30)
+    with pytest.raises(SandboxError, match="copying files into /tmp/file/x failed: mkdir: "):
+        copy_in(sandbox, folder_archive(tmp_path), "/tmp/file/x")
+    with pytest.raises(ValueError, match="must be an absolute path"):
+        copy_in(sandbox, b"", "relative")
+
+
+def test_a_checkout_archive_is_made_once_a_commit_and_a_bad_commit_is_a_grading_error():
+    from dataclasses import replace as changed
+
+    task = load_suite("train")[0]
+    first = checkout_archive(task)
+    assert checkout_archive(task) is first  # kept: a training run copies each checkout in twice an episode
+    with pytest.raises(GradingError, match=f"instance {task.instance_id!r}: its repository cannot be checked out"):
+        checkout_archive(changed(task, base_commit="0" * 40))
 
 
 @pytest.mark.docker
