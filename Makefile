@@ -143,7 +143,8 @@ validate: $(FULL_STAMP)  ## the simulator against the runtime: parts measured al
 	$(PY) -m experiments.validate --overwrite $(if $(STEPS),--steps $(STEPS),) $(OUT_ARG)
 
 train-swe: $(FULL_STAMP)  ## warm start, then GRPO on the SWE suite in Docker sandboxes: make train-swe [AGENT=mini-swe-agent] [SEED=0] [SET=...]
-	$(PY) -m reference train --config reference/configs/swe.yaml $(if $(AGENT),--set task.options.agent=$(AGENT),) \
+	$(PY) -m reference train --config reference/configs/swe.yaml \
+		$(if $(filter mini-swe-agent,$(AGENT)),--config reference/configs/swe-mini.yaml,$(if $(AGENT),--set task.options.agent=$(AGENT),)) \
 		$(if $(SEED),--seed $(SEED),) $(SET_ARGS) $(OUT_ARG)
 
 clean:  ## remove .venv, results/ and caches

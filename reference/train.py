@@ -10,6 +10,7 @@ with the simulator's scorer and write the same outputs.
 from __future__ import annotations
 
 import secrets
+from contextlib import contextmanager
 from pathlib import Path
 
 from core.policies import make_policy
@@ -37,8 +38,23 @@ def train(cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = Tr
     try:
         return _train(cfg, task, out, workers_factory, progress, resume)
     finally:
-        if (close := getattr(task, "close", None)) is not None:  # a task that holds sandboxes or threads
-            close()
+        _close(task)
+
+
+@contextmanager
+def _closing_first(task):
+    """On a stop (Ctrl-C, an error), close the task while the manager still answers: its episodes then end at
+    their next command (their sandboxes gone), not after their agents have retried a manager that has gone."""
+    try:
+        yield
+    except BaseException:
+        _close(task)
+        raise
+
+
+def _close(task) -> None:
+    if (close := getattr(task, "close", None)) is not None:  # a task that holds sandboxes or threads (idempotent)
+        close()
 
 
 def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
@@ -65,7 +81,8 @@ def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
         config = ManagerConfig(model_name=f"seamlessflow-{cfg.task.name}", admin_token=admin, max_pause_s=0,
                                max_in_flight_requests=0, max_loop_lag_s=0)  # fmt: skip
         tokenizer = Tokenizer.load(model_dir)  # the model's own (a fresh model's is the task's)
-        with ManagerThread(engines, tokenizer, out / "trajectories.sqlite", config, processes=owned) as m:
+        with ManagerThread(engines, tokenizer, out / "trajectories.sqlite", config, processes=owned) as m, \
+                _closing_first(task):  # fmt: skip
             for name in engines:  # a resource that starts on its train tag takes no request
                 m.call_soon(m.manager.set_serving, name, policy.initial_active(name) is Tag.ROLLOUT)
             trainer = {**cfg.trainer, "seed": cfg.run.seed, "checkpoint_every_steps": cfg.run.checkpoint_every_steps}

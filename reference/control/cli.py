@@ -25,7 +25,8 @@ def add_train_parser(sub) -> None:
                                                 "with --compare)")  # fmt: skip
     t.add_argument("--policy", default=None, help=f"one of: {', '.join(POLICIES)} (default from the config: tag)")
     t.add_argument("--compare", action="store_true", help="run the five policies one after another, same config")
-    t.add_argument("--config", default=None, help="YAML merged over reference/configs/train.yaml")
+    t.add_argument("--config", action="append", default=None, metavar="FILE",
+                   help="YAML merged over reference/configs/train.yaml (repeatable: later files win)")  # fmt: skip
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set policy.num_steps=20 (repeatable)")  # fmt: skip
     t.add_argument("--model", default=None, help="a local Qwen3 checkpoint directory to train (default: tiny)")
@@ -66,8 +67,8 @@ def _task_chosen(args) -> bool:
 
     if args.task is not None or any(o.split("=", 1)[0].strip() in ("task", "task.name") for o in args.overrides):
         return True
-    section = load_yaml(args.config).get("task") if args.config is not None else None
-    return isinstance(section, dict) and "name" in section
+    sections = [load_yaml(path).get("task") for path in args.config or ()]
+    return any(isinstance(section, dict) and "name" in section for section in sections)
 
 
 class Terminated(KeyboardInterrupt):

@@ -1,12 +1,13 @@
 """The training run's one config: YAML defaults (`reference/configs/train.yaml`), `--config FILE` merged over
-them, `--set key.path=value` overrides, validated on construction; the resolved config is saved with
-every run. Feasibility against the resources (cores, pools, batch shape) is checked in `check_feasible`
-before anything starts, with one clear line per problem.
+them (repeatable: later files win), `--set key.path=value` overrides, validated on construction; the resolved
+config is saved with every run. Feasibility against the resources (cores, pools, batch shape) is checked in
+`check_feasible` before anything starts, with one clear line per problem.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,10 +178,13 @@ def _check_gpus(r: ResourcesSection) -> None:
                         f"{r.gpu} node: a resource's engine is tensor parallel within one node")  # fmt: skip
 
 
-def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+def load_train_config(
+    path: str | Path | Sequence[str | Path] | None = None, overrides: list[str] | None = None
+) -> TrainConfig:
+    """train.yaml, then each file of `path` (one or several: later ones win) merged over it, then `overrides`."""
     data = load_yaml(DEFAULT_CONFIG)
-    if path is not None:
-        data = merge(data, load_yaml(path))
+    for one in [path] if isinstance(path, str | Path) else path or ():
+        data = merge(data, load_yaml(one))
     data = apply_overrides(data, overrides or [])
     return from_dict(TrainConfig, data)
 

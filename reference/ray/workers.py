@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -89,11 +90,21 @@ class RayWorkers:
         """Kill a worker's actor process (fault injection)."""
         ray.kill(self.actors[resource], no_restart=True)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Close every worker (all at once: one busy with a train step does not hold up the others), waiting at
+        most `timeout_s` in all, then kill their actors."""
+        closing = {}
+        for name, a in self.actors.items():
+            try:
+                closing[name] = a.close.remote()
+            except Exception:  # noqa: BLE001 - a dead actor has nothing left to close
+                pass
+        deadline = time.monotonic() + timeout_s
         for name, a in list(self.actors.items()):
             try:
-                ray.get(a.close.remote(), timeout=60)
-            except Exception:  # noqa: BLE001 - a dead actor has nothing left to close
+                if name in closing:
+                    ray.get(closing[name], timeout=max(0.1, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - a dead actor has nothing left to close; a busy one is killed
                 pass
             ray.kill(a, no_restart=True)
             del self.actors[name]

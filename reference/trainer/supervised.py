@@ -6,9 +6,10 @@ recorded through the trajectory manager exactly as rollouts are (`swebench_env.s
 prompts, the tool observations it really saw, the demonstration's replies as the generated tokens).
 The loss is the mean negative log-likelihood of the generated tokens (the mask of `Trajectory`;
 prompts and observations are context only), over the tokens of each step's sampled sequences. AdamW
-with a linear warm-up, gradient clipping, a seeded sampler: the same records and seed give the same
-weights. How long to train is the recipe's choice (`reference.trainer.recipe`): long enough that the
-policy sometimes succeeds, short enough that RL still has room to improve it.
+with a linear warm-up (then a constant rate, or a cosine decay), gradient clipping, a seeded sampler: the
+same records and seed give the same weights. How long to train is the recipe's choice
+(`reference.trainer.recipe`): long enough that the policy sometimes succeeds, short enough that RL still has
+room to improve it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import torch
 from reference.trainer.batch import Trajectory, collate
 from reference.trainer.config import linear_warmup
 
+DECAYS = ("none", "cosine")
+
 
 @dataclass(frozen=True)
 class SupervisedConfig:
@@ -35,6 +38,8 @@ class SupervisedConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0  # global norm; 0: no clipping
     seed: int = 0
+    decay: str = "none"  # after the warm-up: none (constant lr) or cosine (down to final_lr_ratio * lr at the end)
+    final_lr_ratio: float = 0.0  # cosine: the last step's learning rate, as a share of lr
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "micro_batch_size"):
@@ -45,6 +50,20 @@ class SupervisedConfig:
             raise ValueError(f"warm_start.lr must be a finite number > 0, got {self.lr!r}")
         if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("warm_start.warmup_steps, grad_clip and weight_decay must be >= 0")
+        if self.decay not in DECAYS:
+            raise ValueError(f"warm_start.decay must be one of {', '.join(DECAYS)}, got {self.decay!r}")
+        if not (isinstance(self.final_lr_ratio, int | float) and 0 <= self.final_lr_ratio <= 1):
+            raise ValueError(f"warm_start.final_lr_ratio must be a number in [0, 1], got {self.final_lr_ratio!r}")
+
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of step `step` (from 0): the linear warm-up, then constant or a cosine decay that
+        reaches `final_lr_ratio * lr` at the last step."""
+        lr = linear_warmup(self.lr, step, self.warmup_steps)
+        if self.decay == "none" or step < self.warmup_steps:
+            return lr
+        span = max(1, self.steps - 1 - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        return self.lr * (self.final_lr_ratio + (1 - self.final_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def supervised_fit(
@@ -71,7 +90,7 @@ def supervised_fit(
                 order = rng.sample(range(len(trajectories)), len(trajectories))
             picked.append(trajectories[order.pop()])
         for group in optimizer.param_groups:
-            group["lr"] = linear_warmup(config.lr, step, config.warmup_steps)
+            group["lr"] = config.learning_rate(step)
         loss, tokens = _step(model, optimizer, picked, config, pad_id)
         record = {"step": step + 1, "loss": loss, "tokens": tokens, "time_s": time.perf_counter() - start}
         records.append(record)

@@ -263,3 +263,25 @@ def test_a_run_killed_mid_step_resumes_and_trains_every_finished_group(sandbox, 
     if client is not None:
         assert k.orphans, "no sandbox of the killed run was left to reap"
         assert k.left == []
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("agent", ["builtin", "mini-swe-agent"])
+def test_ctrl_c_stops_a_swe_run_in_one_line_and_leaves_no_container(agent, tmp_path, daemon):
+    """SIGINT (what Ctrl-C sends) while episodes run in sandboxes: exit 130, the run's one line, no traceback, no
+    retry of a manager that has gone (the task is closed while the manager still answers), no container left."""
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    args = _args(out, "docker", tmp_path) + ["--set", f"task.options.agent={agent}"]
+    run = Run(args, log)
+    try:
+        _wait_for(lambda: run.alive() and len(_containers(daemon, run.pid)) >= 2, RUN_TIMEOUT_S, "live sandboxes")
+        before = log.read_text(errors="replace").count("\n")
+        run.process.send_signal(signal.SIGINT)
+        assert run.process.wait(timeout=180) == 130, run.tail()
+        left = [c.name for c in _containers(daemon, run.pid)]
+    finally:
+        _end_leftovers([run], out, daemon)
+    after = log.read_text(errors="replace").splitlines()[before:]
+    assert not [line for line in after if "Traceback" in line or "Retrying" in line], "\n".join(after)
+    assert after[-1].startswith(f"interrupted (Ctrl-C); outputs written so far are in {out}/"), "\n".join(after)
+    assert left == []

@@ -97,6 +97,30 @@ def test_compare_keeps_the_task_a_config_file_names(tmp_path):
     assert _task_name(["--compare", "--config", str(config)]) == "math"
 
 
+def test_config_files_layer_in_order_later_ones_winning(tmp_path):
+    from reference.cli import parser
+    from reference.control.cli import _overrides
+    from reference.control.config import load_train_config
+
+    base, top = tmp_path / "base.yaml", tmp_path / "top.yaml"
+    base.write_text("task: {name: math}\npolicy: {num_steps: 7, max_staleness: 2}\n")
+    top.write_text("policy: {num_steps: 9}\n")
+    args = parser().parse_args(["train", "--config", str(base), "--config", str(top), "--set", "policy.drain=true"])
+    cfg = load_train_config(args.config, _overrides(args))
+    assert (cfg.task.name, cfg.policy.num_steps, cfg.policy.max_staleness, cfg.policy.drain) == ("math", 9, 2, True)
+    assert _task_name(["--compare", "--config", str(top), "--config", str(base)]) == "math"  # either file names it
+
+
+def test_the_mini_swe_agent_config_layers_over_the_swe_one():
+    from reference.control.config import load_train_config
+
+    cfg = load_train_config(["reference/configs/swe.yaml", "reference/configs/swe-mini.yaml"])
+    swe = load_train_config("reference/configs/swe.yaml")
+    assert (cfg.task.name, cfg.task.options["agent"], swe.task.options["agent"]) == ("swe", "mini-swe-agent", "builtin")
+    assert cfg.task.options["context_tokens"] > swe.task.options["context_tokens"]
+    assert cfg.policy == swe.policy and cfg.trainer == swe.trainer  # the same RL recipe
+
+
 def test_compare_writes_each_policys_resolved_config_before_it_runs(tmp_path, monkeypatch, capsys):
     """Each policy's folder exists and holds config.yaml (what --resume reads) before its run starts."""
     import reference.train

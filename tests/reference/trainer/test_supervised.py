@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -48,9 +50,16 @@ def test_the_same_records_and_seed_give_the_same_weights(make_model):
         assert torch.equal(x, y), name
 
 
-@pytest.mark.parametrize("field, value, message", [("steps", 0, "steps must be an integer >= 1"),
-                                                   ("lr", float("nan"), "lr must be a finite number"),
-                                                   ("warmup_steps", -1, "must be >= 0")])  # fmt: skip
+BAD = [
+    ("steps", 0, "steps must be an integer >= 1"),
+    ("lr", float("nan"), "lr must be a finite number"),
+    ("warmup_steps", -1, "must be >= 0"),
+    ("decay", "linear", "decay must be one of none, cosine, got 'linear'"),
+    ("final_lr_ratio", 1.5, r"final_lr_ratio must be a number in \[0, 1\]"),
+]
+
+
+@pytest.mark.parametrize("field, value, message", BAD)
 def test_bad_settings_name_themselves(field, value, message):
     with pytest.raises(ValueError, match=message):
         SupervisedConfig(**{field: value})
@@ -59,3 +68,32 @@ def test_bad_settings_name_themselves(field, value, message):
 def test_nothing_to_learn_is_an_error(make_model):
     with pytest.raises(ValueError, match="generated tokens"):
         supervised_fit(make_model(0), [], SupervisedConfig(), 0)
+
+
+def test_the_learning_rate_warms_up_then_stays_or_decays_to_its_final_share():
+    constant = SupervisedConfig(steps=10, lr=1.0, warmup_steps=2)
+    cosine = SupervisedConfig(steps=10, lr=1.0, warmup_steps=2, decay="cosine", final_lr_ratio=0.1)
+    assert [constant.learning_rate(s) for s in range(10)] == [0.5] + [1.0] * 9
+    rates = [cosine.learning_rate(s) for s in range(10)]
+    assert rates[:3] == [0.5, 1.0, 1.0]  # the warm-up, then the decay starts from lr
+    assert all(a > b for a, b in zip(rates[2:], rates[3:], strict=False))  # falls every step
+    assert rates[-1] == pytest.approx(0.1)  # to final_lr_ratio * lr at the last step
+    assert rates[6] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 4 / 7)))
+
+
+def test_a_cosine_warm_start_sets_the_optimiser_to_its_schedule(make_model):
+    config = SupervisedConfig(steps=4, batch_size=2, lr=1e-2, warmup_steps=1, decay="cosine")
+    seen = []
+    model = make_model(0)
+    original = torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):
+        seen.append(self.param_groups[0]["lr"])
+        return original(self, *args, **kwargs)
+
+    torch.optim.AdamW.step = step
+    try:
+        supervised_fit(model, DEMOS, config, 0)
+    finally:
+        torch.optim.AdamW.step = original
+    assert seen == pytest.approx([config.learning_rate(s) for s in range(4)]) and seen[-1] == 0.0
