@@ -163,6 +163,7 @@ class SweTask:
         agent's prompts, the observations it saw) and the demonstration's replies as generated tokens. The
         store is kept in `workdir`. A demonstration that does not resolve its task, or that outgrows the
         model's context, is left out with one `warning:` line."""
+        from reference.manager.manager import ManagerConfig
         from swebench_env.scripted import demonstration_manager
         from swebench_env.suite import load_suite_demonstrations
 
@@ -174,7 +175,10 @@ class SweTask:
         longest = max(len(d.steps) for _, d in pairs)
         agent = make_agent(self.config.agent, replace(self._agent_config(0.0), max_turns=longest + 1))
         submit_tool = self.config.agent == "builtin"
-        with demonstration_manager(pairs, self._tokenizer, workdir / "demonstrations.sqlite",
+        # As the run's own manager: the task bounds the episodes in flight, so the manager sheds nothing (its
+        # default sheds with 429 while its event loop lags, as it does when 32 agents start at once).
+        config = ManagerConfig(max_in_flight_requests=0, max_loop_lag_s=0)
+        with demonstration_manager(pairs, self._tokenizer, workdir / "demonstrations.sqlite", config,
                                    submit_tool=submit_tool) as m:  # fmt: skip
             futures = [self._threads().submit(self._play, t, agent, f"demo-{t.instance_id}", m.url) for t, _ in pairs]
             played = [f.result() for f in futures]

@@ -88,6 +88,32 @@ def test_swe_groups_in_local_checkouts(pairs, tmp_path):
         task.close()
 
 
+def test_the_demonstrations_become_warm_start_records_through_a_manager_that_sheds_nothing(tmp_path, monkeypatch):
+    """Every train task's demonstration replayed at once (`concurrency` of them) through a manager that sheds
+    nothing (its default sheds with 429 while its event loop lags, as when 32 agents start together): each is
+    one record of generated replies and observed context."""
+    import swebench_env.scripted
+    from swebench_env.tasks import dump_tasks
+
+    configs = []
+    original = swebench_env.scripted.demonstration_manager
+
+    def spy(pairs, tokenizer=None, store=":memory:", config=None, **kwargs):
+        configs.append(config)
+        return original(pairs, tokenizer, store, config, **kwargs)
+
+    monkeypatch.setattr(swebench_env.scripted, "demonstration_manager", spy)
+    train = dump_tasks(load_suite("train")[:4], tmp_path / "train.jsonl")
+    task = make_task("swe", sandbox="local", concurrency=4, train_tasks=str(train))
+    try:
+        records = task.demonstrations(tmp_path / "demos")
+    finally:
+        task.close()
+    assert [(c.max_in_flight_requests, c.max_loop_lag_s) for c in configs] == [(0, 0)]
+    assert len(records) == 4 and all(r.num_generated > 0 and r.trained for r in records)
+    assert (tmp_path / "demos" / "demonstrations.sqlite").is_file()
+
+
 @pytest.mark.docker
 def test_swe_groups_in_docker_sandboxes(pairs, tmp_path):
     task = make_task("swe", sandbox="docker", max_turns=9, concurrency=2)
