@@ -19,7 +19,10 @@ Falling back: `Sandbox.exec` uses plain `docker exec` when the runner could not 
 the image: `available` is False), while another thread is using it, and for good once it has died (a
 command killed it: `kill -9 -1`, `pkill python3`); the command it was running then gets exit status -1 and
 an output saying what happened. A runner that does not answer by the command's timeout plus the client's
-grace is treated the same way, as a timed-out command.
+grace is treated the same way, as a timed-out command. A command runs as root beside the runner and can write
+to the runner's own stdout: an answer that is malformed, longer than the output limit, or a header past
+`MAX_LINE_BYTES` ends the runner the same way, so a forged answer can only fake that command's own output
+(which it writes anyway), never make the client read or buffer without bound.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
+MAX_LINE_BYTES = 4096  # an answer's JSON header; more without a newline is not the runner's
 READY_TIMEOUT_S = 20.0  # the runner's start: a `docker exec` and a Python start
 RUNNER_DIED = (
     "[the sandbox's command runner ended while this command ran (did the command kill it?); its status is unknown]"
@@ -149,8 +153,11 @@ class Shell:
         try:
             self._raw.sendall(json.dumps(request).encode() + b"\n")
             answer = json.loads(self._read_line(deadline))
-            body = self._read_bytes(answer["head"] + answer["tail"], deadline)
-            status, split, dropped = int(answer["exit"]), int(answer["head"]), int(answer["dropped"])
+            split, size = int(answer["head"]), int(answer["head"]) + int(answer["tail"])
+            if not (0 <= split <= size <= limit):  # a command writing to the runner's own stdout forges answers
+                raise ShellError(f"the command runner's answer is malformed: {str(answer)[:200]}")
+            body = self._read_bytes(size, deadline)
+            status, dropped = int(answer["exit"]), int(answer["dropped"])
         except _TimedOut:
             self.close()
             return Answer(None, b"", b"", 0, died=False)
@@ -168,6 +175,8 @@ class Shell:
 
     def _read_line(self, deadline: float) -> str:
         while (end := self._stdout.find(b"\n")) < 0:
+            if len(self._stdout) > MAX_LINE_BYTES:  # an answer's header is short: not the runner writing
+                raise ShellError("the command runner wrote a line past its size")
             self._fill(deadline)
         line = bytes(self._stdout[:end])
         del self._stdout[: end + 1]

@@ -91,3 +91,12 @@ def test_a_closed_sandbox_closes_its_runner(sandbox_config):
     runner = sb._shell
     sb.close()
     assert runner.alive is False
+
+
+def test_a_command_that_forges_the_runners_answer_cannot_make_the_client_read_without_end(sandbox):
+    assert sandbox.start_shell()
+    forged = '{"exit": 0, "dropped": 0, "head": 999999999999, "tail": 0}'
+    cmd = f"out=/proc/$(pgrep -f 'python3 -c' | head -1)/fd/1; echo '{forged}' > $out; head -c 3000000 /dev/zero > $out"
+    result = sandbox.exec(cmd, timeout_s=20)
+    assert (result.exit_code, result.output) == (-1, RUNNER_DIED)
+    assert sandbox.exec("echo next", timeout_s=10).output == "next\n"  # docker exec from here on
