@@ -530,7 +530,9 @@ class Roofline:
         return self.mfu_of(self.model, self.device, seq_len, seconds)
 
     def logprob_s(self, seq_len: int) -> float:
-        return train_layout.forward_s(self.model, self.device, seq_len, self.cfg.costs.logprob_mfu)
+        c = self.cfg.costs
+        return train_layout.forward_s(self.model, self.device, seq_len, c.logprob_mfu, c.logprob_attention_mfu,
+                                      c.logprob_layer_host_s)  # fmt: skip
 
     @staticmethod
     def mfu_of(model: ModelSpec, device: DeviceSpec, seq_len: int, seconds: float) -> float:

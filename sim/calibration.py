@@ -1,50 +1,65 @@
-"""Calibrated costs: the roofline's efficiency constants fitted to what one device measured.
+"""Calibrated costs: the roofline's constants fitted to what one device measured.
 
 A profile (sim/profile.py; benchmarks/gpu_calibration.py writes one) holds decode step times, prefill
-times and training throughput of models on one device. `costs.profile` names one; for the run's model
-on `cluster.device`, `calibrate` fits the constants of sim/cost.py's roofline to the points by least
-squares on relative error, in the setup the points were measured in (`profile.MEASURED_SETUP`: one
-GPU), and the cost model then runs on the fitted values:
+times, training and log-prob throughput of models on one device. `costs.profile` names one; `calibrate`
+fits the constants of sim/cost.py's roofline to the points of every model the profile measured on that
+device at once, by least squares on relative error, in the setup the points were measured in
+(`profile.MEASURED_SETUP`: one GPU), and the cost model then runs on the fitted values. One set of
+constants per device: what differs between models (layers, parameters, KV bytes, attention width) is in
+the roofline's terms, so the constants carry over to a model the profile did not measure. With L the
+model's layers:
 
-- decode: hbm_efficiency, decode_mfu, decode_step_overhead_s o and decode_seq_overhead_s s, from
-  step = max(memory / hbm_efficiency, compute / decode_mfu) + o + s x batch at every (batch, context)
-  (s only when the points span several batch sizes; it is the host's work per sequence: sampling,
-  scheduling, streaming). Where the profile measured the device's copy bandwidth, the weights are read
-  at that share of the datasheet's (`hbm_efficiency`, measured: a dense model reads the same weights at
-  every step, so a fit cannot tell their rate from o) and the KV cache at `kv_hbm_efficiency`, fitted:
-  step = max(weights / hbm_efficiency + KV / kv_hbm_efficiency, compute / decode_mfu) + o + s x batch;
-- prefill: prefill_mfu and prefill_overhead_s f, from seconds = max(compute / prefill_mfu, weight reads /
-  hbm_efficiency) + f (one prefill a point; f, an engine's fixed cost of a step that prefills, only
-  with two or more points);
-- training: train_mfu, from the trainer's step on one GPU (sim/train_layout.py; the points are measured
-  without recompute, so model FLOPs run at 4/3 of train_mfu, the convention of HFU_PER_MFU);
-- log-probs: logprob_mfu, from the trainer's forward-only pass over one sequence (seconds = forward
-  FLOPs / (peak x logprob_mfu), train_layout's forward pass on one GPU).
+- decode: step = max(W / hbm + KV / kv_hbm, C / decode_mfu) + L x (o + b x s) + L x ctx x w at batch b and
+  context ctx: weights W and KV cache KV read, matmul and attention FLOPs C; o and s
+  (`decode_layer_overhead_s`, `decode_seq_layer_overhead_s`) are a step's small kernels per layer, and per
+  layer and sequence; w (`decode_ctx_latency_s`) the attention's walk over one sequence's cache per layer
+  and context token, which a kernel that does not split the cache over the multiprocessors pays at any
+  batch. Where the profile measured the device's copy bandwidth, W is read at that share of the
+  datasheet's (`hbm_efficiency`, measured: a fit cannot tell the weights' rate from o), and the KV cache
+  at `kv_hbm_efficiency`, fitted; otherwise both at one fitted `hbm_efficiency`;
+- prefill: seconds = overlap(max(M / prefill_mfu + A / prefill_attention_mfu, W / hbm), L x h) with matmul
+  FLOPs M, attention FLOPs A, and h (`prefill_layer_host_s`) the host's time to launch one layer of an
+  eager forward; `train_layout.overlap` is the 2-norm of device and host time;
+- training: overlap(F / train_mfu, L x h_train) + optimizer, the trainer's step on one GPU
+  (sim/train_layout.py; the points are measured without recompute, so model FLOPs run at 4/3 of
+  train_mfu, the convention of HFU_PER_MFU);
+- log-probs: overlap(M / logprob_mfu + A / logprob_attention_mfu, L x h_logprob), the trainer's
+  forward-only pass over one sequence.
 
-Why fit constants rather than interpolate the points: a run asks for batches, contexts and layouts that
-no profile measured (engines of 4 GPUs at 200 sequences of 3,000 tokens, ZeRO-3 over 32 GPUs); the
-roofline with fitted efficiencies extrapolates along bytes and FLOPs, where an interpolation of a
-one-GPU grid has nothing to say outside it. The price is the roofline's shape: what it cannot express
-(a launch-bound prefill, attention kernels that slow at long context) remains as fit error, reported
-per part (`rms_error`).
+What the per-layer terms are, on the shipped H200 profile (plain torch, README "GPU calibration"): o, a
+CUDA graph's tens of small kernels a layer (norms, rotary, cache writes) at a few microseconds each; w,
+sdpa over a padded cache, one thread block per sequence and KV head, so one sequence's cache is read at
+a small share of the bandwidth; h, Python and kernel launches of eager passes (prefill and log-probs
+about 0.7-1 ms a layer, training about 4 ms), which bound the small models and short sequences.
 
-A constant no point constrains keeps the config's value, with the reason (`kept`): every constant of
-a part with too few points; decode_mfu when every decode point is memory-bound (only a lower bound is
-known, and the kept value is raised to it so the fit still holds); prefill_mfu likewise. The overheads
-of training and the communication efficiencies are never calibrated: a profile measures one GPU. A
-rollout pool of another device keeps the config's constants.
+Why fit constants rather than interpolate the points: a run asks for batches, contexts, models and
+layouts that no profile measured (engines of 4 GPUs at 200 sequences of 3,000 tokens, ZeRO-3 over 32
+GPUs); the roofline with fitted constants extrapolates along bytes, FLOPs and layers, where an
+interpolation of a one-GPU grid has nothing to say outside it. What the roofline cannot express remains
+as fit error, reported per part and model (`rms_error`, `rms_error_by_model`).
+
+A constant the points do not pin down (its relative standard error above MAX_RELATIVE_SE, or a part
+with fewer points than constants) keeps the config's value, with the reason (`kept`): e.g. decode_mfu
+when every decode point is memory-bound (only a lower bound is known, and the kept value is raised to it
+so the fit still holds), a host time when every point is device-bound. The per-step overheads
+(decode_step_overhead_s, decode_seq_overhead_s, prefill_overhead_s) are set to 0 where the per-layer
+ones are fitted: they describe the same time. The overheads of training and the communication
+efficiencies are never calibrated: a profile measures one GPU. A rollout pool of another device keeps
+the config's constants.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
 from core import config as cfgio
+from core import specs
 from core.specs import DeviceSpec, ModelSpec
 from sim import profile as profiles
 from sim import train_layout
@@ -52,26 +67,35 @@ from sim.config import SimConfig, config_dict
 from sim.cost import CostModel
 
 FLOOR = 1e-3  # the lowest efficiency a fit considers
-GRID = 41  # points a side of each search grid
-ROUNDS = 14  # each round narrows the grid to 4 of its steps: about 1e-14 of the range at the end
-MIN_DECODE_POINTS = 3  # one per decode constant
-MAX_RELATIVE_SE = 0.1  # a decode efficiency fitted with a larger standard error (relative) is not trusted
-DECODE_OVERHEADS = ("decode_step_overhead_s", "decode_seq_overhead_s")  # a step's, and a sequence's in it
+MAX_RELATIVE_SE = 0.35  # a constant fitted with a larger standard error (relative) is not trusted
+ITERATIONS = 200  # Levenberg-Marquardt steps at most
+TRAIN_MFU_CAP = 1 / train_layout.HFU_PER_MFU  # train_mfu counts model FLOPs of recomputing runs
+PER_STEP = ("decode_step_overhead_s", "decode_seq_overhead_s")  # replaced by the per-layer overheads
+# The constants of each part, in the order a fit drops those it cannot pin down (last first).
+DECODE = ("decode_mfu", "decode_layer_overhead_s", "decode_seq_layer_overhead_s", "decode_ctx_latency_s")
+PREFILL = ("prefill_mfu", "prefill_attention_mfu", "prefill_layer_host_s")
+TRAIN = ("train_mfu", "train_layer_host_s")
+LOGPROB = ("logprob_mfu", "logprob_attention_mfu", "logprob_layer_host_s")
+PARTS = ("decode", "prefill", "train", "logprob")
+FITTED_KEYS = ("hbm_efficiency", "kv_hbm_efficiency", *DECODE, *PER_STEP, *PREFILL, "prefill_overhead_s", *TRAIN,
+               *LOGPROB)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """The constants a profile set for one model on one device, and how well the roofline fits it."""
+    """The constants a profile set for one device, and how well the roofline fits its points."""
 
     profile: str  # costs.profile as given
     device: str  # the device the profile names
-    model: str  # the profile's entry for the run's model
+    model: str | None  # the profile's entry for the run's model; None: not measured (the device's constants)
     constants: dict[str, float | None]  # costs.<key> -> the value the cost model uses
     fitted: tuple[str, ...]  # keys of `constants` fitted to points; the others are `kept` or `measured`
     kept: dict[str, str]  # costs.<key> -> why the profile did not set it
-    rms_error: dict[str, float]  # part -> root-mean-square relative error of the fitted roofline
-    points: dict[str, int]  # part -> points measured
+    rms_error: dict[str, float]  # part -> root-mean-square relative error at the run's model's points
+    points: dict[str, int]  # part -> points measured of the run's model
     measured: dict[str, str] = dataclasses.field(default_factory=dict)  # costs.<key> -> the measurement
+    models: tuple[str, ...] = ()  # the profile's models the constants were fitted to
+    rms_error_by_model: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
     def apply(self, cfg: SimConfig) -> SimConfig:
         return dataclasses.replace(cfg, costs=dataclasses.replace(cfg.costs, **self.constants))
@@ -82,10 +106,12 @@ class Calibration:
             "profile": self.profile,
             "device": self.device,
             "model": self.model,
-            "fitted": {k: float(f"{self.constants[k]:.6g}") for k in self.fitted},
+            "fitted_to": list(self.models),
+            "fitted": {k: _short(self.constants[k]) for k in self.fitted},
             "measured": {k: {"value": _short(self.constants[k]), "from": m} for k, m in self.measured.items()},
             "kept": {k: {"value": _short(self.constants[k]), "why": why} for k, why in self.kept.items()},
             "rms_relative_error": self.rms_error,
+            "rms_relative_error_by_model": self.rms_error_by_model,
             "points": self.points,
         }
 
@@ -95,8 +121,8 @@ def _short(value: float | None) -> float | None:
 
 
 def calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec) -> Calibration | None:
-    """The constants `cfg.costs.profile` sets for `model` on `device`; None when there is no profile or
-    the profile is of another device (a rollout pool's). SimConfig has checked the device and model."""
+    """The constants `cfg.costs.profile` sets on `device` for `model`; None when there is no profile or the
+    profile is of another device (a rollout pool's). SimConfig has checked the device."""
     name = cfg.costs.profile
     if name is None:
         return None
@@ -108,73 +134,87 @@ def calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec) -> Calibrati
 
 @lru_cache(maxsize=16)
 def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: profiles.Profile) -> Calibration:
-    name = cfg.costs.profile
     entry = profiles.entry_for(profile, model, cfg.model)
-    c = cfg.costs
-    values = {k: getattr(c, k) for k in ("hbm_efficiency", "decode_mfu", *DECODE_OVERHEADS)}
-    values |= {"prefill_mfu": c.prefill_mfu, "prefill_overhead_s": c.prefill_overhead_s, "train_mfu": c.train_mfu}
-    values["logprob_mfu"] = c.logprob_mfu
-    values["kv_hbm_efficiency"] = c.kv_hbm_efficiency
-    kept: dict[str, str] = {}
-    fitted: list[str] = []
-    measured: dict[str, str] = {}
-    copy = profile.device.copy_gb_s
-    weights_at = None if copy is None else min(1.0, copy / device.hbm_bandwidth_gb_s)
-    setup = measured_setup(cfg, hbm_efficiency=1.0, decode_mfu=1.0, prefill_mfu=1.0, decode_step_overhead_s=0.0,
-                           decode_seq_overhead_s=0.0)  # fmt: skip
-    unit = CostModel(setup, model, device)  # every efficiency 1, no overhead: the bare roofline terms
-    if weights_at is not None:
-        values["hbm_efficiency"] = weights_at
-        measured["hbm_efficiency"] = f"the device's copy: {copy:.6g} GB/s of the spec's {device.hbm_bandwidth_gb_s:g}"
-    if len(entry.decode) >= MIN_DECODE_POINTS:
-        decode = _fit_decode(unit, entry.decode, c, weights_at)
-        values.update(decode.values)
-        fitted += decode.fitted
-        kept |= decode.kept
-    else:
-        why = f"{len(entry.decode)} decode point(s); the three decode constants need at least {MIN_DECODE_POINTS}"
-        names = ("decode_mfu", *DECODE_OVERHEADS, *(("kv_hbm_efficiency",) if weights_at else ("hbm_efficiency",)))
-        kept |= dict.fromkeys(names, why)
-    if entry.prefill:
-        prefill = _fit_prefill(unit, entry.prefill, values["hbm_efficiency"], c.prefill_mfu)
-        values.update(prefill.values)
-        fitted += prefill.fitted
-        kept |= prefill.kept
-    else:
-        kept |= dict.fromkeys(("prefill_mfu", "prefill_overhead_s"), "no prefill points")
-    if entry.train:
-        values["train_mfu"] = _fit_train(cfg, model, device, entry.train, values["hbm_efficiency"])
-        fitted.append("train_mfu")
-    else:
-        skipped = [why for why in entry.skipped if why.startswith("train")]
-        kept["train_mfu"] = "no training points" + (f" ({'; '.join(skipped)})" if skipped else "")
-    if entry.logprob:
-        values["logprob_mfu"] = _fit_logprob(model, device, entry.logprob)
-        fitted.append("logprob_mfu")
-    else:
-        kept["logprob_mfu"] = "no log-prob points"
-    calibrated = measured_setup(cfg, **values)
+    fit = _device_fit(_fit_key(cfg), device, profile, (entry.model, model) if entry else None)
+    calibrated = measured_setup(cfg, **fit.values)
+    by_model = {
+        name: _errors(CostModel(calibrated, spec, device), calibrated, e) for name, spec, e in fit.entries
+    }  # fmt: skip
+    own = by_model.get(entry.model, {}) if entry else {}
     return Calibration(
-        profile=name,
+        profile=cfg.costs.profile,
         device=profile.device.spec or profile.device.name,
-        model=entry.model,
-        constants=values,
-        fitted=tuple(fitted),
-        kept=kept,
-        measured=measured,
-        rms_error=_errors(CostModel(calibrated, model, device), calibrated, entry),
-        points={part: len(getattr(entry, part)) for part in ("decode", "prefill", "train", "logprob")},
+        model=entry.model if entry else None,
+        constants=fit.values,
+        fitted=fit.fitted,
+        kept=fit.kept,
+        measured=fit.measured,
+        rms_error=own,
+        points={part: len(getattr(entry, part)) for part in PARTS} if entry else dict.fromkeys(PARTS, 0),
+        models=tuple(name for name, _, _ in fit.entries),
+        rms_error_by_model=by_model,
     )
 
 
-def measured_setup(cfg: SimConfig, **costs: float) -> SimConfig:
+def _fit_key(cfg: SimConfig) -> SimConfig:
+    """`cfg` with what the fit does not read normalised: runs of one device share one fit."""
+    return measured_setup(cfg, **{k: getattr(cfg.costs, k) for k in FITTED_KEYS})
+
+
+def measured_setup(cfg: SimConfig, **costs: float | None) -> SimConfig:
     """`cfg` in the setup a profile was measured in (one GPU, ...), with these costs.* values."""
     data = cfgio.apply_overrides(config_dict(cfg), list(profiles.MEASURED_SETUP))
     data["costs"].update(costs)
     return cfgio.from_dict(SimConfig, data)
 
 
-# ---- the fits ----
+# ---- the joint fit ----
+
+
+@dataclass(frozen=True)
+class _DeviceFit:
+    values: dict[str, float | None]
+    fitted: tuple[str, ...]
+    kept: dict[str, str]
+    measured: dict[str, str]
+    entries: tuple[tuple[str, ModelSpec, profiles.ModelProfile], ...]  # the models fitted to
+
+
+@lru_cache(maxsize=16)
+def _device_fit(cfg: SimConfig, device: DeviceSpec, profile: profiles.Profile, run_model) -> _DeviceFit:
+    """The constants of every part, fitted to the points of all the profile's models whose architecture is
+    known (a shipped model, or the run's own) at once."""
+    entries = []
+    for e in profile.models:
+        spec = run_model[1] if run_model and e.model == run_model[0] else specs.models().get(e.model.lower())
+        if spec is not None:
+            entries.append((e.model, spec, e))
+    c = cfg.costs
+    values: dict[str, float | None] = {k: getattr(c, k) for k in FITTED_KEYS}
+    kept: dict[str, str] = {}
+    fitted: list[str] = []
+    measured: dict[str, str] = {}
+    copy = profile.device.copy_gb_s
+    weights_at = None if copy is None else min(1.0, copy / device.hbm_bandwidth_gb_s)
+    if weights_at is not None:
+        values["hbm_efficiency"] = weights_at
+        measured["hbm_efficiency"] = f"the device's copy: {copy:.6g} GB/s of the spec's {device.hbm_bandwidth_gb_s:g}"
+    units = {name: CostModel(_unit_setup(cfg), spec, device) for name, spec, _ in entries}
+    for part, fit_part in (("decode", _fit_decode), ("prefill", _fit_prefill), ("train", _fit_train),
+                           ("logprob", _fit_logprob)):  # fmt: skip
+        points = [(units[name], spec, p) for name, spec, e in entries for p in getattr(e, part)]
+        result = fit_part(cfg, device, points, values, weights_at)
+        values.update(result.values)
+        fitted += result.fitted
+        kept |= result.kept
+    return _DeviceFit(values, tuple(fitted), kept, measured, tuple(entries))
+
+
+def _unit_setup(cfg: SimConfig) -> SimConfig:
+    """Every efficiency 1, no overhead: a cost model of the bare roofline terms."""
+    ones = dict.fromkeys(("hbm_efficiency", "decode_mfu", "prefill_mfu"), 1.0)
+    zeros = dict.fromkeys((*PER_STEP, *DECODE[1:], "prefill_layer_host_s"), 0.0)
+    return measured_setup(cfg, **ones, **zeros, kv_hbm_efficiency=None, prefill_attention_mfu=None)
 
 
 @dataclass(frozen=True)
@@ -184,176 +224,247 @@ class _Part:
     kept: dict[str, str]
 
 
-def _fit_decode(unit: CostModel, points: tuple[profiles.DecodePoint, ...], c, weights_at: float | None) -> _Part:
-    """The decode constants minimising the relative error of max(M/e, C/u) + o + s b: e is hbm_efficiency,
-    reading weights and KV cache alike, or with `weights_at` (the weights' measured efficiency) e is
-    kv_hbm_efficiency and M/e becomes W/weights_at + KV/e. u is decode_mfu, o and s the overheads of a
-    step and of a sequence (s only when the points span several batch sizes)."""
-    terms = np.array([unit.decode_memory_s(p.batch, p.batch * p.context) for p in points])
-    compute = np.array([unit.decode_lines(p.batch, p.batch * p.context).p2 for p in points])
-    if weights_at is None:
-        name, fixed, memory = "hbm_efficiency", np.zeros(len(points)), terms.sum(axis=1)
-        default = c.hbm_efficiency
-    else:
-        name, fixed, memory = "kv_hbm_efficiency", terms[:, 0] / weights_at, terms[:, 1]
-        default = c.hbm_efficiency if c.kv_hbm_efficiency is None else c.kv_hbm_efficiency
-    t = np.array([p.step_s for p in points])
-    batch = np.array([float(p.batch) for p in points]) if len({p.batch for p in points}) > 1 else None
-    e, u = _search(lambda es, us: _decode_loss(memory, compute, t, es, us, batch, fixed)[0], 2)
-    overheads = [DECODE_OVERHEADS[0], *([DECODE_OVERHEADS[1]] if batch is not None else [])]
+@dataclass(frozen=True)
+class _Param:
+    """A constant to fit: an efficiency in [FLOOR, high], fitted as its inverse (the seconds it multiplies),
+    or seconds (a name ending in _s) in [0, high]."""
 
-    def fixed_costs(e: float, u: float) -> dict[str, float]:
-        _, o, per_seq = _decode_loss(memory, compute, t, np.array([e]), np.array([u]), batch, fixed)
-        return {"decode_step_overhead_s": float(o[0]), "decode_seq_overhead_s": float(per_seq[0])}
+    name: str
+    default: float  # the config's value, kept when the points do not pin it down
+    high: float  # the largest value (an efficiency's 1; seconds: several times the slowest point a layer)
 
-    values = {name: e, "decode_mfu": u, **fixed_costs(e, u)}
-    fitted, kept = [name, "decode_mfu", *overheads], {}
-    bound = compute / u > fixed + memory / e
-    worst = _worst_relative_se(memory, compute, t, e, u, values, batch, fixed)
-    if worst > MAX_RELATIVE_SE:  # e.g. every point reads about the same bytes: e and overhead trade off
-        e, u = default, c.decode_mfu
-        spread = "they trade off exactly" if math.isinf(worst) else f"standard error {worst:.0%} of the value"
-        why = f"the decode points do not pin the efficiencies down ({spread}): kept, and only "
-        why += f"{' and '.join(overheads)} fitted"
-        values = {name: e, "decode_mfu": u, **fixed_costs(e, u)}
-        return _Part(values, tuple(overheads), dict.fromkeys((name, "decode_mfu"), why))
-    if not bound.any():  # u only has a floor: the one above which every point stays memory-bound
-        floor = float(np.max(compute / (fixed + memory / e)))
-        values["decode_mfu"] = min(1.0, max(c.decode_mfu, floor))
-        fitted.remove("decode_mfu")
-        kept["decode_mfu"] = f"every decode point is memory-bound: only decode_mfu >= {floor:.3g} is known"
-    elif bound.all():
-        floor = float(np.max(memory / np.maximum(compute / u - fixed, 1e-30)))
-        values[name] = min(1.0, max(default, floor))
-        fitted.remove(name)
-        kept[name] = f"every decode point is compute-bound: only {name} >= {floor:.3g} is known"
-    return _Part(values, tuple(fitted), kept)
+    @property
+    def seconds(self) -> bool:
+        return self.name.endswith("_s")
+
+    def to_x(self, value: float) -> float:
+        return value if self.seconds else 1.0 / value
+
+    def value(self, x: float) -> float:
+        return float(x) if self.seconds else 1.0 / float(x)
+
+    def bounds(self) -> tuple[float, float]:
+        return (0.0, self.high) if self.seconds else (1.0 / self.high, 1.0 / FLOOR)
 
 
-def _worst_relative_se(memory, compute, t, e: float, u: float, values: dict, batch, fixed) -> float:
-    """The larger relative standard error of e and u (of those some point binds), from the residuals and
-    the Jacobian of the relative residuals in (1/e, 1/u, o, s) at the fit (linearised least squares)."""
-    overhead, per_seq = values["decode_step_overhead_s"], values["decode_seq_overhead_s"]
-    mem_bound = fixed + memory / e >= compute / u
-    columns = {"e": np.where(mem_bound, memory, 0.0) / t, "u": np.where(mem_bound, 0.0, compute) / t}
-    columns = {k: v for k, v in columns.items() if v.any()}
-    extra = [*([1.0 / t] if overhead > 0 else []), *([batch / t] if batch is not None and per_seq > 0 else [])]
-    jac = np.column_stack([*columns.values(), *extra])
+def _fit_part(
+    predict: Callable[[dict[str, float]], np.ndarray], t: np.ndarray, params: list[_Param], part: str
+) -> _Part:
+    """Least squares of the relative error of `predict` over `params`; those the points do not pin down
+    (relative standard error above MAX_RELATIVE_SE, or more of them than points) keep their defaults,
+    dropped one at a time, the fit redone each time."""
+    free = list(params)
+    kept: dict[str, str] = {}
+    while len(free) > len(t):
+        p = free.pop()
+        kept[p.name] = f"{len(t)} {part} point(s) do not pin down {len(free) + 1} constant(s)"
+    fixed = {p.name: p.default for p in params}
+    while free:
+        values, se = _least_squares(predict, t, free, fixed)
+        worst = max(range(len(free)), key=lambda i: (se[i], i))  # ties: the last
+        if se[worst] <= MAX_RELATIVE_SE:
+            return _Part(values, tuple(p.name for p in free), kept)
+        p = free.pop(worst)
+        spread = "it has no say at the fit" if math.isinf(se[worst]) else f"standard error {se[worst]:.0%}"
+        kept[p.name] = f"the {part} points do not pin it down ({spread}): the config's value"
+    return _Part({}, (), kept)
+
+
+def _least_squares(predict, t, free: list[_Param], fixed: dict[str, float]) -> tuple[dict, list[float]]:
+    """Levenberg-Marquardt over the free constants (efficiencies as inverses, seconds as they are, each
+    within its bounds) from a few deterministic starts; the fitted values (with the fixed ones) and each
+    free constant's relative standard error from the Jacobian at the fit (linearised least squares; a
+    constant at a bound or at 0 has an infinite one)."""
+    lo, hi = (np.array(v) for v in zip(*(p.bounds() for p in free), strict=True))
+    scale = np.array([p.high * 1e-3 if p.seconds else 1.0 for p in free])  # a typical size of each x
+
+    def values_at(x: np.ndarray) -> dict[str, float]:
+        return fixed | {p.name: p.value(v) for p, v in zip(free, np.clip(x, lo, hi), strict=True)}
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        return predict(values_at(x)) / t - 1
+
+    default = np.clip([p.to_x(p.default) if p.default else 0.0 for p in free], lo, hi)
+    starts = [default, np.clip(np.where([p.seconds for p in free], scale, 2.0), lo, hi),
+              np.clip(np.where([p.seconds for p in free], scale * 30, 5.0), lo, hi)]  # fmt: skip
+    x, _ = min((_lm(residual, x0, lo, hi, scale) for x0 in starts), key=lambda fit: fit[1])
+    jac = _jacobian(residual, x, lo, hi, scale, at_bounds=False)
+    r = residual(x)
     n, k = jac.shape
-    residual = (
-        np.maximum(fixed + memory / e, compute / u) + overhead + per_seq * (0 if batch is None else batch) - t
-    ) / t
-    scale = float((residual**2).sum()) / max(1, n - k)
-    if scale == 0.0:
-        return 0.0
-    gram = jac.T @ jac
-    if np.linalg.cond(gram) > 1e12:
-        return float("inf")
-    se = np.sqrt(np.diag(np.linalg.inv(gram)) * scale)
-    inverse = {"e": 1 / e, "u": 1 / u}
-    return max(se[i] / inverse[key] for i, key in enumerate(columns))
+    var = float(r @ r) / max(1, n - k)
+    size = np.maximum(np.abs(x), scale)  # columns in units of each constant's size: a fair condition number
+    moving = jac.any(axis=0)
+    se = [math.inf] * k
+    sub = jac[:, moving] * size[moving]
+    gram = sub.T @ sub
+    if moving.any() and np.linalg.cond(gram) <= 1e12:
+        for i, v in zip(np.flatnonzero(moving), np.sqrt(np.diag(np.linalg.inv(gram)) * var), strict=True):
+            se[i] = float(v * size[i] / abs(x[i])) if x[i] else math.inf  # relative: of the inverse, or seconds
+    return values_at(x), se
 
 
-def _decode_loss(memory, compute, t, es, us, batch=None, fixed=0.0):
-    """Loss and the best overheads (each >= 0, closed form) of each (e, u) pair: (loss, o, s), arrays of the
-    pairs' shape; s is 0 when `batch` is None (one batch size: it would only repeat o). `fixed`: seconds of
-    the memory line read at a known rate (the weights, where the device's copy was measured)."""
-    w = 1.0 / t
-    r = (np.maximum(fixed + memory / es[..., None], compute / us[..., None]) - t) * w  # relative residual
-    if batch is None:
-        overhead = np.clip(-(r * w).sum(-1) / (w * w).sum(-1), 0.0, None)
-        return ((r + overhead[..., None] * w) ** 2).sum(-1), overhead, np.zeros_like(overhead)
-    # Least squares of r + o w + s (b w) in (o, s) >= 0: the 2x2 normal equations, then each bound alone.
-    x = batch * w
-    aa, ab, bb = (w * w).sum(), (w * x).sum(), (x * x).sum()
-    ra, rb = -(r * w).sum(-1), -(r * x).sum(-1)
-    det = aa * bb - ab * ab
-    o = (ra * bb - rb * ab) / det
-    per_seq = (rb * aa - ra * ab) / det
-    only_o = np.clip(ra / aa, 0.0, None)  # s = 0
-    only_s = np.clip(rb / bb, 0.0, None)  # o = 0
-
-    def loss(o_, s_):
-        return ((r + o_[..., None] * w + s_[..., None] * x) ** 2).sum(-1)
-
-    candidates = [(np.where((o >= 0) & (per_seq >= 0), o, only_o), np.where((o >= 0) & (per_seq >= 0), per_seq, 0.0)),
-                  (only_o, np.zeros_like(only_o)), (np.zeros_like(only_s), only_s)]  # fmt: skip
-    losses = np.stack([loss(o_, s_) for o_, s_ in candidates])
-    best = np.argmin(losses, axis=0)
-    o_best = np.choose(best, [c[0] for c in candidates])
-    s_best = np.choose(best, [c[1] for c in candidates])
-    return losses.min(axis=0), o_best, s_best
+def _jacobian(residual, x, lo, hi, scale, at_bounds: bool = True) -> np.ndarray:
+    """Forward differences (backward at the upper bound). Without `at_bounds`, a constant pressed against a
+    bound gets a zero column: the fit could not move it there."""
+    r0 = residual(x)
+    jac = np.empty((len(r0), len(x)))
+    for i in range(len(x)):
+        step = np.zeros_like(x)
+        step[i] = 1e-6 * max(abs(x[i]), scale[i])
+        if x[i] + step[i] > hi[i]:
+            step[i] = -step[i]
+        jac[:, i] = (residual(x + step) - r0) / step[i]
+        if not at_bounds and (x[i] <= lo[i] or x[i] >= hi[i]):
+            jac[:, i] = 0.0
+    return jac
 
 
-def _fit_prefill(unit: CostModel, points: tuple[profiles.PrefillPoint, ...], hbm: float, default: float) -> _Part:
-    """prefill_mfu u and prefill_overhead_s f minimising the relative error of max(C/u, M) + f (one prefill a
-    point); f only with two or more points."""
-    terms = np.array([unit.prefill_terms(p.tokens, p.tokens * p.tokens / 2) for p in points])
-    compute, memory = terms[:, 0], terms[:, 1] / hbm
-    t = np.array([p.seconds for p in points])
-    w = 1.0 / t
-
-    def loss(us):
-        r = (np.maximum(compute / us[..., None], memory) - t) * w
-        f = np.clip(-(r * w).sum(-1) / (w * w).sum(-1), 0.0, None) if len(points) > 1 else np.zeros(us.shape)
-        return ((r + f[..., None] * w) ** 2).sum(-1), f
-
-    (u,) = _search(lambda us: loss(us)[0], 1)
-    overhead = float(loss(np.array([u]))[1][0])
-    values = {"prefill_mfu": u, "prefill_overhead_s": overhead}
-    fitted = ["prefill_mfu", *(["prefill_overhead_s"] if len(points) > 1 else [])]
-    kept = {} if len(points) > 1 else {"prefill_overhead_s": "one prefill point: no fixed cost can be told apart"}
-    if (compute / u > memory).any():
-        return _Part(values, tuple(fitted), kept)
-    floor = float(np.max(compute / memory))
-    values["prefill_mfu"] = min(1.0, max(default, floor))
-    fitted.remove("prefill_mfu")
-    kept["prefill_mfu"] = f"every prefill point is bound by weight reads: only prefill_mfu >= {floor:.3g} is known"
-    return _Part(values, tuple(fitted), kept)
+def _lm(residual, x0, lo, hi, scale) -> tuple[np.ndarray, float]:
+    """Levenberg-Marquardt with bounds by clipping: (x, sum of squares)."""
+    x = np.clip(np.array(x0, dtype=float), lo, hi)
+    r = residual(x)
+    loss = float(r @ r)
+    damping = 1e-3
+    for _ in range(ITERATIONS):
+        jac = _jacobian(residual, x, lo, hi, scale)
+        grad, gram = jac.T @ r, jac.T @ jac
+        moved = 0.0
+        while damping <= 1e12:
+            step = np.linalg.solve(gram + damping * np.diag(np.diag(gram) + 1e-30), -grad)
+            trial = np.clip(x + step, lo, hi)
+            r_trial = residual(trial)
+            trial_loss = float(r_trial @ r_trial)
+            if trial_loss < loss:
+                moved = float(np.abs((trial - x) / np.maximum(np.abs(x), scale)).max())
+                x, r, loss, damping = trial, r_trial, trial_loss, max(damping / 3, 1e-12)
+                break
+            damping *= 4
+        if moved < 1e-10:
+            break
+    return x, loss
 
 
-def _fit_train(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, points, hbm: float) -> float:
-    """train_mfu m of seconds = A / m + R (A: the passes' compute at m = 1; R: the optimizer), closed form
-    in 1/m, within (0, 0.75] (train_layout: MFU counted with full recompute runs at 4/3 of it)."""
-    setup = measured_setup(cfg, hbm_efficiency=hbm, train_mfu=0.75)
-    a, rest = [], []
-    for p in points:
-        parts = train_layout.step(setup, model, device, [p.seq_len], 1)
-        a.append(parts.train_compute_s * 0.75)
-        rest.append(parts.total_s - parts.train_compute_s)
-    a, rest = np.array(a), np.array(rest)
-    t = np.array([p.seq_len / p.tokens_per_s for p in points])
-    inverse = float((a * (t - rest) / t**2).sum() / (a * a / t**2).sum())
-    return 0.75 if inverse <= 1 / 0.75 else 1.0 / inverse
+def _slowest(t: np.ndarray, layers: np.ndarray) -> float:
+    """An upper bound for seconds a layer: every point's time in one layer."""
+    return float((t / layers).max()) * 4
 
 
-def _fit_logprob(model: ModelSpec, device: DeviceSpec, points) -> float:
-    """logprob_mfu m of seconds = A / m (A: one forward's FLOPs at the device's peak), closed form in 1/m,
-    within (0, 1]."""
-    a = np.array([train_layout.forward_s(model, device, p.seq_len, 1.0) for p in points])
-    t = np.array([p.seq_len / p.tokens_per_s for p in points])
-    inverse = float((a * t / t**2).sum() / (a * a / t**2).sum())
-    return min(1.0, 1.0 / inverse)
+def _fit_decode(cfg, device, points, values, weights_at) -> _Part:
+    if not points:
+        return _Part({}, (), dict.fromkeys(("decode_mfu", *DECODE[1:]), "no decode points"))
+    c = cfg.costs
+    weights, kv, compute, layers, batch, ctx, t = (np.array(v, dtype=float) for v in zip(*(
+        (*unit.decode_memory_s(p.batch, p.batch * p.context), unit.decode_lines(p.batch, p.batch * p.context).p2,
+         spec.layers, p.batch, p.context, p.step_s) for unit, spec, p in points), strict=True))  # fmt: skip
+    kv_key = "kv_hbm_efficiency" if weights_at is not None else "hbm_efficiency"
+    kv_default = (c.kv_hbm_efficiency or c.hbm_efficiency) if weights_at is not None else c.hbm_efficiency
+
+    def predict(v: dict[str, float]) -> np.ndarray:
+        read = weights / (weights_at or v[kv_key]) + kv / v[kv_key]
+        per_layer = v["decode_layer_overhead_s"] + batch * v["decode_seq_layer_overhead_s"]
+        return np.maximum(read, compute / v["decode_mfu"]) + layers * (per_layer + ctx * v["decode_ctx_latency_s"])
+
+    top = _slowest(t, layers)
+    params = [_Param(kv_key, kv_default, 1.0), _Param("decode_mfu", c.decode_mfu, 1.0),
+              _Param("decode_layer_overhead_s", c.decode_layer_overhead_s, top),
+              _Param("decode_seq_layer_overhead_s", c.decode_seq_layer_overhead_s, top / float(batch.max())),
+              _Param("decode_ctx_latency_s", c.decode_ctx_latency_s, top / float(ctx.max()))]  # fmt: skip
+    part = _fit_part(predict, t, params, "decode")
+    result = {**{p.name: p.default for p in params}, **part.values, **dict.fromkeys(PER_STEP, 0.0)}
+    kept = dict(part.kept)
+    if "decode_mfu" in kept:  # only a lower bound is known: raise the config's value to it
+        floor = float(np.max(compute / (weights / (weights_at or result[kv_key]) + kv / result[kv_key])))
+        result["decode_mfu"] = min(1.0, max(c.decode_mfu, floor))
+        kept["decode_mfu"] += f"; the points bind it only from below (>= {floor:.3g})"
+    if "decode_layer_overhead_s" in part.fitted:
+        for key in PER_STEP:  # the same time, per layer
+            kept[key] = "0: the per-layer overheads fitted across models describe the same time"
+    else:
+        result.update({key: getattr(c, key) for key in PER_STEP})
+        kept |= dict.fromkeys(PER_STEP, "the config's: the per-layer overheads were not fitted")
+    return _Part(result, part.fitted, kept)
 
 
-def _search(loss, dims: int) -> tuple[float, ...]:
-    """The point of [FLOOR, 1]^dims with the least `loss`, by a log-spaced grid narrowed round by round
-    around its best point (deterministic; the losses here are smooth and have one basin)."""
-    lo, hi = np.full(dims, np.log(FLOOR)), np.zeros(dims)
-    best = hi
-    for _ in range(ROUNDS):
-        axes = [np.linspace(lo[i], hi[i], GRID) for i in range(dims)]
-        mesh = np.meshgrid(*axes, indexing="ij")
-        values = loss(*(np.exp(m) for m in mesh))
-        at = np.unravel_index(np.argmin(values), values.shape)
-        best = np.array([m[at] for m in mesh])
-        step = (hi - lo) / (GRID - 1)
-        lo, hi = np.maximum(best - 2 * step, np.log(FLOOR)), np.minimum(best + 2 * step, 0.0)
-    return tuple(float(v) for v in np.exp(best))
+def _fit_prefill(cfg, device, points, values, weights_at) -> _Part:
+    c = cfg.costs
+    if not points:
+        return _Part({}, (), dict.fromkeys((*PREFILL, "prefill_overhead_s"), "no prefill points"))
+    rows = [(*unit.prefill_flops(p.tokens, p.tokens * p.tokens / 2), unit.weight_bytes_read(p.tokens), spec.layers,
+             p.seconds) for unit, spec, p in points]  # fmt: skip
+    matmul, attention, weights, layers, t = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
+    peak = device.peak_tflops * 1e12
+    memory = weights / (device.hbm_bandwidth_gb_s * 1e9 * values["hbm_efficiency"])
+
+    def predict(v: dict[str, float]) -> np.ndarray:
+        compute = matmul / (peak * v["prefill_mfu"]) + attention / (peak * v["prefill_attention_mfu"])
+        return np.hypot(np.maximum(compute, memory), layers * v["prefill_layer_host_s"])
+
+    params = [_Param("prefill_mfu", c.prefill_mfu, 1.0),
+              _Param("prefill_attention_mfu", c.prefill_attention_mfu or c.prefill_mfu, 1.0),
+              _Param("prefill_layer_host_s", c.prefill_layer_host_s, _slowest(t, layers))]  # fmt: skip
+    part = _fit_part(predict, t, params, "prefill")
+    result = {**{p.name: p.default for p in params}, **part.values}
+    if "prefill_attention_mfu" not in part.fitted:
+        result["prefill_attention_mfu"] = c.prefill_attention_mfu  # null stays null: at prefill_mfu
+    kept = dict(part.kept)
+    if "prefill_layer_host_s" in part.fitted:
+        result["prefill_overhead_s"] = 0.0
+        kept["prefill_overhead_s"] = "0: the host's launches (prefill_layer_host_s) describe the fixed time"
+    return _Part(result, part.fitted, kept)
+
+
+def _fit_train(cfg, device, points, values, weights_at) -> _Part:
+    c = cfg.costs
+    if not points:
+        return _Part({}, (), dict.fromkeys(TRAIN, "no training points"))
+    setup = measured_setup(cfg, hbm_efficiency=values["hbm_efficiency"], train_mfu=TRAIN_MFU_CAP,
+                           train_layer_host_s=0.0)  # fmt: skip
+    flops, rest, layers = [], [], []
+    for _, spec, p in points:
+        parts = train_layout.step(setup, spec, device, [p.seq_len], 1)
+        flops.append(parts.train_compute_s * TRAIN_MFU_CAP)  # the passes' seconds at train_mfu = 1
+        rest.append(parts.total_s - parts.train_compute_s)  # the optimizer's
+        layers.append(spec.layers)
+    flops, rest, layers = np.array(flops), np.array(rest), np.array(layers, dtype=float)
+    t = np.array([p.seq_len / p.tokens_per_s for _, _, p in points])
+
+    def predict(v: dict[str, float]) -> np.ndarray:
+        return np.hypot(flops / v["train_mfu"], layers * v["train_layer_host_s"]) + rest
+
+    params = [_Param("train_mfu", c.train_mfu, TRAIN_MFU_CAP),
+              _Param("train_layer_host_s", c.train_layer_host_s, _slowest(t, layers))]  # fmt: skip
+    part = _fit_part(predict, t, params, "training")
+    return _Part({**{p.name: p.default for p in params}, **part.values}, part.fitted, part.kept)
+
+
+def _fit_logprob(cfg, device, points, values, weights_at) -> _Part:
+    c = cfg.costs
+    if not points:
+        return _Part({}, (), dict.fromkeys(LOGPROB, "no log-prob points"))
+    split = [train_layout.forward_split(spec, [p.seq_len]) for _, spec, p in points]
+    matmul, attention = (np.array(v) for v in zip(*split, strict=True))
+    layers = np.array([spec.layers for _, spec, _ in points], dtype=float)
+    t = np.array([p.seq_len / p.tokens_per_s for _, _, p in points])
+    peak = device.peak_tflops * 1e12
+
+    def predict(v: dict[str, float]) -> np.ndarray:
+        compute = matmul / (peak * v["logprob_mfu"]) + attention / (peak * v["logprob_attention_mfu"])
+        return np.hypot(compute, layers * v["logprob_layer_host_s"])
+
+    params = [_Param("logprob_mfu", c.logprob_mfu, 1.0),
+              _Param("logprob_attention_mfu", c.logprob_attention_mfu or c.logprob_mfu, 1.0),
+              _Param("logprob_layer_host_s", c.logprob_layer_host_s, _slowest(t, layers))]  # fmt: skip
+    part = _fit_part(predict, t, params, "log-prob")
+    result = {**{p.name: p.default for p in params}, **part.values}
+    if "logprob_attention_mfu" not in part.fitted:
+        result["logprob_attention_mfu"] = c.logprob_attention_mfu
+    return _Part(result, part.fitted, part.kept)
 
 
 def _errors(cm: CostModel, setup: SimConfig, entry: profiles.ModelProfile) -> dict[str, float]:
-    """Root-mean-square relative error of the calibrated roofline at each part's measured points."""
+    """Root-mean-square relative error of the calibrated roofline at each part's measured points, computed
+    by the cost model itself (not by the fit's own formulas)."""
+    c = setup.costs
     pairs = {
         "decode": [(cm.decode_step_s(p.batch, p.batch * p.context), p.step_s) for p in entry.decode],
         "prefill": [
@@ -365,12 +476,13 @@ def _errors(cm: CostModel, setup: SimConfig, entry: profiles.ModelProfile) -> di
         ],
         "logprob": [
             (
-                train_layout.forward_s(cm.model, cm.device, p.seq_len, setup.costs.logprob_mfu),
+                train_layout.forward_s(cm.model, cm.device, p.seq_len, c.logprob_mfu, c.logprob_attention_mfu,
+                                       c.logprob_layer_host_s),
                 p.seq_len / p.tokens_per_s,
             )
             for p in entry.logprob
         ],
-    }
+    }  # fmt: skip
     return {
         part: round(float(np.sqrt(np.mean([(s / m - 1) ** 2 for s, m in got]))), 6)
         for part, got in pairs.items()

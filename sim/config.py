@@ -199,6 +199,16 @@ class CostConfig:
     decode_seq_overhead_s: float = 0.0  # per sequence in a decode step (sampling, scheduling, streaming)
     prefill_overhead_s: float = 0.0  # an engine's fixed time of a step that prefills (set-up, first tokens out)
     kv_hbm_efficiency: float | None = None  # decode's KV-cache reads (attention); null: hbm_efficiency's
+    # Per-layer costs (seconds a layer, so one set of values describes every model on a device; sim/cost.py):
+    decode_layer_overhead_s: float = 0.0  # a decode step's small kernels and the gaps between them, per layer
+    decode_seq_layer_overhead_s: float = 0.0  # the same per sequence of the step
+    decode_ctx_latency_s: float = 0.0  # decode attention's walk over one sequence's cache, per context token
+    # (of the step's mean sequence) and layer: an attention kernel that does not split the cache
+    prefill_attention_mfu: float | None = None  # prefill attention's (QK^T, AV) share of peak; null: prefill_mfu
+    logprob_attention_mfu: float | None = None  # the same in log-prob passes; null: logprob_mfu
+    prefill_layer_host_s: float = 0.0  # the host's time to launch one layer of an eager prefill forward
+    logprob_layer_host_s: float = 0.0  # ... of an eager log-prob forward
+    train_layer_host_s: float = 0.0  # ... of an eager forward + backward (one micro-batch)
     profile: str | None = None  # a measured profile (sim/profile.py) whose points set the efficiencies
     # above for the run's model on cluster.device (sim/calibration.py); a shipped name or a path; null: as set
 
@@ -278,7 +288,8 @@ class SimConfig:
             )
 
     def _check_profile(self, model: specs.ModelSpec, dev: specs.DeviceSpec) -> None:
-        """costs.profile: readable, measured on cluster.device, and holding the run's model."""
+        """costs.profile: readable, measured on cluster.device, and holding a model the fit can use (one of known
+        architecture, or the run's own): its constants are the device's, so the run's model need not be in it."""
         name = self.costs.profile
         if name is None:
             return
@@ -293,10 +304,12 @@ class SimConfig:
                 f"costs.profile: profile {name!r} was measured on {on}, not on cluster.device {dev.name!r}; "
                 "calibrate from a profile of that device"
             )
-        if profiles.entry_for(profile, model, self.model) is None:
-            have = ", ".join(m.model for m in profile.models)
+        known = [m.model for m in profile.models if m.model.lower() in specs.models()]
+        if not known and profiles.entry_for(profile, model, self.model) is None:
+            have = ", ".join(m.model for m in profile.models) or "none"
             raise UserError(
-                f"costs.profile: profile {name!r} has no measurements of model {self.model!r}; it has {have}"
+                f"costs.profile: profile {name!r} measured no model whose architecture is known (it has {have}) and "
+                f"not the run's model {self.model!r}: nothing to fit its constants to"
             )
 
     def _check_pool(self, key: str, dev: specs.DeviceSpec, num_gpus: int, price: float | None) -> None:

@@ -23,8 +23,16 @@ engine's GPUs), and so do the bytes a weight sync moves to each GPU. What expert
 an engine (the MoE output's tensor-parallel all-reduce, small per-GPU expert matmuls) is not modelled:
 decode has no tensor-parallel communication term to save.
 
-Calibration (`costs.profile`, sim/calibration.py): the efficiency constants are fitted to a measured
-profile of the run's model on this device, and the model runs on the fitted values (`calibration`).
+Costs of an engine's own making, per layer so that one value describes every model of a device (all 0 by
+default, the fused kernels, CUDA graphs and split-KV attention of vLLM; a plain-torch engine has them):
+a decode step's small kernels (`decode_layer_overhead_s`, and per sequence `decode_seq_layer_overhead_s`),
+an attention kernel that walks one sequence's cache without splitting it over the multiprocessors
+(`decode_ctx_latency_s` a layer and context token of the step's mean sequence, whatever the batch), and
+the host's launches of an eager prefill (`prefill_layer_host_s`), which overlap the device's work partly
+(`train_layout.overlap`). Prefill attention may run at its own efficiency (`prefill_attention_mfu`).
+
+Calibration (`costs.profile`, sim/calibration.py): the constants are fitted to a measured profile of
+the device (every model it measured at once), and the model runs on the fitted values (`calibration`).
 """
 
 from __future__ import annotations
@@ -88,16 +96,21 @@ class CostModel:
         self._decode_flops = self.tp * device.peak_tflops * TFLOP * c.decode_mfu
         self._prefill_flops = self.tp * device.peak_tflops * TFLOP * c.prefill_mfu
         attn_flops_per_ctx = 4 * model.layers * model.attn_dim
+        layers = model.layers
         self._decode_k = (  # seconds per step: weights, per ctx token (KV), per sequence, per ctx token (attn),
-            # the fixed overhead, and the host's overhead per sequence
+            # the fixed overhead, the overhead per sequence, and per context token of the mean sequence
             model.weight_bytes / self._hbm,  # a dense model's; an MoE model's depend on the batch
             model.kv_bytes_per_token / kv_hbm,
             2 * model.matmul_params / self._decode_flops,  # active parameters for an MoE model
             attn_flops_per_ctx / self._decode_flops,
-            c.decode_step_overhead_s,
-            c.decode_seq_overhead_s,
+            c.decode_step_overhead_s + layers * c.decode_layer_overhead_s,
+            c.decode_seq_overhead_s + layers * c.decode_seq_layer_overhead_s,
+            layers * c.decode_ctx_latency_s,
         )
         self.prefill_overhead_s = c.prefill_overhead_s  # an engine's fixed cost of a step that prefills
+        attention_mfu = c.prefill_mfu if c.prefill_attention_mfu is None else c.prefill_attention_mfu
+        self._prefill_attn_flops = self.tp * device.peak_tflops * TFLOP * attention_mfu
+        self._prefill_host_s = layers * c.prefill_layer_host_s  # launching one eager prefill forward
         self._is_moe = model.is_moe
         self._moe_weights_s: dict[int, float] = {}  # MoE: decode batch -> seconds to read its weights
         self._ep = cfg.rollout.expert_parallel  # > 1: all-to-alls in every forward (MoE only)
@@ -148,13 +161,17 @@ class CostModel:
         return self._decode_weights_s(batch), self._decode_k[1] * sum_ctx
 
     def decode_lines(self, batch: int, sum_ctx: int) -> DecodeLines:
+        """The two lines of a stretch. The attention's walk over the mean sequence's cache (costs.
+        decode_ctx_latency_s) is added to both: it grows by one context token a step, like the lines."""
         k, w = self._decode_k, self._decode_weights_s(batch)
         overhead = k[4] + k[5] * batch
         if self._ep > 1:
             overhead += self.alltoall_s(batch)
+        walk, grow = (k[6] * sum_ctx / batch, k[6]) if batch else (0.0, 0.0)
         return DecodeLines(
-            p1=w + k[1] * sum_ctx, q1=k[1] * batch, p2=k[2] * batch + k[3] * sum_ctx, q2=k[3] * batch, overhead=overhead
-        )
+            p1=w + k[1] * sum_ctx + walk, q1=k[1] * batch + grow, p2=k[2] * batch + k[3] * sum_ctx + walk,
+            q2=k[3] * batch + grow, overhead=overhead,
+        )  # fmt: skip
 
     def decode_step_s(self, batch: int, sum_ctx: int) -> float:
         return self.decode_run_s(batch, sum_ctx, 1)
@@ -165,13 +182,15 @@ class CostModel:
         Hot path (called at every engine event): the lines of `decode_lines` are inlined."""
         if steps <= 0:
             return 0.0
-        w, kv, mm, att, overhead, per_seq = self._decode_k
+        w, kv, mm, att, overhead, per_seq, walk = self._decode_k
         if per_seq:
             overhead += per_seq * batch
         if self._is_moe:  # the experts a step reads depend on the batch, fixed within the stretch
             w = self._decode_weights_s(batch)
         p1, q1 = w + kv * sum_ctx, kv * batch  # memory: weights + every KV cache, per step
         p2, q2 = mm * batch + att * sum_ctx, att * batch  # compute: matmuls + attention
+        if walk and batch:  # the attention's walk over the mean sequence's cache, on both lines (see decode_lines)
+            p1, q1, p2, q2 = p1 + walk * sum_ctx / batch, q1 + walk, p2 + walk * sum_ctx / batch, q2 + walk
         # The memory line wins from step `cross` on when it grows faster, the compute line otherwise.
         if q1 == q2:
             cross = 0 if p1 >= p2 else steps
@@ -215,14 +234,21 @@ class CostModel:
         model computes with its active parameters and reads the experts its `new_tokens` tokens use."""
         if new_tokens <= 0:
             return 0.0
-        seconds = max(self.prefill_terms(new_tokens, attn_pairs))
+        seconds = train_layout.overlap(max(self.prefill_terms(new_tokens, attn_pairs)), self._prefill_host_s)
         return seconds + self.alltoall_s(new_tokens) if self._ep > 1 else seconds
 
-    def prefill_terms(self, new_tokens: int, attn_pairs: float) -> tuple[float, float]:
-        """(compute, memory) seconds of a prefill: its FLOPs at prefill_mfu, its weight reads at hbm_efficiency."""
+    def prefill_flops(self, new_tokens: int, attn_pairs: float) -> tuple[float, float]:
+        """(matmul, attention) FLOPs of a prefill: the matmuls' of every new token, QK^T and AV of every pair."""
         m = self.model
-        flops = 2 * m.matmul_params * new_tokens + 4 * m.layers * m.attn_dim * attn_pairs
-        return flops / self._prefill_flops, self.weight_bytes_read(new_tokens) / self._hbm
+        return 2 * m.matmul_params * new_tokens, 4 * m.layers * m.attn_dim * attn_pairs
+
+    def prefill_terms(self, new_tokens: int, attn_pairs: float) -> tuple[float, float]:
+        """(compute, memory) seconds of a prefill's device work: its matmuls at prefill_mfu and attention at
+        prefill_attention_mfu, its weight reads at hbm_efficiency. The host's launches (costs.
+        prefill_layer_host_s) overlap them partly (`prefill_s`)."""
+        matmul, attention = self.prefill_flops(new_tokens, attn_pairs)
+        compute = matmul / self._prefill_flops + attention / self._prefill_attn_flops
+        return compute, self.weight_bytes_read(new_tokens) / self._hbm
 
     # ---- training ----
 

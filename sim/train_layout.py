@@ -57,6 +57,16 @@ TP_ALLREDUCES_FORWARD = 2
 TP_ALLREDUCES_BACKWARD = 2
 
 
+# How the host's launches of an eager pass (costs.*_layer_host_s) and the device's work on it combine: the
+# 2-norm of the two, the larger alone when one dominates and sqrt(2) x either when they are equal. The host
+# runs ahead of the device only as far as its launch queue lets it, so the two overlap partly. Fitted freely
+# to the H200 profile, the exponent comes out between 1.6 and 3.3 by part (prefill, log-prob, training); 2
+# fits each within a point or two of its own best (sim/calibration.py).
+def overlap(device_s: float, host_s: float) -> float:
+    """Seconds of a pass whose device work takes `device_s` and whose kernel launches take `host_s`."""
+    return math.hypot(device_s, host_s) if host_s > 0 else device_s
+
+
 def ring_allreduce_factor(n: int) -> float:
     """Bytes each of n GPUs sends per byte all-reduced, ring algorithm (NCCL-tests PERFORMANCE.md,
     "bus bandwidth"); all-gather and reduce-scatter send half of it, (n-1)/n."""
@@ -147,6 +157,7 @@ class TrainStep:
     p2p_s: float  # pipeline sends between stages
     bubble_s: float  # 1F1B fill and drain
     dp_exposed_s: float  # ZeRO-3 traffic beyond the compute it overlaps
+    host_exposed_s: float  # the host's kernel launches beyond the compute they overlap (`overlap`)
     optimizer_s: float
     overhead_s: float
     optimizer_steps: int
@@ -168,26 +179,29 @@ class _Pass:
     bubble: float
     dp_exposed: float
     micro_batches: int
+    host_exposed: float = 0.0
 
 
 def _run_pass(
     lay: Layout, model: ModelSpec, *, tokens: float, flops: float, flops_per_s: float, micro_tokens: int,
-    allreduces: int, sends: int, dp_bytes_per_param: float, alltoalls: int,
+    allreduces: int, sends: int, dp_bytes_per_param: float, alltoalls: int, layer_host_s: float = 0.0,
 ) -> _Pass:  # fmt: skip
     """`tokens` and `flops` of the pass over all replicas, at `flops_per_s` per GPU; `allreduces` per
     layer and token (tensor parallel), `sends` per token between stages (activations forward, gradients
     back), `dp_bytes_per_param` of ZeRO-3 traffic per micro-batch and parameter of a model-parallel shard,
-    `alltoalls` per MoE layer and micro-batch (expert parallel)."""
+    `alltoalls` per MoE layer and micro-batch (expert parallel), `layer_host_s` of the host's launches per
+    layer and micro-batch."""
     per_replica = tokens / lay.dp
     m = max(1, math.ceil(per_replica / micro_tokens))
     stage_share = lay.stage_layers / model.layers  # of the model's work, on the slowest stage
     compute = flops * stage_share / (lay.tp * lay.dp) / flops_per_s
+    host_exposed = overlap(compute, m * lay.stage_layers * layer_host_s) - compute
     layer_act = per_replica * model.hidden * BF16_BYTES  # one layer's output, every micro-batch
     tp_comm = layer_act * lay.stage_layers * allreduces * ring_allreduce_factor(lay.tp) / lay.tp_link
     # Megatron's scatter/gather optimisation sends 1/tp of each activation per GPU (Narayanan et al. 2021, sec. 4.1)
     p2p = layer_act / lay.tp * sends / lay.pp_link if lay.pp > 1 else 0.0
     ep_comm = _alltoall_s(lay, model, per_replica, m, alltoalls) if lay.ep > 1 else 0.0
-    busy = compute + tp_comm + p2p + ep_comm
+    busy = compute + host_exposed + tp_comm + p2p + ep_comm
     bubble = busy / (1 - bubble_fraction(lay.pp, m)) - busy
     if lay.ep == 1:
         shard = model.params * stage_share / lay.tp
@@ -197,7 +211,7 @@ def _run_pass(
         edp = lay.dp // lay.ep
         dense = ((model.params * stage_share / lay.tp) - experts) * (lay.dp - 1) / lay.dp
         dp_comm = m * dp_bytes_per_param * (dense + experts / lay.ep * (edp - 1) / edp) / lay.dp_link
-    return _Pass(compute, tp_comm, ep_comm, p2p, bubble, max(0.0, dp_comm - busy - bubble), m)
+    return _Pass(compute, tp_comm, ep_comm, p2p, bubble, max(0.0, dp_comm - busy - bubble), m, host_exposed)
 
 
 def _alltoall_s(lay: Layout, model: ModelSpec, per_replica: float, micro_batches: int, alltoalls: int) -> float:
@@ -214,10 +228,23 @@ def forward_flops(model: ModelSpec, seq_lens: list[int]) -> float:
     return 2 * model.matmul_params * sum(seq_lens) + 4 * model.layers * model.attn_dim * pairs
 
 
-def forward_s(model: ModelSpec, device: DeviceSpec, seq_len: int, mfu: float) -> float:
-    """Seconds of one forward (log-prob) pass over one sequence on one GPU at `mfu` of the device's peak:
-    what a profile's log-prob points measure."""
-    return forward_flops(model, [seq_len]) / (device.peak_tflops * TFLOP * mfu)
+def forward_split(model: ModelSpec, seq_lens: list[int]) -> tuple[float, float]:
+    """`forward_flops` as (matmuls, attention)."""
+    pairs = sum(n * n / 2 for n in seq_lens)
+    return 2 * model.matmul_params * sum(seq_lens), 4 * model.layers * model.attn_dim * pairs
+
+
+def forward_s(
+    model: ModelSpec, device: DeviceSpec, seq_len: int, mfu: float, attention_mfu: float | None = None,
+    layer_host_s: float = 0.0,
+) -> float:  # fmt: skip
+    """Seconds of one forward (log-prob) pass over one sequence on one GPU, its matmuls at `mfu` of the
+    device's peak and its attention at `attention_mfu` (None: `mfu`), the host's launches `layer_host_s` a
+    layer overlapping them partly: what a profile's log-prob points measure."""
+    matmul, attention = forward_split(model, [seq_len])
+    peak = device.peak_tflops * TFLOP
+    compute = matmul / (peak * mfu) + attention / (peak * (attention_mfu or mfu))
+    return overlap(compute, model.layers * layer_host_s)
 
 
 def recompute_flops(model: ModelSpec, seq_lens: list[int], mode: str) -> float:
@@ -245,11 +272,15 @@ def step(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, seq_lens: list[in
         allreduces=TP_ALLREDUCES_FORWARD * (2 if recompute == "full" else 1) + TP_ALLREDUCES_BACKWARD,
         sends=2, dp_bytes_per_param=2 * BF16_BYTES + t.grad_bytes_per_param,  # gather twice, reduce-scatter once
         alltoalls=2 * (2 if recompute == "full" else 1) + 2,  # dispatch + combine: forward (again), backward
+        layer_host_s=c.train_layer_host_s,
     )  # fmt: skip
     forwards = int(t.recompute_logprobs) + int(t.reference_model)
+    matmul, attention = forward_split(model, seq_lens)  # attention at its own efficiency: as matmul FLOPs
+    scaled = fwd if c.logprob_attention_mfu is None else matmul + attention * c.logprob_mfu / c.logprob_attention_mfu
     fwd_pass = _run_pass(
-        lay, model, tokens=tokens, flops=fwd, flops_per_s=peak * c.logprob_mfu, micro_tokens=micro_tokens,
+        lay, model, tokens=tokens, flops=scaled, flops_per_s=peak * c.logprob_mfu, micro_tokens=micro_tokens,
         allreduces=TP_ALLREDUCES_FORWARD, sends=1, dp_bytes_per_param=BF16_BYTES, alltoalls=2,
+        layer_host_s=c.logprob_layer_host_s,
     )  # fmt: skip
     state = (BF16_BYTES + t.grad_bytes_per_param + t.optimizer_bytes_per_param) * model.params / train_gpus
     return TrainStep(
@@ -260,6 +291,7 @@ def step(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, seq_lens: list[in
         p2p_s=steps * train.p2p + forwards * fwd_pass.p2p,
         bubble_s=steps * train.bubble + forwards * fwd_pass.bubble,
         dp_exposed_s=steps * train.dp_exposed + forwards * fwd_pass.dp_exposed,
+        host_exposed_s=steps * train.host_exposed + forwards * fwd_pass.host_exposed,
         optimizer_s=steps * 2 * state / (device.hbm_bandwidth_gb_s * GB * c.hbm_efficiency),  # read + write
         overhead_s=c.train_step_overhead_s,  # once per RL step
         optimizer_steps=steps,

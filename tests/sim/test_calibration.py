@@ -4,13 +4,15 @@ default, and a profile of another device, without the model or malformed is one 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
 from core import specs
 from core.errors import UserError
 from core.metrics import summarize
-from sim import train_layout
+from sim import calibration, train_layout
 from sim.calibration import measured_setup
 from sim.cli import main
 from sim.config import load_config
@@ -24,37 +26,52 @@ from sim.profile import (
     Profile,
     TrainPoint,
     profile_path,
+    read_profile,
     write_profile,
 )
 from sim.runner import simulate
 
-TRUTH = {
+TRUTH = {  # one device's constants: every term the fit knows, each with a visible share of some points
     "hbm_efficiency": 0.62,
     "decode_mfu": 0.21,  # low enough for the largest batches to be compute-bound
-    "decode_step_overhead_s": 0.0023,
-    "decode_seq_overhead_s": 2e-5,  # the host's work per sequence of a step
+    "decode_layer_overhead_s": 6e-5,  # a step's small kernels, per layer
+    "decode_seq_layer_overhead_s": 4e-7,  # per layer and sequence
+    "decode_ctx_latency_s": 1.2e-8,  # attention's walk over one sequence's cache, per layer and context token
     "prefill_mfu": 0.47,
-    "prefill_overhead_s": 0.004,  # an engine's fixed cost of a step that prefills
+    "prefill_attention_mfu": 0.25,
+    "prefill_layer_host_s": 4e-4,  # eager launches: bind the small model's short prefills
     "train_mfu": 0.33,
+    "train_layer_host_s": 3e-3,
     "logprob_mfu": 0.43,
+    "logprob_attention_mfu": 0.2,
+    "logprob_layer_host_s": 6e-4,
 }
+MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-32b")  # layers 28, 36, 64: per-layer and per-step costs differ
 MODEL, DEVICE = "qwen3-8b", "h800"
+REPLACED = {"decode_step_overhead_s", "decode_seq_overhead_s", "prefill_overhead_s"}  # by the per-layer terms
 
 
-def roofline_profile(constants: dict, model: str = MODEL, device: str = DEVICE, copy_gb_s=None) -> Profile:
-    """What the simulator's roofline predicts at `constants`, in the setup a profile is measured in (the
-    device's copy bandwidth as measured where `copy_gb_s` is given)."""
-    cfg = load_config(overrides=[f"model={model}", f"cluster.device={device}"])
-    setup = measured_setup(cfg, **constants)
-    m, d = specs.model(model), specs.device(device)
-    cm = CostModel(setup, m, d)
-    decode = tuple(DecodePoint(b, c, cm.decode_step_s(b, b * c)) for b in (1, 8, 64, 512) for c in (512, 4096))
-    prefill = tuple(PrefillPoint(n, cm.prefill_s(n, n * n / 2) + cm.prefill_overhead_s) for n in (512, 2048, 8192))
-    train = tuple(TrainPoint(n, n / train_layout.step(setup, m, d, [n], 1).total_s) for n in (512, 2048))
-    peak = d.peak_tflops * 1e12 * setup.costs.logprob_mfu
-    logprob = tuple(LogprobPoint(n, n * peak / train_layout.forward_flops(m, [n])) for n in (1024, 4096))
+def roofline_profile(constants: dict, models=MODELS, device: str = DEVICE, copy_gb_s=None) -> Profile:
+    """What the simulator's cost model predicts at `constants` for each model, in the setup a profile is
+    measured in (the device's copy bandwidth as measured where `copy_gb_s` is given)."""
+    entries = []
+    for model in models:
+        cfg = load_config(overrides=[f"model={model}", f"cluster.device={device}"])
+        setup = measured_setup(cfg, **dict.fromkeys(REPLACED, 0.0), **constants)  # the per-step costs: 0 unless given
+        m, d = specs.model(model), specs.device(device)
+        cm = CostModel(setup, m, d)
+        c = setup.costs
+        decode = tuple(DecodePoint(b, n, cm.decode_step_s(b, b * n)) for b in (1, 8, 64, 512) for n in (512, 4096))
+        prefill = tuple(PrefillPoint(n, cm.prefill_s(n, n * n / 2) + cm.prefill_overhead_s) for n in (256, 2048, 8192))
+        train = tuple(TrainPoint(n, n / train_layout.step(setup, m, d, [n], 1).total_s) for n in (256, 1024, 4096))
+        logprob = tuple(
+            LogprobPoint(n, n / train_layout.forward_s(m, d, n, c.logprob_mfu, c.logprob_attention_mfu,
+                                                       c.logprob_layer_host_s))
+            for n in (256, 2048, 8192)
+        )  # fmt: skip
+        entries.append(ModelProfile(model, decode, prefill, train, logprob))
     info = DeviceInfo("roofline", "bfloat16", spec=device, copy_gb_s=copy_gb_s)
-    return Profile(1, info, (ModelProfile(model, decode, prefill, train, logprob),))
+    return Profile(1, info, tuple(entries))
 
 
 def calibrated(path, *overrides: str) -> CostModel:
@@ -62,18 +79,38 @@ def calibrated(path, *overrides: str) -> CostModel:
     return CostModel(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device))
 
 
-@pytest.fixture
-def truth_profile(tmp_path):
-    return write_profile(roofline_profile(TRUTH), tmp_path / "truth.yaml")
+@pytest.fixture(scope="module")
+def truth_profile(tmp_path_factory):
+    return write_profile(roofline_profile(TRUTH), tmp_path_factory.mktemp("truth") / "truth.yaml")
 
 
 def test_a_profile_made_by_the_roofline_is_fitted_back_to_its_constants(truth_profile):
+    """Every term, each known to the fit, recovered from three models' points at once: one set of constants
+    for the device."""
     cal = calibrated(truth_profile).calibration
     assert set(cal.fitted) == set(TRUTH)
-    assert cal.kept == {}
+    assert set(cal.kept) == REPLACED and all(cal.constants[k] == 0.0 for k in REPLACED)
     for key, value in TRUTH.items():
-        assert cal.constants[key] == pytest.approx(value, rel=1e-6), key
-    assert max(cal.rms_error.values()) < 1e-6
+        assert cal.constants[key] == pytest.approx(value, rel=1e-4), key
+    assert cal.models == MODELS
+    for model in MODELS:
+        assert max(cal.rms_error_by_model[model].values()) < 1e-5, model
+    assert cal.rms_error == cal.rms_error_by_model[MODEL]
+
+
+@pytest.mark.parametrize("term", ["decode_ctx_latency_s", "decode_seq_layer_overhead_s", "prefill_layer_host_s",
+                                  "prefill_attention_mfu", "logprob_attention_mfu", "train_layer_host_s"])  # fmt: skip
+def test_each_new_term_explains_a_share_of_its_parts_points(term):
+    """With one term wrong (0 seconds, or an efficiency of 0.9), the cost model misses the truth's points of its
+    part by more than 1% (the fit above: 0.001%): each term is seen in the points it is fitted to."""
+    wrong = {**TRUTH, term: 0.0 if term.endswith("_s") else 0.9}
+    parts = {"decode": calibration.DECODE, "prefill": calibration.PREFILL, "train": calibration.TRAIN,
+             "logprob": calibration.LOGPROB}  # fmt: skip
+    part = next(name for name, keys in parts.items() if term in keys)
+    entry = roofline_profile(TRUTH, models=(MODEL,)).models[0]
+    cfg = measured_setup(load_config(overrides=[f"model={MODEL}", f"cluster.device={DEVICE}"]), **wrong)
+    cm = CostModel(cfg, specs.model(MODEL), specs.device(DEVICE))
+    assert calibration._errors(cm, cfg, entry)[part] > 0.01
 
 
 def test_with_the_device_copy_measured_weights_stream_at_it_and_the_kv_cache_is_fitted(tmp_path):
@@ -84,12 +121,19 @@ def test_with_the_device_copy_measured_weights_stream_at_it_and_the_kv_cache_is_
     truth = {**TRUTH, "hbm_efficiency": 0.86, "kv_hbm_efficiency": 0.41}
     path = write_profile(roofline_profile(truth, copy_gb_s=copy), tmp_path / "copy.yaml")
     cal = calibrated(path).calibration
-    assert set(cal.fitted) == set(truth) - {"hbm_efficiency"} and cal.kept == {}
+    assert set(cal.fitted) == set(truth) - {"hbm_efficiency"} and set(cal.kept) == REPLACED
     assert list(cal.measured) == ["hbm_efficiency"] and "copy" in cal.measured["hbm_efficiency"]
     for key, value in truth.items():
-        assert cal.constants[key] == pytest.approx(value, rel=1e-6), key
-    assert max(cal.rms_error.values()) < 1e-6
+        assert cal.constants[key] == pytest.approx(value, rel=1e-4), key
+    assert max(cal.rms_error.values()) < 1e-5
     assert cal.to_dict()["measured"]["hbm_efficiency"]["value"] == pytest.approx(0.86)
+
+
+def test_a_model_the_profile_did_not_measure_runs_on_the_devices_constants(truth_profile):
+    cal = calibrated(truth_profile, "model=qwen3-14b").calibration
+    assert cal.model is None and cal.rms_error == {} and cal.points == dict.fromkeys(cal.points, 0)
+    assert cal.constants == calibrated(truth_profile).calibration.constants
+    assert cal.to_dict()["fitted_to"] == list(MODELS)
 
 
 def test_the_kv_cache_read_at_its_own_efficiency_slows_decode_by_its_bytes():
@@ -115,14 +159,15 @@ def test_the_cost_model_runs_on_the_fitted_constants(truth_profile):
 def test_provenance_names_fitted_and_kept_constants():
     record = calibrated("example-h800").calibration.to_dict()
     assert (record["profile"], record["device"], record["model"]) == ("example-h800", "h800", "qwen3-8b")
-    assert set(record["fitted"]) == {"hbm_efficiency", "decode_step_overhead_s", "decode_seq_overhead_s", "prefill_mfu",
-                                     "prefill_overhead_s", "train_mfu"}  # fmt: skip
-    assert record["fitted"]["decode_seq_overhead_s"] == 0.0  # the example's points have no cost per sequence
-    assert record["kept"]["decode_mfu"]["why"].startswith("every decode point is memory-bound")
+    assert record["fitted_to"] == ["qwen3-8b", "qwen3-32b"]
+    assert set(record["fitted"]) == {"hbm_efficiency", "decode_layer_overhead_s", "prefill_mfu", "train_mfu"}
+    assert "bind it only from below" in record["kept"]["decode_mfu"]["why"]  # every decode point is memory-bound
     assert record["kept"]["decode_mfu"]["value"] == 0.45  # the config's, above the bound the points set
+    assert record["kept"]["decode_step_overhead_s"]["value"] == 0.0  # the per-layer overhead replaces it
     assert record["points"] == {"decode": 11, "prefill": 3, "train": 2, "logprob": 0}
     assert record["kept"]["logprob_mfu"] == {"value": 0.5, "why": "no log-prob points"}
     assert record["measured"] == {}  # the example names no copy bandwidth
+    assert set(record["rms_relative_error_by_model"]) == {"qwen3-8b", "qwen3-32b"}
 
 
 def test_a_calibrated_run_records_its_calibration_in_the_timeline():
@@ -135,22 +180,25 @@ def test_a_calibrated_run_records_its_calibration_in_the_timeline():
     assert "calibration" not in simulate(load_config(overrides=overrides[:1] + overrides[2:]), "colocated").meta
 
 
-def test_points_that_cannot_separate_bandwidth_from_overhead_fit_the_overhead_alone():
-    """qwen3-32b on one GPU: every decode point reads about the same 65 GB of weights."""
-    cal = calibrated("example-h800", "model=qwen3-32b").calibration
-    assert cal.fitted == ("decode_step_overhead_s", "decode_seq_overhead_s", "prefill_mfu", "prefill_overhead_s")
-    assert "do not pin the efficiencies down" in cal.kept["hbm_efficiency"]
-    assert cal.constants["hbm_efficiency"] == 0.8  # the config's
-    assert cal.kept["train_mfu"].startswith("no training points (train seq_len=512: out of memory")
+def test_points_that_cannot_separate_bandwidth_from_overhead_keep_the_overheads(tmp_path):
+    """qwen3-32b alone on one GPU: every decode point reads about the same 65 GB of weights, so the per-layer
+    costs are not pinned down; they and the per-step overhead keep the config's values."""
+    example = read_profile("example-h800")
+    path = write_profile(Profile(1, example.device, (example.model("qwen3-32b"),)), tmp_path / "32b.yaml")
+    cal = calibrated(path, "model=qwen3-32b").calibration
+    assert "decode_layer_overhead_s" not in cal.fitted and "hbm_efficiency" in cal.fitted
+    assert "do not pin it down" in cal.kept["decode_layer_overhead_s"]
+    assert cal.constants["decode_step_overhead_s"] == load_config().costs.decode_step_overhead_s  # the config's
+    assert cal.kept["train_mfu"] == "no training points"
 
 
 def test_a_part_with_too_few_points_keeps_its_constants(tmp_path):
-    profile = roofline_profile(TRUTH)
+    profile = roofline_profile(TRUTH, models=(MODEL,))
     entry = profile.models[0]
     thin = ModelProfile(MODEL, decode=entry.decode[:2], prefill=(), train=entry.train)
     cal = calibrated(write_profile(Profile(1, profile.device, (thin,)), tmp_path / "thin.yaml")).calibration
-    assert cal.fitted == ("train_mfu",)
-    assert "2 decode point(s)" in cal.kept["decode_mfu"]
+    assert set(cal.fitted) == {"hbm_efficiency", "train_mfu", "train_layer_host_s"}
+    assert cal.kept["decode_ctx_latency_s"] == "2 decode point(s) do not pin down 5 constant(s)"
     assert cal.kept["prefill_mfu"] == "no prefill points"
 
 
@@ -196,11 +244,12 @@ def test_a_profile_without_a_device_spec_is_refused(tmp_path):
     assert "was measured on 'x86_64' (device.spec: null)" in message
 
 
-def test_a_profile_without_the_model_lists_what_it_has():
-    message = profile_error("model=qwen3-4b", "costs.profile=example-h800")
-    assert message == (
-        "costs.profile: profile 'example-h800' has no measurements of model 'qwen3-4b'; it has qwen3-8b, qwen3-32b"
-    )
+def test_a_profile_of_no_known_model_is_refused(tmp_path):
+    profile = roofline_profile(TRUTH, models=(MODEL,))
+    unknown = Profile(1, profile.device, (dataclasses.replace(profile.models[0], model="tiny"),))
+    message = profile_error("model=qwen3-4b", f"costs.profile={write_profile(unknown, tmp_path / 'tiny.yaml')}")
+    assert message.startswith("costs.profile: profile ") and "measured no model whose architecture is known" in message
+    assert "(it has tiny)" in message
 
 
 def test_a_malformed_profile_names_the_key(truth_profile):
@@ -251,17 +300,21 @@ def test_a_decode_step_pays_the_host_cost_of_each_sequence():
         )
 
 
-def test_the_shipped_h200_profile_sets_what_the_default_config_cites():
-    """sim/configs/profiles/h200-torch.yaml (one H200, plain torch) is where the default config's prefill_mfu,
-    logprob_mfu and hbm_efficiency comments come from: its fits stay in those ranges."""
-    for model, prefill in (("qwen3-14b", 0.55), ("qwen3-32b", 0.55), ("qwen3-8b", 0.61)):
-        cfg = load_config(overrides=[f"model={model}", "cluster.device=h200", "costs.profile=h200-torch"])
-        cal = CostModel(cfg, specs.model(model), specs.device("h200")).calibration
-        assert cal.constants["prefill_mfu"] == pytest.approx(prefill, abs=0.01), model
-        assert (
-            cal.constants["hbm_efficiency"] == pytest.approx(0.86, abs=0.01)
-            and "copy" in cal.measured["hbm_efficiency"]
-        )
-        assert 0.40 <= cal.constants["logprob_mfu"] <= 0.5, model
-        assert "kv_hbm_efficiency" in cal.kept  # plain torch's attention does not pin it down
-    assert "train_mfu" in cal.fitted or "no training points" in cal.kept["train_mfu"]
+def test_the_shipped_h200_profile_is_fitted_with_one_set_of_constants():
+    """sim/configs/profiles/h200-torch.yaml (one H200, plain torch, five Qwen3 models): one set of constants
+    fits every model's decode within 5% and training within 8% (RMS); prefill and log-probs within 21% and 19%,
+    the worst the 512-token points that the host's launches bind, which two runs on the machine measured up to
+    1.7x apart (README "GPU calibration"). The default config's comments quote these fits."""
+    cfg = load_config(overrides=["model=qwen3-8b", "cluster.device=h200", "costs.profile=h200-torch"])
+    cal = CostModel(cfg, specs.model("qwen3-8b"), specs.device("h200")).calibration
+    assert cal.models == ("qwen3-0.6b", "qwen3-1.7b", "qwen3-8b", "qwen3-14b", "qwen3-32b")
+    for model, errors in cal.rms_error_by_model.items():
+        assert errors["decode"] < 0.05 and errors.get("train", 0) < 0.08, model
+        assert errors["prefill"] < 0.21 and errors["logprob"] < 0.19, model
+    assert cal.constants["hbm_efficiency"] == pytest.approx(0.86, abs=0.01) and "copy" in cal.measured["hbm_efficiency"]
+    assert cal.constants["kv_hbm_efficiency"] == pytest.approx(0.49, abs=0.02)
+    assert cal.constants["decode_layer_overhead_s"] == pytest.approx(1.45e-4, rel=0.05)
+    assert cal.constants["decode_ctx_latency_s"] == pytest.approx(1.76e-8, rel=0.05)
+    assert cal.constants["train_layer_host_s"] == pytest.approx(4.1e-3, rel=0.05)
+    assert set(cal.fitted) >= {"decode_mfu", "decode_seq_layer_overhead_s", "prefill_attention_mfu",
+                               "logprob_attention_mfu", "prefill_layer_host_s", "logprob_layer_host_s"}  # fmt: skip
