@@ -104,6 +104,7 @@ class AgentConfig:
     retry_base_s: float = 1.0  # backoff: base * 2**attempt, jittered, at most retry_max_s
     retry_max_s: float = 30.0
     diff_timeout_s: float = 120.0  # reading the final diff
+    seed: int | None = None  # sent with every model call (the server varies it by turn); None: the server draws
 
     def __post_init__(self) -> None:
         positive = ("max_turns", "command_timeout_s", "max_observation_chars", "request_timeout_s", "diff_timeout_s")
@@ -116,6 +117,8 @@ class AgentConfig:
             raise ValueError(f"AgentConfig.temperature must be in [0, 2], got {self.temperature!r}")
         if self.max_retries < 0 or self.retry_base_s < 0 or self.retry_max_s < 0:
             raise ValueError("AgentConfig.max_retries, retry_base_s and retry_max_s must be >= 0")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
+            raise ValueError(f"AgentConfig.seed must be None or an integer in [0, 2**63), got {self.seed!r}")
 
 
 @dataclass(frozen=True)
@@ -233,6 +236,8 @@ class BashAgent:
 
     def _complete(self, client: openai.OpenAI, model: str, messages: list[dict]):
         extra = {} if self.config.max_tokens is None else {"max_tokens": self.config.max_tokens}
+        if self.config.seed is not None:
+            extra["seed"] = self.config.seed
         return client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
                                               temperature=self.config.temperature, **extra)  # fmt: skip
 

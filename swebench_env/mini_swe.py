@@ -229,6 +229,8 @@ class MiniSweAgent:
                    "timeout": self.config.request_timeout_s}  # fmt: skip
         if self.config.max_tokens is not None:
             kwargs["max_tokens"] = self.config.max_tokens
+        if self.config.seed is not None:  # one seed on every call: the manager varies it by turn
+            kwargs["seed"] = self.config.seed
         ours = ("model_name", "model_kwargs", "model_class")
         model = {k: v for k, v in self.mini_config["model"].items() if k not in ours}
         return model | {"model_name": f"openai/{served}", "model_kwargs": kwargs, "cost_tracking": "ignore_errors"}

@@ -149,11 +149,17 @@ class SweTask:
 
     async def episodes(self, problem: Problem, n: int, key: str, ctx: EpisodeContext) -> list[Episode]:
         instance = self._by_id[problem.problem_id]
-        agent = make_agent(self.config.agent, self._agent_config(ctx.temperature))
+        config = self._agent_config(ctx.temperature)
+        if ctx.fixed_seed is None:  # the engines draw each call's seed
+            agents = [make_agent(self.config.agent, config)] * n
+        else:  # an evaluation: each episode's seed fixed (common random numbers across evaluations)
+            seeds = [ctx.episode_seed(problem.problem_id, i) for i in range(n)]
+            agents = [make_agent(self.config.agent, replace(config, seed=seed)) for seed in seeds]
         loop = asyncio.get_running_loop()
         sessions = [f"{key}-e{i}" for i in range(n)]
-        played = await asyncio.gather(*(loop.run_in_executor(self._threads(), self._play, instance, agent, sid,
-                                                             ctx.base_url) for sid in sessions))  # fmt: skip
+        runs = [loop.run_in_executor(self._threads(), self._play, instance, agent, sid, ctx.base_url)
+                for sid, agent in zip(sessions, agents, strict=True)]  # fmt: skip
+        played = await asyncio.gather(*runs)
         return [await self._episode(sid, p, ctx) for sid, p in zip(sessions, played, strict=True)]
 
     def demonstrations(self, workdir: Path) -> list[Trajectory]:

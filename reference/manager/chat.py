@@ -15,11 +15,12 @@ template to one string and tokenising it, both deliberate:
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reference.manager.errors import RequestError
@@ -193,9 +194,23 @@ def parse_chat(body: Any) -> ChatRequest:
             f"'tool_choice' {choice!r} is not supported (no constrained decoding); use 'auto' or 'none'",
             param="tool_choice",
         )
-    return ChatRequest(
-        _model(body), tuple(messages), parse_sampling(body, logprobs_flag=True), tools if choice == "auto" else ()
-    )
+    sampling = parse_sampling(body, logprobs_flag=True)
+    if sampling.seed is not None:
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        sampling = replace(sampling, seed=turn_seed(sampling.seed, turn))
+    return ChatRequest(_model(body), tuple(messages), sampling, tools if choice == "auto" else ())
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The sampling seed of a conversation's `turn`-th reply (the assistant messages before it) when the
+    request names `seed`: the seed itself for the first reply, a hash of both after it. An agent that sends
+    one seed with every call (mini-swe-agent's model_kwargs) then draws different numbers on each turn, and
+    the same conversation with the same seed is sampled the same way, as OpenAI's `seed` promises (an
+    evaluation that fixes each episode's seed sees the same draws before and after training)."""
+    if turn == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # in [0, 2**63 - 1], the engines' range
 
 
 def parse_completion(body: Any) -> CompletionRequest:

@@ -15,10 +15,11 @@
     GET  /health | /stats
 
 Sampling takes the OpenAI fields (`max_tokens`, `temperature`, `top_p`, `stop`, `seed`, `n`, `stream`,
-`logprobs`) and one extra field, as vLLM's OpenAI server does: `"ignore_eos": true` makes the stop tokens
-(`<|im_end|>`, `<|endoftext|>`) ordinary tokens, so a sample without `stop` strings ends only at
-`max_tokens` (finish reason "length") and its text keeps them; a workload that forces response lengths
-uses it. Anything but a boolean is a 400 naming the field.
+`logprobs`; a chat request's `seed` is mixed with the number of assistant messages before it, so one seed sent
+on every turn draws anew on each: `chat.turn_seed`) and one extra field, as vLLM's OpenAI server does:
+`"ignore_eos": true` makes the stop tokens (`<|im_end|>`, `<|endoftext|>`) ordinary tokens, so a sample
+without `stop` strings ends only at `max_tokens` (finish reason "length") and its text keeps them; a workload
+that forces response lengths uses it. Anything but a boolean is a 400 naming the field.
 
 Access: with an admin token set, everything except the agents' own `/s/<session>/v1/*` calls, `/v1/models`
 and `/health` needs `Authorization: Bearer <token>`: reading and annotating trajectories (rewards decide

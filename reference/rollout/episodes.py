@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,14 +91,31 @@ class EpisodeContext:
     with the rollout's retry rules. Made by the rollout manager; one per run."""
 
     def __init__(self, base_url: str, http: aiohttp.ClientSession, headers: dict, temperature: float,
-                 request_timeout_s: float, retries: int, rng: random.Random) -> None:  # fmt: skip
+                 request_timeout_s: float, retries: int, rng: random.Random,
+                 fixed_seed: int | None = None) -> None:  # fmt: skip
         self.base_url, self.temperature = base_url.rstrip("/"), temperature
         self.admin_headers = headers  # the manager's admin token (rewards and annotations need it)
         self._http, self._timeout_s, self._retries, self._rng = http, request_timeout_s, retries, rng
+        self.fixed_seed = fixed_seed  # set: every episode's sampling seed is fixed by it (`episode_seed`)
 
     def seed(self) -> int:
         """A sampling seed from the run's RNG (deterministic in call order)."""
         return self._rng.getrandbits(62)
+
+    def with_fixed_seeds(self, base: int) -> EpisodeContext:
+        """This context, but each episode's seed a function of `base`, its problem and its index
+        (`episode_seed`): evaluations with one base draw the same numbers for the same episode, so two
+        evaluations of different weights differ by the weights and not by the draws (common random numbers)."""
+        return EpisodeContext(self.base_url, self._http, self.admin_headers, self.temperature, self._timeout_s,
+                              self._retries, self._rng, fixed_seed=base)  # fmt: skip
+
+    def episode_seed(self, problem_id: str, index: int) -> int | None:
+        """The sampling seed of episode `index` of a problem: fixed by `fixed_seed` and both, or None (the
+        engine draws one) when no seed is fixed."""
+        if self.fixed_seed is None:
+            return None
+        digest = hashlib.blake2b(f"{self.fixed_seed}:{problem_id}:{index}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") >> 2  # in [0, 2**62)
 
     def session_url(self, session_id: str) -> str:
         """The OpenAI base URL of a session: what an agent is given."""
@@ -153,7 +171,8 @@ async def single_turn_episodes(task: Task, problem: Problem, n: int, key: str, c
     """`n` one-request episodes of `problem`: one `/completions` request with `n` choices (the raw prompt, no
     chat template) in session `key`, each choice graded by `task.grade`."""
     body = {"prompt": problem.prompt, "max_tokens": problem.max_tokens or task.max_tokens,
-            "ignore_eos": problem.ignore_eos, "n": n, "temperature": ctx.temperature, "seed": ctx.seed()}  # fmt: skip
+            "ignore_eos": problem.ignore_eos, "n": n, "temperature": ctx.temperature,
+            "seed": ctx.seed() if ctx.fixed_seed is None else ctx.episode_seed(problem.problem_id, 0)}  # fmt: skip
     answer = await ctx.post(f"/s/{key}/v1/completions", body)
     episodes = []
     for choice in answer["choices"]:

@@ -58,7 +58,8 @@ class ChatEpisodesTask:
         return [Problem(f"chat-held-{i}", "Say something.", "") for i in range(2)]
 
     async def episodes(self, problem: Problem, n: int, key: str, ctx: EpisodeContext) -> list[Episode]:
-        runs = [asyncio.to_thread(self._episode, problem, f"{key}-e{i}", ctx.session_url(f"{key}-e{i}"), ctx.seed())
+        seeds = [ctx.seed() if ctx.fixed_seed is None else ctx.episode_seed(problem.problem_id, i) for i in range(n)]
+        runs = [asyncio.to_thread(self._episode, problem, f"{key}-e{i}", ctx.session_url(f"{key}-e{i}"), seeds[i])
                 for i in range(n)]  # fmt: skip
         results = await asyncio.gather(*runs)
         out = []

@@ -89,6 +89,7 @@ class RolloutManager:
         self.task, self.base_url, self.config, self.run_id = task, base_url.rstrip("/"), config, run_id
         self.on_group = on_group
         self._rng = random.Random(seed)
+        self._eval_seed = seed  # every evaluation's episodes draw from seeds fixed by it (`evaluate`)
         self._headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._http: aiohttp.ClientSession | None = None
         self._ctx: EpisodeContext | None = None
@@ -167,8 +168,13 @@ class RolloutManager:
         """`samples` episodes of each problem (not trained on): mean reward and exact-match rate over the episodes
         with a verdict (`dropped`: those without; with a 0/1 reward the mean is pass@1 estimated from `samples`
         episodes a problem), the oldest and newest policy version they sampled with, and `instances`: each
-        problem's [reward sum, episodes with a verdict]."""
-        runs = await asyncio.gather(*(self._evaluate_one(p, samples, f"{self.run_id}-eval-{label}-{i}")
+        problem's [reward sum, episodes with a verdict].
+
+        Each episode's sampling seed is fixed by the run's seed, its problem and its index (common random numbers:
+        `EpisodeContext.with_fixed_seeds`): the evaluations of a run draw the same numbers for the same episode,
+        so what differs between two of them is the weights, not the luck of the draw."""
+        ctx = self._ctx.with_fixed_seeds(self._eval_seed)
+        runs = await asyncio.gather(*(self._evaluate_one(p, samples, f"{self.run_id}-eval-{label}-{i}", ctx)
                                       for i, p in enumerate(problems)))  # fmt: skip
         flat = [e for episodes in runs for e in episodes]
         judged = [e for e in flat if e.rewarded]
@@ -183,9 +189,9 @@ class RolloutManager:
                              max((e.max_version for e in flat), default=0)],
                 "instances": instances}  # fmt: skip
 
-    async def _evaluate_one(self, problem: Problem, samples: int, key: str) -> list[Episode]:
+    async def _evaluate_one(self, problem: Problem, samples: int, key: str, ctx: EpisodeContext) -> list[Episode]:
         async with self._slots:
-            return list(await self.task.episodes(problem, samples, key, self._ctx))
+            return list(await self.task.episodes(problem, samples, key, ctx))
 
     def key(self, group_id: int) -> str:
         return self._keys[group_id]

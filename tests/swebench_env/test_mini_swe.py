@@ -192,3 +192,10 @@ def test_only_model_classes_that_reach_an_openai_server_are_accepted(tmp_path):
     with pytest.raises(UserError, match="model_class 'portkey' cannot talk to the trajectory manager; use one of: "
                                         "litellm, litellm_textbased"):  # fmt: skip
         load_config(tmp_path / "portkey.yaml")
+
+
+def test_a_seed_in_the_config_goes_into_every_call_of_the_model():
+    """mini-swe-agent sends its model_kwargs with each call: one seed, which the manager varies by turn."""
+    seeded = MiniSweAgent(AgentConfig(model="m", seed=5))._model_config("http://127.0.0.1:9/v1")
+    assert seeded["model_kwargs"]["seed"] == 5
+    assert "seed" not in MiniSweAgent(AgentConfig(model="m"))._model_config("http://127.0.0.1:9/v1")["model_kwargs"]

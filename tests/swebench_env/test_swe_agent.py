@@ -117,7 +117,7 @@ class _Overloaded(BaseHTTPRequestHandler):
     calls = 0
 
     def do_POST(self):  # noqa: N802 - the stdlib's name
-        self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
         type(self).calls += 1
         if type(self).calls <= self.overloaded:
             return self._send(429, {"error": {"message": "busy", "code": "overloaded"}}, {"Retry-After": "0"})
@@ -147,7 +147,7 @@ def stub_server():
     servers = []
 
     def start(overloaded: int):
-        handler = type("Handler", (_Overloaded,), {"overloaded": overloaded, "calls": 0})
+        handler = type("Handler", (_Overloaded,), {"overloaded": overloaded, "calls": 0, "bodies": []})
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         servers.append(server)
@@ -175,6 +175,18 @@ def test_retries_run_out_and_the_episode_ends_with_the_api_error(task_and_demo, 
     assert episode.exit_reason == ExitReason.API_ERROR
     assert handler.calls == 3  # the first try and max_retries more
     assert episode.error == "HTTP 429: busy"
+
+
+def test_a_seed_in_the_config_goes_with_every_model_call(task_and_demo, checkout, stub_server):
+    """An evaluation fixes each episode's seed (the manager varies it by turn); otherwise none is sent."""
+    url, handler = stub_server(overloaded=1)
+    BashAgent(AgentConfig(**FAST_RETRIES, seed=77)).run(task_and_demo[0], LocalRunner(checkout), url, "s")
+    assert [b["seed"] for b in handler.bodies] == [77, 77]  # the retried call too
+    url, handler = stub_server(overloaded=0)
+    BashAgent(AgentConfig(**FAST_RETRIES)).run(task_and_demo[0], LocalRunner(checkout), url, "s")
+    assert "seed" not in handler.bodies[0]
+    with pytest.raises(ValueError, match="AgentConfig.seed must be None or an integer"):
+        AgentConfig(seed=-1)
 
 
 def test_an_unreachable_server_ends_the_episode(task_and_demo, checkout):

@@ -160,6 +160,61 @@ def test_an_evaluation_runs_each_problem_samples_times_and_reports_each_problem(
     assert result["reward_mean"] == 0.5
 
 
+class _SeedSpy(FakeEngine):
+    """A fake engine that records the sampling seed of every request it serves."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.seeds: list[int | None] = []
+
+    async def stream(self, request):
+        self.seeds.append(request.params.seed)
+        async for event in super().stream(request):
+            yield event
+
+
+def test_evaluations_draw_the_same_numbers_for_the_same_episode_and_rollouts_do_not(tok, tmp_path):
+    """Common random numbers: two evaluations of a run send each episode's turns the same seeds (every turn its
+    own, every episode its own), so only the weights can make them differ; training groups draw fresh ones."""
+    engine = _SeedSpy(vocab_size=tok.vocab_size, reply_tokens=4, stop_token_id=tok.im_end_id)
+    task = ChatEpisodesTask(turns=2, rewards=(1.0, 0.0))
+    problems = task.held_out()
+
+    async def go():
+        config = RolloutConfig(group_size=2, max_concurrency=8)
+        async with RolloutManager(task, m.url, config, "crn", 3, lambda g: None) as rollout:
+            seen = []
+            for label in ("start", "end"):
+                engine.seeds.clear()
+                await rollout.evaluate(problems, label, samples=2)
+                seen.append(sorted(engine.seeds))
+            engine.seeds.clear()
+            rollout.submit(2, problems)
+            while len(rollout.groups) < 2:
+                await asyncio.sleep(0.01)
+            return seen, sorted(engine.seeds)
+
+    with ManagerThread({"fake-0": engine}, tok, tmp_path / "crn.sqlite") as m:
+        (start, end), training = asyncio.run(asyncio.wait_for(go(), timeout=120))
+    assert len(start) == len(problems) * 2 * 2  # problems x samples x turns
+    assert start == end  # the same draws
+    assert len(set(start)) == len(start)  # each episode and each turn its own
+    assert not set(training) & set(start)
+
+
+def test_a_chat_seed_is_varied_by_the_turn_it_samples():
+    from reference.manager.chat import parse_chat, turn_seed
+
+    def seed_of(messages):
+        return parse_chat({"messages": messages, "seed": 41}).sampling.seed
+
+    first = [{"role": "user", "content": "hi"}]
+    second = first + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    assert seed_of(first) == 41 == turn_seed(41, 0)  # a one-turn request keeps its seed
+    assert seed_of(second) == turn_seed(41, 1) != 41 and seed_of(second) == seed_of(list(second))
+    assert 0 <= turn_seed(2**63 - 1, 7) < 2**63 and turn_seed(41, 2) != turn_seed(41, 1)
+
+
 def test_math_groups_go_through_the_same_seam_one_request_an_episode(tok, tmp_path):
     task = MathTask()
     engine = FakeEngine(vocab_size=task.tokenizer.vocab_size, reply_tokens=3)
