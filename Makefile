@@ -35,7 +35,7 @@ OUT_ARG := $(if $(OUT),--out $(OUT),)
 URL_ANSWERS := import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)
 
 .PHONY: help setup setup-sim setup-gpu sim compare serve test test-fast test-gpu calibrate-gpu lint bench bench-sim bench-runtime bench-train bench-swe \
-	figures figures-runtime train-math compare-train train-swe validate clean
+	figures figures-runtime train-math compare-train train-swe validate staleness clean
 
 help:  ## this list; the second column is what a target installs on first use
 	@awk '/^[a-z][a-z0-9 -]*:.*## / { \
@@ -139,8 +139,11 @@ train-math: $(FULL_STAMP)  ## GRPO on the math task from a random start, on CPU:
 compare-train: $(FULL_STAMP)  ## the five policies on the runtime, one after another, with ratios to colocated
 	$(PY) -m reference train --compare $(SET_ARGS) $(OUT_ARG)
 
-validate: $(FULL_STAMP)  ## the simulator against the runtime: parts measured alone, then both run the five policies (about 4 minutes, on a quiet machine)
-	$(PY) -m experiments.validate --overwrite $(if $(STEPS),--steps $(STEPS),) $(OUT_ARG)
+validate: $(FULL_STAMP)  ## the simulator against the runtime: parts measured alone, then both run the five policies, 3 runs each (REPEATS=; about 10 minutes, on a quiet machine)
+	$(PY) -m experiments.validate --overwrite $(if $(STEPS),--steps $(STEPS),) $(if $(REPEATS),--repeats $(REPEATS),) $(OUT_ARG)
+
+staleness: $(FULL_STAMP)  ## staleness against convergence on the runtime: colocated, tag, async and streaming at bounds 1, 2, 4 on the math task, 3 seeds (about 30 minutes)
+	$(PY) -m experiments.staleness $(if $(SEEDS),--seeds $(SEEDS),) $(OUT_ARG)
 
 train-swe: $(FULL_STAMP)  ## warm start, then GRPO on the SWE suite in Docker sandboxes: make train-swe [AGENT=mini-swe-agent] [SEED=0] [SET=...]
 	$(PY) -m reference train --config reference/configs/swe.yaml \

@@ -22,19 +22,21 @@ predicts what the whole runtime does. Three stages:
      engine's pause, load and resume are `sync_fixed_s`; a role switch (an engine paused and resumed) is
      `switch_fixed_s`.
 2. **The whole runtime**: `python -m reference train` on the throughput workload for each policy, `--steps`
-   steps each, as `make compare-train` runs them.
+   steps each, as `make compare-train` runs them, `--repeats` times (3), round by round (every policy once,
+   then again), so each measurement is a mean with the runtime's own spread beside it.
 3. **The simulator** on a config that mirrors the runtime's (the runtime's model as a config.json, two
    resources of one core, the throughput task's length distributions, the engine's batch limit, no
    logprob recompute, no activation recompute) with the measured costs.
 
-Printed and written: per policy, measured against predicted trained tokens/s, step time, bubble and the
-shares of device time in rollout, training and sync, with the relative error, and the ratio to
-colocated of each; and the CPU-seconds each runtime run's processes used, by role, with the cores
-they kept busy while engines generated (`CpuSampler`).
-What the simulator leaves out shows up here as error: the HTTP hops between the
+Printed and written: per policy, measured (the mean of the repeats, and their range) against predicted
+trained tokens/s, step time, bubble and the shares of device time in rollout, training and sync, with the
+relative error, and the ratio to colocated of each; the mean and largest error over the policies beside
+the runtime's own spread, and the policies ordered by throughput on both sides; and the CPU-seconds each
+runtime run's processes used, by role, with the cores they kept busy while engines generated
+(`CpuSampler`). What the simulator leaves out shows up here as error: the HTTP hops between the
 trajectory manager and the engines, the rollout manager's grading and Ray calls, and the run's start.
 
-    python -m experiments.validate [--steps 10] [--policies all] [--out DIR] [--overwrite] [--quick]
+    python -m experiments.validate [--steps 10] [--repeats 3] [--policies all] [--out DIR] [--overwrite] [--quick]
 
 Writes, in `--out` (default experiments/out/validate): validate.json (the measured parts, both sides'
 summaries and the errors), cpu-core.yaml, model/config.json, profile.yaml, sim_config.yaml (what the
@@ -179,24 +181,30 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
 # ---- stages 2 and 3 ----
 
 
-def run_runtime(steps: int, policies: tuple[str, ...], out: Path) -> tuple[dict[str, dict], dict[str, dict]]:
-    """One `python -m reference train` per policy, as `train --compare` runs them: each one's summary, and
-    the CPU its processes used (`CpuSampler`)."""
+def run_runtime(
+    steps: int, policies: tuple[str, ...], out: Path, repeats: int = 1
+) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    """`repeats` rounds of one `python -m reference train` per policy, as `train --compare` runs them, the
+    rounds interleaved (every policy once, then again) so that a drift of the machine touches every policy
+    alike: each policy's summaries, and the CPU its processes used (`CpuSampler`), one per round."""
     import json
 
-    summaries, cpu = {}, {}
-    for policy in policies:
-        argv = [sys.executable, "-m", "reference", "train", "--task", "throughput", "--policy", policy, "--steps",
-                str(steps), "--set", "run.eval_every_steps=0", "--out", str(out / policy), "--quiet"]  # fmt: skip
-        print(f"runtime: {policy}, {steps} steps ...", flush=True)
-        with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
-            sampler = CpuSampler(proc.pid)
-            stderr = sampler.follow(proc)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the runtime's {policy} run failed ({proc.returncode}):\n{stderr[-2000:]}")
-        summaries[policy] = json.loads((out / policy / "summary.json").read_text())
-        generating = sampler.while_generating(out / policy / "intervals.json")
-        cpu[policy] = {**sampler.result(), "while_generating": generating}
+    summaries: dict[str, list[dict]] = {p: [] for p in policies}
+    cpu: dict[str, list[dict]] = {p: [] for p in policies}
+    for round_ in range(repeats):
+        for policy in policies:
+            where = out / (policy if repeats == 1 else f"{policy}-r{round_ + 1}")
+            argv = [sys.executable, "-m", "reference", "train", "--task", "throughput", "--policy", policy, "--steps",
+                    str(steps), "--set", "run.eval_every_steps=0", "--out", str(where), "--quiet"]  # fmt: skip
+            print(f"runtime: {policy}, {steps} steps (round {round_ + 1} of {repeats}) ...", flush=True)
+            with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+                sampler = CpuSampler(proc.pid)
+                stderr = sampler.follow(proc)
+            if proc.returncode != 0:
+                raise RuntimeError(f"the runtime's {policy} run failed ({proc.returncode}):\n{stderr[-2000:]}")
+            summaries[policy].append(json.loads((where / "summary.json").read_text()))
+            generating = sampler.while_generating(where / "intervals.json")
+            cpu[policy].append({**sampler.result(), "while_generating": generating})
     return summaries, cpu
 
 
@@ -310,16 +318,28 @@ def run_sim(config_path: Path, policies: tuple[str, ...]) -> tuple[dict[str, dic
 # ---- the comparison ----
 
 
-def compare(measured: dict[str, dict], predicted: dict[str, dict]) -> dict[str, dict]:
-    """Per policy and metric: measured, predicted, and the error (relative for rates and times, in
-    percentage points for shares); ratios to colocated when it ran."""
+def runs_of(measured: dict | list) -> list[dict]:
+    """A policy's measured summaries: a list of repeats, or one summary (an older validate.json)."""
+    return list(measured) if isinstance(measured, list) else [measured]
+
+
+def compare(measured: dict[str, dict | list[dict]], predicted: dict[str, dict]) -> dict[str, dict]:
+    """Per policy and metric: the measured mean over the runtime's repeats with their range (`low`, `high`)
+    and `spread` (half the range, relative to the mean; in points for shares), the prediction, and the
+    error against the mean (relative for rates and times, in percentage points for shares); ratios to
+    colocated when it ran."""
     rows = {}
     for policy in measured:
+        runs = runs_of(measured[policy])
         row = {}
         for label, get, _, kind in METRICS:
-            m, p = get(measured[policy]), get(predicted[policy])
+            values = [get(r) for r in runs]
+            m, p = statistics.fmean(values), get(predicted[policy])
             error = p - m if kind == "points" else (p / m - 1 if m else math.nan)
-            row[label] = {"measured": m, "predicted": p, "error": error, "error_kind": kind}
+            half = (max(values) - min(values)) / 2
+            spread = half if kind == "points" else (half / m if m else math.nan)
+            row[label] = {"measured": m, "low": min(values), "high": max(values), "spread": spread, "runs": len(runs),
+                          "predicted": p, "error": error, "error_kind": kind}  # fmt: skip
         rows[policy] = row
     if "colocated" in measured:
         base = rows["colocated"]["trained tok/s"]
@@ -329,6 +349,21 @@ def compare(measured: dict[str, dict], predicted: dict[str, dict]) -> dict[str, 
                 "predicted": row["trained tok/s"]["predicted"] / base["predicted"],
             }
     return rows
+
+
+def agreement(rows: dict[str, dict]) -> dict:
+    """How well the prediction agrees over the policies: the mean and the largest absolute error of
+    throughput and of step time, the runtime's own largest spread beside them, and the policies ordered by
+    throughput on each side."""
+    out: dict = {}
+    for label in ("trained tok/s", "step (s)"):
+        errors = [abs(row[label]["error"]) for row in rows.values()]
+        out[label] = {"mean_abs_error": statistics.fmean(errors), "max_abs_error": max(errors),
+                      "largest_spread": max(row[label]["spread"] for row in rows.values())}  # fmt: skip
+    for side in ("measured", "predicted"):
+        out[f"order_{side}"] = sorted(rows, key=lambda p: -rows[p]["trained tok/s"][side])
+    out["same_order"] = out["order_measured"] == out["order_predicted"]
+    return out
 
 
 def cpu_table(cpu: dict[str, dict], cores: int) -> str:
@@ -354,16 +389,31 @@ def cpu_table(cpu: dict[str, dict], cores: int) -> str:
 
 
 def table(rows: dict[str, dict]) -> str:
-    lines = [f"{'policy':<14} {'metric':<19} {'measured':>10} {'simulated':>10} {'error':>8}"]
+    lines = [f"{'policy':<14} {'metric':<19} {'measured':>10} {'range (runs)':>24} {'simulated':>10} {'error':>8}"]
     formats = {label: fmt for label, _, fmt, _ in METRICS}
     for policy, row in sorted(rows.items(), key=lambda item: POLICIES.index(item[0])):
         for label, cell in row.items():
             fmt = formats.get(label, "{:.2f}x")
             err = cell.get("error")
             shown = "" if err is None else (f"{100 * err:+.1f} pt" if cell["error_kind"] == "points" else f"{err:+.0%}")
-            lines.append(f"{policy:<14} {label:<19} {fmt.format(cell['measured']):>10} "
+            spread = ""
+            if "low" in cell:
+                spread = f"{fmt.format(cell['low'])}-{fmt.format(cell['high'])} ({cell['runs']})"
+            lines.append(f"{policy:<14} {label:<19} {fmt.format(cell['measured']):>10} {spread:>24} "
                          f"{fmt.format(cell['predicted']):>10} {shown:>8}")  # fmt: skip
             policy = ""
+    return "\n".join(lines)
+
+
+def agreement_text(agree: dict) -> str:
+    lines = []
+    for label in ("trained tok/s", "step (s)"):
+        a = agree[label]
+        lines.append(f"{label}: mean |error| {a['mean_abs_error']:.0%}, largest {a['max_abs_error']:.0%} "
+                     f"(the runtime's own spread: up to +-{a['largest_spread']:.0%})")  # fmt: skip
+    same = "the same" if agree["same_order"] else "a different"
+    lines.append(f"by throughput, measured: {' > '.join(agree['order_measured'])}")
+    lines.append(f"by throughput, simulated: {' > '.join(agree['order_predicted'])} ({same} order)")
     return "\n".join(lines)
 
 
@@ -379,10 +429,14 @@ def draw(rows: dict[str, dict], path: Path, note: str) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     for k, (side, colour) in enumerate((("measured", "#4c72b0"), ("predicted", "#dd8452"))):
         values = [rows[p]["trained tok/s"][side] for p in policies]
-        bars = ax1.bar(x + (k - 0.5) * 0.38, values, 0.38, color=colour,
-                       label="runtime (measured)" if side == "measured" else "simulator (predicted)")  # fmt: skip
+        cells = [rows[p]["trained tok/s"] for p in policies]
+        span = None
+        if side == "measured" and all("low" in c for c in cells):  # the runtime's repeats: their range
+            span = [[c["measured"] - c["low"] for c in cells], [c["high"] - c["measured"] for c in cells]]
+        name = "runtime (measured, range of runs)" if side == "measured" else "simulator (predicted)"
+        bars = ax1.bar(x + (k - 0.5) * 0.38, values, 0.38, color=colour, yerr=span, capsize=3, label=name)
         ax1.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7, padding=2)
-    top = max(rows[p]["trained tok/s"][side] for p in policies for side in ("measured", "predicted"))
+    top = max(rows[p]["trained tok/s"].get(side, 0) for p in policies for side in ("high", "measured", "predicted"))
     ax1.set_ylim(0, 1.3 * top)  # room for the legend above the bars
     ax1.set_xticks(x, policies)
     ax1.set_ylabel("trained tokens / s")
@@ -477,6 +531,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder ({DEFAULT_OUT})")
     ap.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
     ap.add_argument("--quick", action="store_true", help="fewer points measured (a smoke test, not a result)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runtime runs of each policy, interleaved round by round (3)")  # fmt: skip
     ap.add_argument("--resimulate", action="store_true",
                     help="measure nothing: the simulator side again, from the parts and runtime summaries already "
                          "in --out (after a change to the cost model)")  # fmt: skip
@@ -495,11 +551,17 @@ def predict(out: Path, rt, task, steps: int, parts: dict, policies: tuple[str, .
 def report(out: Path, data: dict, resources: int) -> None:
     """The comparison of `data` (measured against predicted): printed, drawn, and saved with `data`."""
     rows = compare(data["measured"], data["predicted"])
+    agree = agreement(rows)
     print(table(rows))
+    print(agreement_text(agree))
     if data.get("runtime_cpu"):
-        print(cpu_table(data["runtime_cpu"], os.cpu_count() or 1))
-    draw(rows, out / "validate.png", f"{data['steps']} steps, {resources} one-core resources, throughput workload")
-    save_json({**data, "comparison": rows, "sim_sources": source_fingerprint()}, out / "validate.json")
+        first = {p: runs_of(r)[0] for p, r in data["runtime_cpu"].items()}  # the first round's
+        print(cpu_table(first, os.cpu_count() or 1))
+    repeats = max(len(runs_of(r)) for r in data["measured"].values())
+    note = f"{data['steps']} steps, {repeats} runs a policy, {resources} one-core resources, throughput workload"
+    draw(rows, out / "validate.png", note)
+    save_json({**data, "comparison": rows, "agreement": agree, "sim_sources": source_fingerprint()},
+              out / "validate.json")  # fmt: skip
     print(f"outputs: {out}/")
 
 
@@ -524,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--policies: unknown policy {unknown[0]!r}; valid choices: {', '.join(POLICIES)}, all")
         if args.steps < 2:
             raise UserError(f"--steps must be >= 2, got {args.steps}")
+        if args.repeats < 1:
+            raise UserError(f"--repeats must be >= 1, got {args.repeats}")
         if args.resimulate:
             if not (args.out / "validate.json").is_file():
                 raise UserError(f"--resimulate: no validate.json in {str(args.out)!r} (run without it first)")
@@ -535,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     rt, task, model_config = runtime_setup(args.steps)
     started = time.time()
     parts = measure_parts(model_config, task, out, QUICK if args.quick else FULL, rt)
-    measured, cpu = run_runtime(args.steps, policies, out / "runtime")
+    measured, cpu = run_runtime(args.steps, policies, out / "runtime", args.repeats)
     data = {
         "parts": parts,
         **predict(out, rt, task, args.steps, parts, policies),
@@ -543,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         "runtime_cpu": cpu,
         "quick": args.quick,
         "steps": args.steps,
+        "repeats": args.repeats,
     }
     data["seconds"] = round(time.time() - started, 1)
     report(out, data, rt.resources.count)

@@ -104,6 +104,24 @@ def test_compare_gives_relative_errors_points_and_ratios():
     assert "+100%" in text and "+5.0 pt" in text and "0.75x" in text
 
 
+def test_repeats_give_a_mean_with_its_range_and_the_orders_side_by_side():
+    idle = {"rollout": 0.5, "train": 0.4, "idle": 0.1}
+    colocated = [_summary(900, 2.0, 0.1, idle), _summary(1100, 2.2, 0.1, idle), _summary(1000, 1.8, 0.1, idle)]
+    measured = {"colocated": colocated, "tag": [_summary(1400, 1.0, 0.2, idle), _summary(1600, 1.0, 0.2, idle)]}
+    predicted = {"colocated": _summary(1100, 2.0, 0.1, idle), "tag": _summary(1000, 1.0, 0.2, idle)}
+    rows = v.compare(measured, predicted)
+    cell = rows["colocated"]["trained tok/s"]
+    assert (cell["measured"], cell["low"], cell["high"], cell["runs"]) == (1000, 900, 1100, 3)
+    assert cell["spread"] == pytest.approx(0.1) and cell["error"] == pytest.approx(0.1)
+    assert rows["tag"]["trained tok/s"]["error"] == pytest.approx(1000 / 1500 - 1)
+    agree = v.agreement(rows)
+    assert agree["order_measured"] == ["tag", "colocated"] and agree["order_predicted"] == ["colocated", "tag"]
+    assert not agree["same_order"]
+    assert agree["trained tok/s"]["max_abs_error"] == pytest.approx(1 / 3)
+    assert agree["trained tok/s"]["largest_spread"] == pytest.approx(0.1)
+    assert "900-1,100 (3)" in v.table(rows) and "a different order" in v.agreement_text(agree)
+
+
 def test_bad_arguments_are_one_line(capsys, tmp_path):
     assert v.main(["--policies", "tag,teleport", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == (
@@ -112,6 +130,8 @@ def test_bad_arguments_are_one_line(capsys, tmp_path):
     )
     assert v.main(["--steps", "1", "--out", str(tmp_path / "o")]) == 2
     assert "--steps must be >= 2" in capsys.readouterr().err
+    assert v.main(["--repeats", "0", "--out", str(tmp_path / "o")]) == 2
+    assert "--repeats must be >= 1, got 0" in capsys.readouterr().err
     assert v.main(["--resimulate", "--out", str(tmp_path / "o")]) == 2
     assert "--resimulate: no validate.json in" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
@@ -119,7 +139,7 @@ def test_bad_arguments_are_one_line(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_a_short_validation_runs_end_to_end(tmp_path):
-    assert v.main(["--quick", "--steps", "2", "--policies", "colocated", "--out", str(tmp_path)]) == 0
+    assert v.main(["--quick", "--steps", "2", "--repeats", "1", "--policies", "colocated", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "validate.json").read_text())
     row = data["comparison"]["colocated"]
     for label, *_ in v.METRICS:
