@@ -72,13 +72,19 @@ temperature 1, lr 5e-4, the entropy 0.29 -> 0.36).
 
 Why evaluations run 2 episodes a task (`run.eval_samples`), before and after RL only: one episode a task measured
 the same weights at 0.094, 0.22 and 0.25; with 2 the standard error over the 32 tasks is about 0.06 (4: about
-0.035-0.045), and an evaluation is 82 episodes (about 6 minutes on 2 cores) instead of 164. The held-out tasks
+0.035-0.045), and an evaluation is 82 episodes (about 6 minutes on 2 cores) instead of 164. Each evaluation
+episode's sampling seed is fixed by the run's seed, its task and its index (common random numbers,
+`EpisodeContext.with_fixed_seeds`): the start and end evaluations draw the same numbers, so the same weights
+would score the same and their difference is the weights' (with independent draws, that difference carried the
+noise of both evaluations, about 0.085, as much as most gains). The held-out tasks
 get one episode each (`run.held_out_samples: 1`): the tiny model never solves them, and their episodes are the
 costliest (they run to the turn limit), so an evaluation is 73 episodes.
 
 Measured (`make train-swe`, Docker, this 2-core machine, 28-32 minutes a run): train pass@1 after the warm start
 -> after 8 steps of RL 0.469 -> 0.750 (seed 0), 0.438 -> 0.734 (seed 1), 0.422 -> 0.641 (seed 2), an earlier
-seed-1 run 0.312 -> 0.438, and seed 0 with the sandboxes' command runner 0.109 -> 0.312 in 28.0 minutes;
+seed-1 run 0.312 -> 0.438, with the sandboxes' command runner seed 0 0.109 -> 0.312 in 28.0 minutes and seed 1
+0.469 -> 0.516 in 25.6, and with common-random-number evaluations seed 1 0.562 -> 0.656 (23.9 minutes) and seed
+2 0.469 -> 0.750 (23.5);
 mini-swe-agent (seed 0, 280 warm-start steps) 0.438 -> 0.609 in 33.3 minutes. The README's "Training on SWE
 tasks" has the runs' numbers and wall times.
 """
