@@ -157,8 +157,8 @@ def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: pr
 
 
 def _fit_key(cfg: SimConfig) -> SimConfig:
-    """`cfg` with what the fit does not read normalised: runs of one device share one fit."""
-    return measured_setup(cfg, **{k: getattr(cfg.costs, k) for k in FITTED_KEYS})
+    """`cfg` in the setup the profile was measured in: what the fit reads, and the key of its cache."""
+    return measured_setup(cfg)
 
 
 def measured_setup(cfg: SimConfig, **costs: float | None) -> SimConfig:
