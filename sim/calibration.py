@@ -385,6 +385,15 @@ def _fit_decode(cfg, device, points, values, weights_at) -> _Part:
     return _Part(result, part.fitted, kept)
 
 
+def _eager_pass_params(part: str, c, t: np.ndarray, layers: np.ndarray) -> list[_Param]:
+    """An eager forward's constants (`<part>_mfu`, `<part>_attention_mfu`, `<part>_layer_host_s`), their
+    defaults the config's (attention at the matmuls' efficiency when null)."""
+    mfu = getattr(c, f"{part}_mfu")
+    return [_Param(f"{part}_mfu", mfu, 1.0),
+            _Param(f"{part}_attention_mfu", getattr(c, f"{part}_attention_mfu") or mfu, 1.0),
+            _Param(f"{part}_layer_host_s", getattr(c, f"{part}_layer_host_s"), _slowest(t, layers))]  # fmt: skip
+
+
 def _fit_prefill(cfg, device, points, values, weights_at) -> _Part:
     c = cfg.costs
     if not points:
@@ -399,9 +408,7 @@ def _fit_prefill(cfg, device, points, values, weights_at) -> _Part:
         compute = matmul / (peak * v["prefill_mfu"]) + attention / (peak * v["prefill_attention_mfu"])
         return np.hypot(np.maximum(compute, memory), layers * v["prefill_layer_host_s"])
 
-    params = [_Param("prefill_mfu", c.prefill_mfu, 1.0),
-              _Param("prefill_attention_mfu", c.prefill_attention_mfu or c.prefill_mfu, 1.0),
-              _Param("prefill_layer_host_s", c.prefill_layer_host_s, _slowest(t, layers))]  # fmt: skip
+    params = _eager_pass_params("prefill", c, t, layers)
     part = _fit_part(predict, t, params, "prefill")
     result = {**{p.name: p.default for p in params}, **part.values}
     if "prefill_attention_mfu" not in part.fitted:
@@ -451,9 +458,7 @@ def _fit_logprob(cfg, device, points, values, weights_at) -> _Part:
         compute = matmul / (peak * v["logprob_mfu"]) + attention / (peak * v["logprob_attention_mfu"])
         return np.hypot(compute, layers * v["logprob_layer_host_s"])
 
-    params = [_Param("logprob_mfu", c.logprob_mfu, 1.0),
-              _Param("logprob_attention_mfu", c.logprob_attention_mfu or c.logprob_mfu, 1.0),
-              _Param("logprob_layer_host_s", c.logprob_layer_host_s, _slowest(t, layers))]  # fmt: skip
+    params = _eager_pass_params("logprob", c, t, layers)
     part = _fit_part(predict, t, params, "log-prob")
     result = {**{p.name: p.default for p in params}, **part.values}
     if "logprob_attention_mfu" not in part.fitted:
