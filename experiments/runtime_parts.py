@@ -1,9 +1,10 @@
 """The runtime's parts, each measured alone on this machine, for `experiments.validate` (`make validate`).
 
 Each part runs on one core with one torch thread (what one runtime resource has): the device's peaks, the
-built-in engine as the runtime deploys it (its own process, over HTTP), the runtime's GRPO trainer on
-batches drawn from the workload, reading a step's batch from a trajectory store, publishing and loading
-weights, pausing and resuming an engine. `fit_trainer` turns the trainer's steps into the simulator's
+built-in engine as the runtime deploys it (its own process, over HTTP), the host's work a generated token
+(the trajectory and rollout managers feeding that engine), the runtime's GRPO trainer on batches drawn from
+the workload, reading a step's batch from a trajectory store, publishing and loading weights, pausing and
+resuming an engine. `fit_trainer` turns the trainer's steps into the simulator's
 `train_mfu` and `train_step_overhead_s`, in the simulator's own cost terms. No whole run is used here.
 """
 
@@ -32,10 +33,11 @@ class Grid:
     prefill_tokens: tuple[int, ...]
     train_sequences: tuple[int, ...]  # trainer: batch sizes, lengths drawn from the workload
     repeats: int
+    host_groups: int  # the host's work: groups of the workload a round
 
 
-FULL = Grid((1, 8, 32, 64, 128), (8, 64, 192), 24, (8, 32, 128, 512), (64, 128, 256), 3)
-QUICK = Grid((1, 8, 32), (8, 64), 8, (8, 64), (16, 32), 1)
+FULL = Grid((1, 8, 32, 64, 128), (8, 64, 192), 24, (8, 32, 128, 512), (64, 128, 256), 3, 16)
+QUICK = Grid((1, 8, 32), (8, 64), 8, (8, 64), (16, 32), 1, 4)
 
 
 @contextmanager
@@ -139,6 +141,54 @@ def measure_engine(model_config, tokenizer, grid: Grid, engine_cores: set[int], 
             os.sched_setaffinity(0, mask)
 
 
+def measure_host(
+    model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int], groups: int, repeats: int
+) -> dict:
+    """The host's CPU-seconds a generated token (`costs.host_token_s`): this process, on `client_cores`, runs the
+    runtime's trajectory manager (embedded, as the driver holds it) and rollout manager with the run's rollout
+    settings, `groups` groups of the workload at a time through one built-in engine process on `engine_cores`;
+    the CPU time of every thread of this process (`time.process_time`) over the tokens the engine generated,
+    the median of `repeats` rounds (a warm-up round first). What the driver does besides (the policy, Ray calls
+    to the trainers, the timeline's sampling) is not in it."""
+    from reference.engine.process import EngineProcess, EngineSpec
+    from reference.manager.embedded import ManagerThread
+    from reference.manager.manager import ManagerConfig
+    from reference.model import build_model
+    from reference.rollout.groups import RolloutConfig, RolloutManager
+    from reference.trainer.handoff import publish_weights
+
+    r = rt_cfg.rollout
+    rollout_config = RolloutConfig(r.group_size, r.max_concurrency, r.temperature)
+    config = ManagerConfig(model_name="seamlessflow-host", max_pause_s=0, max_in_flight_requests=0, max_loop_lag_s=0)
+
+    async def one_round(url: str, seed: int) -> tuple[float, int]:
+        finished: asyncio.Queue = asyncio.Queue()
+        async with RolloutManager(task, url, rollout_config, f"host{seed}", seed, finished.put_nowait) as rollout:
+            cpu = time.process_time()
+            rollout.submit(groups)
+            done = [await finished.get() for _ in range(groups)]
+            cpu = time.process_time() - cpu
+        return cpu, sum(e.tokens for g in done for e in g.episodes)
+
+    with tempfile.TemporaryDirectory() as root:
+        weights = publish_weights(build_model(model_config).state_dict(), model_config, root, 0, task.tokenizer).path
+        mask = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, engine_cores)  # the engine process inherits it
+        try:
+            engine = EngineProcess(EngineSpec(model=str(weights), max_batch=rt_cfg.engine.max_batch, torch_threads=1,
+                                              coalesce_s=rt_cfg.engine.coalesce_s))  # fmt: skip
+        finally:
+            os.sched_setaffinity(0, client_cores)
+        try:
+            with engine, ManagerThread({"host": engine.client()}, task.tokenizer, Path(root) / "store.sqlite",
+                                       config) as m:  # fmt: skip
+                rounds = [m.call(one_round(m.url, seed), timeout_s=600) for seed in range(repeats + 1)][1:]
+        finally:
+            os.sched_setaffinity(0, mask)
+    per_token = [cpu / max(1, tokens) for cpu, tokens in rounds]
+    return {"host_token_s": statistics.median(per_token), "rounds": [{"cpu_s": c, "tokens": t} for c, t in rounds]}
+
+
 def draw_batch_lengths(task, sequences: int, group_size: int, rng: random.Random) -> list[tuple[int, int]]:
     """(prompt, response) tokens of `sequences` samples drawn as the workload draws them: groups of
     `group_size` share a prompt and (the throughput task forces it) a response length."""
@@ -154,33 +204,112 @@ def draw_batch_lengths(task, sequences: int, group_size: int, rng: random.Random
     return out
 
 
-def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid) -> list[dict]:
-    """The runtime's `Trainer.train_step` on batches drawn from the workload (`repeats` batches at each size
-    in `grid.train_sequences`): each one's sequence lengths and seconds."""
-    from reference.model import build_model
+def workload_batch(model_config, task, n: int, group_size: int, rng: random.Random) -> list:
+    """`n` trajectories of random tokens with the workload's lengths (groups of `group_size` sharing a prompt
+    length and a response length), random log-probs and rewards, policy version 0."""
     from reference.trainer.batch import Trajectory
+
+    out = []
+    for i, (prompt, response) in enumerate(draw_batch_lengths(task, n, group_size, rng)):
+        ids = [rng.randrange(model_config.vocab_size) for _ in range(prompt + response)]
+        out.append(Trajectory(ids, [0] * prompt + [1] * response, [-rng.uniform(0.5, 6) for _ in range(response)],
+                              [0] * response, i // group_size, rng.random()))  # fmt: skip
+    return out
+
+
+def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid, trainer_config: dict) -> list[dict]:
+    """The runtime's `Trainer.train_step`, with the run's trainer settings, on batches drawn from the workload
+    (`repeats` batches at each size in `grid.train_sequences`): each one's sequence lengths and seconds."""
+    from reference.model import build_model
     from reference.trainer.config import TrainerConfig
     from reference.trainer.trainer import Trainer
 
     rng = random.Random(0)
-    trainer = Trainer(build_model(model_config), TrainerConfig(), pad_id=pad_id)
-
-    def batch(n: int) -> list[Trajectory]:
-        out = []
-        for i, (prompt, response) in enumerate(draw_batch_lengths(task, n, group_size, rng)):
-            ids = [rng.randrange(model_config.vocab_size) for _ in range(prompt + response)]
-            out.append(Trajectory(ids, [0] * prompt + [1] * response, [-rng.uniform(0.5, 6) for _ in range(response)],
-                                  [trainer.version] * response, i // group_size, rng.random()))  # fmt: skip
-        return out
-
-    trainer.train_step(batch(min(grid.train_sequences)))  # warm-up
+    trainer = Trainer(build_model(model_config), TrainerConfig.from_dict(trainer_config), pad_id=pad_id)
+    trainer.train_step(workload_batch(model_config, task, min(grid.train_sequences), group_size, rng))  # warm-up
     points = []
     for n in grid.train_sequences:
         for _ in range(grid.repeats):
-            b = batch(n)
+            b = workload_batch(model_config, task, n, group_size, rng)
             seconds = _timed(lambda b=b: trainer.train_step(b))
             points.append({"seq_lens": [len(t.token_ids) for t in b], "seconds": seconds})
     return points
+
+
+def _dp_rank(rank: int, world: int, init: str, core: int, model_config, trainer_config: dict, pad_id: int,
+             shards: list, results) -> None:  # fmt: skip
+    """One rank of `measure_data_parallel` (a process of its own): each step's seconds, into `results`."""
+    import torch
+
+    from reference.model import build_model
+    from reference.trainer.config import TrainerConfig
+    from reference.trainer.parallel import DataParallel, init_process_group
+    from reference.trainer.trainer import Trainer
+
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    init_process_group("gloo", init, rank, world)
+    trainer = Trainer(build_model(model_config), TrainerConfig.from_dict(trainer_config), pad_id=pad_id,
+                      parallel=DataParallel(rank, world))  # fmt: skip
+    import torch.distributed as dist
+
+    times = []
+    for step in shards:
+        dist.barrier()
+        times.append(_timed(lambda s=step: trainer.train_step(s[rank])))
+    results.put((rank, times))
+    dist.destroy_process_group()
+
+
+def measure_data_parallel(model_config, task, pad_id: int, group_size: int, grid: Grid, trainer_config: dict,
+                          cores: list[int]) -> list[dict]:  # fmt: skip
+    """The runtime's trainer on its data-parallel layout: one gloo rank per core of `cores`, each a process on
+    its core with one torch thread, on batches drawn from the workload (`repeats` at each size of
+    `grid.train_sequences`, the first a warm-up) split as the runtime splits them (whole groups, balanced by
+    tokens); each step's shards' sequence lengths and the seconds of its slowest rank (the step, as the run
+    waits for it). With one core there is nothing to measure: []."""
+    import multiprocessing
+
+    from reference.control.executor import _shard
+
+    if len(cores) < 2:
+        return []
+    rng = random.Random(1)
+    least = len(cores) * group_size  # a group for every rank
+    sizes = [max(least, n) for n in [min(grid.train_sequences)] + [n for n in grid.train_sequences
+                                                                   for _ in range(grid.repeats)]]  # fmt: skip
+    steps = []
+    for n in sizes:
+        batch = workload_batch(model_config, task, n, group_size, rng)
+        groups = [_Group(g) for g in sorted({t.group_id for t in batch})]
+        steps.append(_shard(groups, batch, len(cores)))
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as root:
+        init = f"file://{root}/rendezvous"
+        procs = [ctx.Process(target=_dp_rank, args=(rank, len(cores), init, core, model_config, trainer_config,
+                                                    pad_id, steps, results))  # fmt: skip
+                 for rank, core in enumerate(cores)]  # fmt: skip
+        for proc in procs:
+            proc.start()
+        try:
+            times = dict(results.get(timeout=600) for _ in procs)
+        finally:
+            for proc in procs:
+                proc.join(timeout=60)
+                if proc.is_alive():
+                    proc.kill()
+    return [{"shards": [[len(t.token_ids) for t in shard] for shard in step],
+             "seconds": max(times[rank][i] for rank in times)}
+            for i, step in enumerate(steps) if i > 0]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Group:
+    """What `_shard` reads of a finished group: its key (the trajectories' group id here)."""
+
+    key: object
 
 
 def measure_sync_and_switch(model_config, repeats: int) -> dict:
@@ -259,3 +388,21 @@ def fit_trainer(cfg, model, device, points: list[dict]) -> dict:
     (overhead, inverse), *_ = np.linalg.lstsq(x, np.array(t) - np.array(rest), rcond=None)
     mfu = min(0.75, 1.0 / inverse) if inverse > 0 else 0.75
     return {"train_mfu": float(mfu), "train_step_overhead_s": float(max(overhead, 0.0))}
+
+
+def fit_data_parallel(cfg, model, device, points: list[dict], fitted: dict) -> float | None:
+    """`train_dp_overhead_s`: what a data-parallel step costs beyond the simulator's step on the same sequences
+    over as many GPUs with the one-rank constants `fitted` (`fit_trainer`): the collectives' floor, ranks that
+    wait for the slowest. The median over the points, at least 0; None without points."""
+    from sim import train_layout
+    from sim.calibration import measured_setup
+
+    if not points:
+        return None
+    setup = measured_setup(cfg, **fitted, train_dp_overhead_s=0.0)
+    extra = []
+    for point in points:
+        seq_lens = [n for shard in point["shards"] for n in shard]
+        predicted = train_layout.step(setup, model, device, seq_lens, len(point["shards"])).total_s
+        extra.append(point["seconds"] - predicted)
+    return max(0.0, float(statistics.median(extra)))

@@ -16,7 +16,12 @@ predicts what the whole runtime does. Three stages:
      workload (groups sharing a length, as the runtime's), three at each of three sizes; `train_mfu`
      and `train_step_overhead_s` are the least-squares line through them in the simulator's own cost
      terms (sim/train_layout.py), and the overhead also gets the time to read a step's batch from a
-     trajectory store;
+     trajectory store; and the same trainer on the runtime's data-parallel layout (a gloo rank a core,
+     whole groups balanced by tokens, the step waiting for its slowest rank), as `colocated` trains;
+   - the host's work a generated token (`costs.host_token_s`): the runtime's trajectory and rollout
+     managers in this process, on the other core, feeding one engine the workload's groups; this process's
+     CPU time over the tokens. The simulator runs with `cluster.host_cores` = the cores the resources leave
+     free (0 here), so that work takes cores from busy resources when none is idle (sim/host.py);
    - a weight sync (the trainer publishing a version, an engine pausing, loading it and resuming):
      publishing goes into `train_step_overhead_s` (the runtime publishes inside its training step), the
      engine's pause, load and resume are `sync_fixed_s`; a role switch (an engine paused and resumed) is
@@ -33,8 +38,9 @@ trained tokens/s, step time, bubble and the shares of device time in rollout, tr
 relative error, and the ratio to colocated of each; the mean and largest error over the policies beside
 the runtime's own spread, and the policies ordered by throughput on both sides; and the CPU-seconds each
 runtime run's processes used, by role, with the cores they kept busy while engines generated
-(`CpuSampler`). What the simulator leaves out shows up here as error: the HTTP hops between the
-trajectory manager and the engines, the rollout manager's grading and Ray calls, and the run's start.
+(`CpuSampler`), while engines generate and while only trainers work. What the simulator leaves out
+shows up here as error: the driver's work that is not a token's (the policy, Ray calls, the timeline's
+sampling) and the run's start.
 
     python -m experiments.validate [--steps 10] [--repeats 3] [--policies all] [--out DIR] [--overwrite] [--quick]
 
@@ -66,10 +72,13 @@ from experiments.runtime_parts import (
     FULL,
     QUICK,
     Grid,
+    fit_data_parallel,
     fit_trainer,
     measure_batch_read,
+    measure_data_parallel,
     measure_device,
     measure_engine,
+    measure_host,
     measure_sync_and_switch,
     measure_trainer,
     one_core,
@@ -135,6 +144,12 @@ def config_path(path: Path) -> str:
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
+def host_cores(rt) -> int:
+    """Cores of this machine the runtime's resources leave to its other processes (the driver with the
+    trajectory and rollout managers): the simulator's `cluster.host_cores`."""
+    return max(0, len(os.sched_getaffinity(0)) - rt.resources.count * rt.resources.cores_per_resource)
+
+
 def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
     """The simulator's config for the runtime's `--compare` run (see the module docstring)."""
     workload = {**task.simulator_workload(), "prompts_per_step": rt.rollout.prompts_per_step,
@@ -143,7 +158,11 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
         "seed": rt.run.seed,
         "num_steps": steps,
         "model": config_path(out / "model" / "config.json"),
-        "cluster": {"device": config_path(out / "cpu-core.yaml"), "num_gpus": rt.resources.count},
+        "cluster": {
+            "device": config_path(out / "cpu-core.yaml"),
+            "num_gpus": rt.resources.count,
+            "host_cores": host_cores(rt),
+        },
         "pools": {"train_fraction": rt.resources.train_fraction},
         "rollout": {
             "tensor_parallel": rt.resources.cores_per_resource,
@@ -204,7 +223,8 @@ def run_runtime(
                 raise RuntimeError(f"the runtime's {policy} run failed ({proc.returncode}):\n{stderr[-2000:]}")
             summaries[policy].append(json.loads((where / "summary.json").read_text()))
             generating = sampler.while_generating(where / "intervals.json")
-            cpu[policy].append({**sampler.result(), "while_generating": generating})
+            training = sampler.while_training_only(where / "intervals.json")
+            cpu[policy].append({**sampler.result(), "while_generating": generating, "while_training_only": training})
     return summaries, cpu
 
 
@@ -252,7 +272,10 @@ class CpuSampler:
             if pid != self.root and pid not in self._seen and not self._descends(int(fields[1])):
                 continue
             cpu = (int(fields[11]) + int(fields[12])) / self._tick
-            self._seen[pid] = (self._role(pid, stat, cmdline), cpu)
+            role = self._role(pid, stat, cmdline)
+            if pid in self._seen and role == "other":  # an ending process's cmdline reads empty: keep its role
+                role = self._seen[pid][0]
+            self._seen[pid] = (role, cpu)
         self._series.append((time.time(), self._by_role()))
 
     def _by_role(self) -> dict[str, float]:
@@ -282,6 +305,20 @@ class CpuSampler:
         is in a rollout phase of the run's timeline, and the seconds those reads cover; None when the
         timeline does not give its clock's zero as a Unix time (`clock_zero_epoch_s`)."""
         from core.tags import Phase
+
+        return self.while_phase(timeline, Phase.ROLLOUT, exclusive=False)
+
+    def while_training_only(self, timeline: Path) -> dict | None:
+        """As `while_generating`, over the reads while some resource trains and none generates: what takes
+        cores from the trainers when no engine has work."""
+        from core.tags import Phase
+
+        return self.while_phase(timeline, Phase.TRAIN, exclusive=True)
+
+    def while_phase(self, timeline: Path, phase, exclusive: bool) -> dict | None:
+        """Cores each role kept busy over the reads whose midpoint falls in a `phase` interval of some
+        resource (with `exclusive`, and in no other resource's rollout or train interval of another phase)."""
+        from core.tags import Phase
         from core.timeline import Timeline
 
         if not timeline.is_file():
@@ -290,11 +327,14 @@ class CpuSampler:
         zero = run.meta.get("clock_zero_epoch_s")
         if zero is None or len(self._series) < 2:
             return None
-        spans = [(i.start_s + zero, i.end_s + zero) for i in run.intervals if i.phase is Phase.ROLLOUT]
+        spans = [(i.start_s + zero, i.end_s + zero) for i in run.intervals if i.phase is phase]
+        others = [(i.start_s + zero, i.end_s + zero) for i in run.intervals
+                  if exclusive and i.phase is not phase and i.phase in (Phase.ROLLOUT, Phase.TRAIN)]  # fmt: skip
         seconds, cpu = 0.0, dict.fromkeys(self.ROLES, 0.0)
         for (t0, c0), (t1, c1) in zip(self._series, self._series[1:], strict=False):
             middle = (t0 + t1) / 2
-            if any(start <= middle < end for start, end in spans):
+            inside = any(start <= middle < end for start, end in spans)
+            if inside and not any(start <= middle < end for start, end in others):
                 seconds += t1 - t0
                 for role in self.ROLES:
                     cpu[role] += c1[role] - c0[role]
@@ -376,11 +416,13 @@ def cpu_table(cpu: dict[str, dict], cores: int) -> str:
         used = total / row["wall_s"] if row["wall_s"] else math.nan
         lines.append(f"{'':<37} {policy:<14} " + " ".join(f"{row['cpu_s'][r]:12.1f}" for r in roles)
                      + f" {row['wall_s']:8.1f} {used:10.2f}")  # fmt: skip
-    generating = {p: row["while_generating"] for p, row in cpu.items() if row.get("while_generating")}
-    if generating:
-        lines.append(f"cores busy while engines generate:       {'policy':<14} " + " ".join(f"{r:>12}" for r in roles)
-                     + f" {'seconds':>8} {'all':>10}")  # fmt: skip
-        for policy, row in generating.items():
+    for key, title in (("while_generating", "cores busy while engines generate:      "),
+                       ("while_training_only", "cores busy while only trainers work:    ")):  # fmt: skip
+        spans = {p: row[key] for p, row in cpu.items() if row.get(key) and row[key]["seconds"]}
+        if not spans:
+            continue
+        lines.append(f"{title}  {'policy':<14} " + " ".join(f"{r:>12}" for r in roles) + f" {'seconds':>8} {'all':>10}")
+        for policy, row in spans.items():
             cores = row["cores"]
             total = sum(v for v in cores.values() if v is not None)
             lines.append(f"{'':<41} {policy:<14} " + " ".join(f"{(cores[r] or 0):12.2f}" for r in roles)
@@ -484,11 +526,19 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
         (out / "cpu-core.yaml").write_text(yaml.safe_dump(device, sort_keys=False))
         lengths = mean_lengths(task)
         print("measuring: the trainer (batches drawn from the workload) ...", flush=True)
-        trainer = measure_trainer(model_config, task, task.tokenizer.pad_token_id, rt_cfg.rollout.group_size, grid)
+        trainer = measure_trainer(model_config, task, task.tokenizer.pad_token_id, rt_cfg.rollout.group_size, grid,
+                                  dict(rt_cfg.trainer))  # fmt: skip
         print("measuring: a weight sync and a role switch ...", flush=True)
         sync = measure_sync_and_switch(model_config, max(3, grid.repeats))
         sync["batch_read_s"] = measure_batch_read(lengths, rt_cfg.rollout.prompts_per_step, rt_cfg.rollout.group_size,
                                                   max(3, grid.repeats))  # fmt: skip
+    print("measuring: the trainer on its data-parallel layout (a gloo rank a core) ...", flush=True)
+    trainer_cores = sorted(cores)[: rt_cfg.resources.count]
+    data_parallel = measure_data_parallel(model_config, task, task.tokenizer.pad_token_id, rt_cfg.rollout.group_size,
+                                          grid, dict(rt_cfg.trainer), trainer_cores)  # fmt: skip
+    print("measuring: the host's work a token (trajectory and rollout managers feeding an engine) ...", flush=True)
+    host = measure_host(model_config, task, rt_cfg, {min(cores)}, (cores - {min(cores)}) or cores, grid.host_groups,
+                        grid.repeats)  # fmt: skip
     model_name = config_path(out / "model" / "config.json")  # the profile's entry: named as the config names it
     info = DeviceInfo(name=platform.processor() or platform.machine(), dtype="float32", spec=DEVICE_NAME,
                       torch_device="cpu", torch=torch.__version__)  # fmt: skip
@@ -496,7 +546,8 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
                       models=(ModelProfile(model_name, tuple(decode), tuple(prefill)),))  # fmt: skip
     write_profile(profile, out / "profile.yaml")
     return {"device": device, "decode": [asdict(p) for p in decode], "prefill": [asdict(p) for p in prefill],
-            "trainer": {"points": trainer}, **sync, "model": model_name}  # fmt: skip
+            "trainer": {"points": trainer, "data_parallel": data_parallel}, **sync, "host": host,
+            "model": model_name}  # fmt: skip
 
 
 def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
@@ -507,7 +558,9 @@ def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
 
     mirror = cfgio.merge(cfgio.load_yaml(DEFAULT_CONFIG), sim_config_dict(rt, task, steps, out, {}))
     cfg = cfgio.from_dict(SimConfig, mirror)  # as load_config reads the file the mirror is written to
-    fitted = fit_trainer(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device), parts["trainer"]["points"])
+    model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
+    fitted = fit_trainer(cfg, model, device, parts["trainer"]["points"])
+    data_parallel = fit_data_parallel(cfg, model, device, parts["trainer"].get("data_parallel") or [], fitted)
     # The runtime reads its batch from the store and publishes the new weights inside its training step;
     # the engines load them in the sync.
     return {
@@ -515,6 +568,10 @@ def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
         "train_step_overhead_s": fitted["train_step_overhead_s"] + parts["publish_s"] + parts["batch_read_s"],
         "sync_fixed_s": parts["load_s"],
         "switch_fixed_s": parts["switch_s"],
+        # colocated's data-parallel step (parts measured before it have none)
+        "train_dp_overhead_s": data_parallel or 0.0,
+        # The host's work on the resources' cores (cluster.host_cores): parts measured before it have none.
+        "host_token_s": parts.get("host", {}).get("host_token_s", 0.0),
     }
 
 

@@ -57,6 +57,10 @@ class ClusterConfig:
     price_per_gpu_hour: float | None  # the user's price of one GPU for an hour, any currency (null: no cost figure)
     rollout_pool: RolloutPoolConfig | None  # null: one device type, split by pools.train_fraction; set: these
     # GPUs only generate and cluster.device x num_gpus is the train pool (pools.train_fraction unused)
+    host_cores: int | None = None  # null: the host's own work (the trajectory and rollout managers, the driver)
+    # never slows a device (GPU nodes have cores to spare). A number: the devices ARE the host's CPU cores (the
+    # runtime on a CPU), and this many more cores are left to the host; its work (costs.host_token_s) runs on
+    # those and on idle devices first and takes the rest from busy ones (sim/host.py)
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,10 @@ class CostConfig:
     prefill_layer_host_s: float = 0.0  # the host's time to launch one layer of an eager prefill forward
     logprob_layer_host_s: float = 0.0  # ... of an eager log-prob forward
     train_layer_host_s: float = 0.0  # ... of an eager forward + backward (one micro-batch)
+    train_dp_overhead_s: float = 0.0  # a data-parallel step's own cost beyond its share of the work (the
+    # collectives' floor, ranks waiting for the slowest), once an RL step when the trainer has dp > 1
+    host_token_s: float = 0.0  # CPU-seconds of the host's work a generated token (streaming it through the
+    # trajectory manager, the rollout manager's bookkeeping and grading); used only with cluster.host_cores
     profile: str | None = None  # a measured profile (sim/profile.py) whose points set the efficiencies
     # above for the run's model on cluster.device (sim/calibration.py); a shipped name or a path; null: as set
 
@@ -340,6 +348,13 @@ class SimConfig:
         for key, (value, lowest) in checks.items():
             if value < lowest:
                 raise UserError(f"{key} must be >= {lowest}, got {value}")
+        cores = self.cluster.host_cores
+        if cores is not None and (not isinstance(cores, int) or isinstance(cores, bool) or cores < 0):
+            raise UserError(f"cluster.host_cores must be null or an integer >= 0, got {cores!r}")
+        for key in ("host_token_s", "train_dp_overhead_s"):
+            value = getattr(self.costs, key)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise UserError(f"costs.{key} must be a finite number >= 0, got {value!r}")
 
     @property
     def num_resources(self) -> int:

@@ -172,6 +172,10 @@ class SimEngine:
         self._room = 0  # prefill tokens the current step can still take
         self._short_at = 0  # as of the last plan: no step before this one is short of blocks
         self._preempted_now = False  # the current step preempted: it admits nobody
+        # The host's work on the devices' cores (sim/host.py): this stretch's slowdown and the cores of host
+        # work its tokens need at full speed (both stay 1 and 0 without cluster.host_cores).
+        self._slow = 1.0
+        self.host_demand = 0.0
 
     # ---- capacity ----
 
@@ -214,7 +218,7 @@ class SimEngine:
             steps = (
                 0
                 if elapsed <= 0
-                else self.cost.decode_steps_within(len(self.batch), self.sum_ctx, elapsed, self._planned)
+                else self.cost.decode_steps_within(len(self.batch), self.sum_ctx, elapsed / self._slow, self._planned)
             )
         if steps:
             self.steps += steps
@@ -238,6 +242,10 @@ class SimEngine:
             self.sim.engine_busy(self, now)
         planned = self._planned = self._steps_to_next_event()
         dt = self.cost.decode_run_s(batch, self._ctx_base + batch * self.steps, planned)
+        if self.sim.host is not None:
+            self.host_demand = self.sim.host.demand(batch * planned / dt) if dt > 0 else 0.0
+            self._slow = self.sim.host_slowdown()
+            dt *= self._slow
         self.sim.wake(self._t0 + dt - now, self._on_wake, self._epoch, planned)
 
     def _steps_to_next_event(self) -> int:
@@ -343,10 +351,10 @@ class SimEngine:
             return
         batch = len(self.batch)
         ctx = self._ctx_base + batch * self.steps
-        done = self.cost.decode_steps_within(batch, ctx, now - self._t0, self._planned)
+        done = self.cost.decode_steps_within(batch, ctx, (now - self._t0) / self._slow, self._planned)
         if done + 1 < self._planned:
             self._epoch += 1
-            dt = self.cost.decode_run_s(batch, ctx, done + 1)
+            dt = self.cost.decode_run_s(batch, ctx, done + 1) * self._slow
             self.sim.wake(self._t0 + dt - now, self._on_wake, self._epoch, done + 1)
 
     def _admit(self, now: float, samples: list[Sample]) -> None:
@@ -375,6 +383,8 @@ class SimEngine:
             seconds = self.cost.prefill_s(tokens, pairs)
             if self.cost.prefill_overhead_s:
                 seconds += self.cost.prefill_overhead_s
+            if self.sim.host is not None:
+                seconds *= self.sim.host_slowdown()
             self._t0 = max(self._t0, now) + seconds
 
     def _start_decoding(self, sample: Sample, seq: Seq) -> None:

@@ -31,6 +31,7 @@ from core.timeline import StepRecord, Timeline, TimelineRecorder
 from sim.config import SimConfig
 from sim.cost import CostModel
 from sim.engine import EngineState, SimEngine
+from sim.host import HostShare
 from sim.workload import Sample, Workload
 
 
@@ -107,6 +108,11 @@ class Simulation:
         self.driver = Driver(self.policy, self, self.recorder, Deadlines.none())
         self._done = self.env.event()
         self._bar: tqdm | None = None
+        # cluster.host_cores set: the host's work shares the devices' cores (sim/host.py); else it costs nothing.
+        self.host: HostShare | None = None
+        if cfg.cluster.host_cores is not None and cfg.costs.host_token_s > 0:
+            self.host = HostShare(cfg.cluster.host_cores, cfg.total_gpus, cfg.costs.host_token_s)
+        self._training: set[str] = set()  # resources in a training step
 
     def _check_pools(self) -> None:
         """With a rollout pool, the policy's rollout-only resources must be exactly its GPUs."""
@@ -207,6 +213,19 @@ class Simulation:
     def now(self) -> float:
         """Simulated seconds since the run started (the executor's clock for the driver)."""
         return self.env.now
+
+    def host_slowdown(self) -> float:
+        """How many times longer a device's work started now takes, the host's work sharing its cores
+        (`sim.host`); 1 without `cluster.host_cores`."""
+        if self.host is None:
+            return 1.0
+        busy = [(self.resources[name].devices, 0.0) for name in self._training]
+        for engine in self._by_index:
+            if engine.state is EngineState.RUNNING:
+                busy.append((self.resources[engine.name].devices, engine.host_demand))
+            elif engine.state is EngineState.SYNCING:
+                busy.append((self.resources[engine.name].devices, 0.0))
+        return self.host.slowdown(busy)
 
     # ---- engine callbacks ----
 
@@ -348,7 +367,8 @@ class Simulation:
         samples = [s for gid in d.group_ids for s in self.groups.pop(gid)]
         seq_lens = [s.total_tokens for s in samples]
         gpus = sum(self.resources[r].devices for r in d.resources)
-        duration = self.cost.train_step_s(seq_lens, gpus)
+        self._training.update(d.resources)
+        duration = self.cost.train_step_s(seq_lens, gpus) * self.host_slowdown()
         lag = Counter()
         for s in samples:
             for version, n in s.version_tokens.items():
@@ -369,6 +389,7 @@ class Simulation:
         self.wake(duration, self._train_done, d, record)
 
     def _train_done(self, d: ev.StartTrain, record: StepRecord) -> None:
+        self._training.difference_update(d.resources)
         for r in d.resources:
             self.recorder.set(r, Phase.IDLE, self.env.now, d.step + 1)
         self.recorder.add_step(record)
@@ -392,7 +413,7 @@ class Simulation:
         local = all(self.resources[name].can(Tag.TRAIN) for name in d.resources)
         # From the trainer's device to the receivers', at the slowest receiving NIC.
         receiver = min((self.cost_of[name].device for name in d.resources), key=lambda dev: dev.network_gb_s)
-        self.wake(self.cost.sync_s(local, len(d.resources), receiver), self._sync_done, d)
+        self.wake(self.cost.sync_s(local, len(d.resources), receiver) * self.host_slowdown(), self._sync_done, d)
 
     def _restart_stale(self, floor: int, refreshed: tuple[int, ...] = ()) -> None:
         """Restart samples holding tokens older than `floor` in unfinished groups (and in finished

@@ -293,7 +293,7 @@ def step(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, seq_lens: list[in
         dp_exposed_s=steps * train.dp_exposed + forwards * fwd_pass.dp_exposed,
         host_exposed_s=steps * train.host_exposed + forwards * fwd_pass.host_exposed,
         optimizer_s=steps * 2 * state / (device.hbm_bandwidth_gb_s * GB * c.hbm_efficiency),  # read + write
-        overhead_s=c.train_step_overhead_s,  # once per RL step
+        overhead_s=c.train_step_overhead_s + (c.train_dp_overhead_s if lay.dp > 1 else 0.0),  # once per RL step
         optimizer_steps=steps,
         micro_batches=train.micro_batches,
     )

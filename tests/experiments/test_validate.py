@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import subprocess
 import sys
@@ -72,6 +73,17 @@ def test_the_trainer_fit_recovers_known_costs(tmp_path):
     fitted = parts.fit_trainer(cfg, model, device, points)
     assert fitted["train_mfu"] == pytest.approx(0.3, rel=1e-6)
     assert fitted["train_step_overhead_s"] == pytest.approx(0.05, rel=1e-6)
+    # Data-parallel steps made with a known overhead of their own beyond the one-rank constants give it back,
+    # and a layout with no data-parallel step measured gives none.
+    dp_truth = measured_setup(cfg, train_mfu=0.3, train_step_overhead_s=0.05, train_dp_overhead_s=0.2)
+    dp_points = [
+        {"shards": [lens[::2], lens[1::2]], "seconds": train_layout.step(dp_truth, model, device, lens, 2).total_s}
+        for lens in batches
+    ]
+    assert parts.fit_data_parallel(cfg, model, device, dp_points, fitted) == pytest.approx(0.2, rel=1e-6)
+    assert parts.fit_data_parallel(cfg, model, device, [], fitted) is None
+    one = train_layout.step(dp_truth, model, device, batches[0], 1)
+    assert one.overhead_s == pytest.approx(0.05)  # one rank: no data-parallel step
 
 
 def _summary(tokens_s: float, step_s: float, bubble: float, util: dict, steps: int = 4) -> dict:
@@ -147,6 +159,13 @@ def test_a_short_validation_runs_end_to_end(tmp_path):
     assert row["trained tok/s"]["measured"] > 0 and row["trained tok/s"]["predicted"] > 0
     assert data["calibration"]["device"] == parts.DEVICE_NAME and data["calibration"]["points"]["decode"] >= 3
     assert 0 < data["costs"]["train_mfu"] <= 0.75 and data["costs"]["sync_fixed_s"] > 0
+    # The host's work a token and the data-parallel trainer were measured, and the mirror lets the host share
+    # the resources' cores.
+    assert data["costs"]["host_token_s"] > 0 and data["costs"]["train_dp_overhead_s"] >= 0
+    assert data["parts"]["host"]["rounds"]
+    assert len(data["parts"]["trainer"]["data_parallel"]) >= (1 if len(os.sched_getaffinity(0)) >= 2 else 0)
+    mirror = yaml.safe_load((tmp_path / "sim_config.yaml").read_text())
+    assert mirror["cluster"]["host_cores"] == v.host_cores(v.runtime_setup(2)[0]) >= 0
     for name in ("validate.png", "cpu-core.yaml", "profile.yaml", "sim_config.yaml", "model/config.json"):
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "runtime" / "colocated" / "summary.json").is_file()
@@ -181,5 +200,16 @@ def test_the_cpu_sampler_counts_a_run_and_the_processes_it_starts(tmp_path):
     assert busy["cores"]["driver"] * busy["seconds"] > 0.3, busy
     assert busy["cores"]["other"] * busy["seconds"] > 0.3, busy
     assert "cores busy while engines generate" in v.cpu_table({"colocated": {**result, "while_generating": busy}}, 2)
+    # Training on one resource the whole run, generating on the other from the middle: only the first half is
+    # training alone.
+    middle = (last - first) / 2 + 0.5
+    train = Interval("R00", ("train",), "train", Phase.TRAIN, 0.0, last - first + 1.0, 0, 0, 1)
+    late = Interval("R01", ("rollout",), "rollout", Phase.ROLLOUT, middle, last - first + 1.0, 0, 0, 1)
+    Timeline([train, late], [], last - first + 1.0, {"clock_zero_epoch_s": first - 0.5}).save(path)
+    alone = sampler.while_training_only(path)
+    assert alone["seconds"] == pytest.approx((last - first) / 2, abs=0.06), alone
+    assert sampler.while_generating(path)["seconds"] == pytest.approx((last - first) / 2, abs=0.06)
+    table = v.cpu_table({"colocated": {**result, "while_training_only": alone}}, 2)
+    assert "cores busy while only trainers work" in table and "while engines generate" not in table
     Timeline([rollout], [], last - first + 1.0, {}).save(path)  # no clock zero: nothing to align with
-    assert sampler.while_generating(path) is None
+    assert sampler.while_generating(path) is None and sampler.while_training_only(path) is None

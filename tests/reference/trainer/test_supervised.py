@@ -56,6 +56,10 @@ BAD = [
     ("warmup_steps", -1, "must be >= 0"),
     ("decay", "linear", "decay must be one of none, cosine, got 'linear'"),
     ("final_lr_ratio", 1.5, r"final_lr_ratio must be a number in \[0, 1\]"),
+    ("target_loss", 0.0, "target_loss must be a finite number > 0 or null, got 0.0"),
+    ("target_loss", float("inf"), "target_loss must be a finite number > 0 or null, got inf"),
+    ("target_loss", "0.02", "target_loss must be a finite number > 0 or null, got '0.02'"),
+    ("target_window", 0, "target_window must be an integer >= 1, got 0"),
 ]
 
 
@@ -97,3 +101,23 @@ def test_a_cosine_warm_start_sets_the_optimiser_to_its_schedule(make_model):
     finally:
         torch.optim.AdamW.step = original
     assert seen == pytest.approx([config.learning_rate(s) for s in range(4)]) and seen[-1] == 0.0
+
+
+def test_a_loss_target_stops_the_fit_at_the_first_window_whose_mean_reaches_it(make_model):
+    full = supervised_fit(make_model(0), DEMOS, SupervisedConfig(steps=60, batch_size=3, lr=1e-2, warmup_steps=5), 0)
+    losses = [r["loss"] for r in full]
+    window = 5
+    target = sum(losses[30 : 30 + window]) / window  # the window ending at step 35 reaches it (maybe earlier)
+    first = next(n for n in range(window, 61) if sum(losses[n - window : n]) / window <= target)
+    config = SupervisedConfig(steps=60, batch_size=3, lr=1e-2, warmup_steps=5, target_loss=target, target_window=window)
+    stopped = supervised_fit(make_model(0), DEMOS, config, 0)
+    assert len(stopped) == first <= 35
+    assert [r["loss"] for r in stopped] == losses[:first]  # the same fit, cut short
+
+
+def test_a_loss_target_never_stops_before_its_window_nor_without_being_reached():
+    config = SupervisedConfig(target_loss=0.5, target_window=3)
+    assert not config.reached_target([0.1, 0.1])  # fewer steps than the window
+    assert config.reached_target([9.0, 0.5, 0.5, 0.5])  # the mean of the last 3
+    assert not config.reached_target([0.1, 0.1, 1.4])  # mean 0.533
+    assert not SupervisedConfig().reached_target([0.0] * 50)  # no target: the fit runs its steps
