@@ -21,7 +21,8 @@ the probe at 128-153 (lag 1, 4 seeds) and 143-177 on-policy (lag 0, 4 seeds; 181
 
 The SWE recipe (`reference/configs/swe.yaml`, `make train-swe`; the measurements behind it are in
 `reference.trainer.swe_probe`'s docstring). The same 1.0 M-parameter model over the project's chat tokenizer, a
-supervised warm start on the 32 train demonstrations (250 steps of 4 episodes at lr 3e-3), then GRPO on groups
+supervised warm start on the 32 train demonstrations (4 episodes a step at lr 3e-3, until the mean loss of the
+last 20 steps reaches 0.02: about 250 steps), then 12 steps of GRPO on groups
 of 4 episodes of a task, 8 tasks a step (the split in shuffled passes), at temperature 0.7, AdamW 3e-4 after 2
 warm-up steps, two optimiser steps on each step's data (`epochs` 2), advantages of the better-than-mean
 episodes only (`negative_weight` 0), no entropy bonus, no std division.
@@ -31,18 +32,22 @@ fails a sampled episode is its tails, spread thinly over the ~730 tokens it gene
 300-step warm start's fix turn resolves 0.35 of the time and whole episodes 0.06-0.18; at 0.7 the same fix
 turn resolves 0.91. RL at temperature 1 had to sharpen those diffuse tails, and no setting tried did (below).
 
-Why the warm start stops at 250 steps: pass@1 at 0.7 climbs steeply with its length (fix-turn proxy 0.03 after
+Why the warm start stops about 250 steps in: pass@1 at 0.7 climbs steeply with its length (fix-turn proxy 0.03 after
 200 steps, 0.62 after 250, 0.91 after 300; whole episodes 0.52 after 250), so 250 leaves RL room. Where it
 lands varies run to run (train pass@1 0.11-0.59): the fit is deterministic given its records, but at lr 3e-3 it
 is chaotic, and the records differ between runs by pytest's timing line; the landing follows the last steps'
 loss (0.018 -> 0.47-0.59, 0.028 -> 0.11). A cosine decay to 0 over the same steps underfits (0.086 against
-0.024 over all demonstrations). RL gains from a low landing too (0.11 -> 0.31).
+0.024 over all demonstrations). RL gains from a low landing too (0.11 -> 0.31). So the warm start now stops at a
+loss, not a step count (`warm_start.target_loss: 0.02`, at most 400 steps): it stopped at 245-252 steps and
+landed at 0.469 in each run measured so far, where RL had gained the most (from 0.42-0.47: +0.22 to +0.30 in
+four runs of five), and 12 RL steps instead of 8 (the 8-step runs took 24 minutes of the 30).
 
 mini-swe-agent (`swe-mini.yaml` over this recipe, `make train-swe AGENT=mini-swe-agent`): its SWE-bench prompts
 make episodes twice as long and each reply must hold one well-formed tool call (three bad ones in a row end the
 episode). Its warm start lands far more steeply with its length: train pass@1 0.08 after 250 steps (loss over the
 last 20 steps 0.046; most episodes ended on malformed calls), 0.98 after 400 (0.002), no room for RL. 280 steps
-(0.019 in that run, the built-in agent's 250-step loss) is its recipe.
+(0.019 in that run, the built-in agent's 250-step loss) is its recipe (`swe-mini.yaml`: a fixed count and 8 GRPO
+steps, as measured).
 
 Why only the better-than-mean episodes: a failed episode leaves the demonstrated path and its later tokens are
 uncertain (a token's log-probability gradient is 1 - p, about 0.003 on the path and 0.3-0.6 off it), so with
@@ -80,13 +85,11 @@ noise of both evaluations, about 0.085, as much as most gains). The held-out tas
 get one episode each (`run.held_out_samples: 1`): the tiny model never solves them, and their episodes are the
 costliest (they run to the turn limit), so an evaluation is 73 episodes.
 
-Measured (`make train-swe`, Docker, this 2-core machine, 28-32 minutes a run): train pass@1 after the warm start
--> after 8 steps of RL 0.469 -> 0.750 (seed 0), 0.438 -> 0.734 (seed 1), 0.422 -> 0.641 (seed 2), an earlier
-seed-1 run 0.312 -> 0.438, with the sandboxes' command runner seed 0 0.109 -> 0.312 in 28.0 minutes and seed 1
-0.469 -> 0.516 in 25.6, and with common-random-number evaluations seed 1 0.562 -> 0.656 (23.9 minutes) and seed
-2 0.469 -> 0.750 (23.5);
-mini-swe-agent (seed 0, 280 warm-start steps) 0.438 -> 0.609 in 33.3 minutes. The README's "Training on SWE
-tasks" has the runs' numbers and wall times.
+Measured (`make train-swe`, Docker, this 2-core machine): with the loss target and 12 GRPO steps train pass@1
+went 0.469 -> 0.625 (seed 0, 22.0 minutes), 0.484 -> 0.641 (seed 1, 21.3) and 0.562 -> 0.734 (seed 2, 21.6).
+Before it (a fixed 250-step warm start, 8 steps) 11 runs gained +0.05 to +0.30 from landings of 0.11-0.59, in
+23.5-66 minutes; mini-swe-agent (seed 0, 280 warm-start steps, 8 steps) 0.438 -> 0.609 in 33.3 minutes. The
+README's "Training on SWE tasks" has the runs' numbers and wall times.
 """
 
 from __future__ import annotations
