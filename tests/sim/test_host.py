@@ -65,6 +65,7 @@ def test_the_slowdown_follows_the_busy_devices(small_config):
         ("cluster.host_cores=1.5", "cluster.host_cores. must be an integer, got 1.5"),
         ("costs.host_token_s=-1e-4", "costs.host_token_s must be a finite number >= 0, got -0.0001"),
         ("costs.host_token_s=.nan", "costs.host_token_s must be a finite number >= 0, got nan"),
+        ("costs.train_dp_overhead_s=-0.5", "costs.train_dp_overhead_s must be a finite number >= 0, got -0.5"),
     ],
 )
 def test_bad_host_settings_name_themselves(small_config, override, message):
