@@ -65,16 +65,17 @@ def warm_start(cfg, task, out: Path, model_dir: str, metrics: MetricsLog, progre
     finally:
         bar.close()
     window = steps[-config.target_window :]
-    if len(steps) < config.steps and progress:
+    window_loss = sum(r["loss"] for r in window) / len(window)
+    reached = len(steps) < config.steps  # stopped at warm_start.target_loss
+    if reached and progress:
         print(f"warm start: stopped at step {len(steps)}/{config.steps}: mean loss of the last {len(window)} steps "
-              f"{sum(r['loss'] for r in window) / len(window):.4f} <= target {config.target_loss}", file=sys.stderr,
-              flush=True)  # fmt: skip
+              f"{window_loss:.4f} <= target {config.target_loss}", file=sys.stderr, flush=True)  # fmt: skip
     handoff = publish_weights(model.state_dict(), model.config, out / "weights", 0, tokenizer)
     metrics.counters.update(
         warm_start_s=time.monotonic() - start,
         warm_start_records=len(records),
-        warm_start_loss_window=sum(r["loss"] for r in window) / len(window),
-        warm_start_reached_target=float(len(steps) < config.steps),  # 1: stopped at warm_start.target_loss
+        warm_start_loss_window=window_loss,
+        warm_start_reached_target=float(reached),
     )
     return str(handoff.path.resolve())
 
