@@ -121,3 +121,30 @@ def test_a_loss_target_never_stops_before_its_window_nor_without_being_reached()
     assert config.reached_target([9.0, 0.5, 0.5, 0.5])  # the mean of the last 3
     assert not config.reached_target([0.1, 0.1, 1.4])  # mean 0.533
     assert not SupervisedConfig().reached_target([0.0] * 50)  # no target: the fit runs its steps
+
+
+def test_the_run_s_warm_start_stops_at_its_target_and_records_numbers_only(tmp_path, make_model, task_tok):
+    """`reference.control.warm_start.warm_start` with a loss target: it stops early, says so, publishes version 0,
+    and every counter it adds is a number (the run's summary writes them as floats)."""
+    import json
+    from types import SimpleNamespace
+
+    from reference.control.report import MetricsLog
+    from reference.control.warm_start import warm_start
+    from reference.trainer.handoff import publish_weights
+
+    model = make_model(0)
+    start = publish_weights(model.state_dict(), model.config, tmp_path / "init", 0, task_tok).path
+    full = supervised_fit(make_model(0), DEMOS, SupervisedConfig(steps=60, batch_size=3, lr=1e-2, warmup_steps=5), 0)
+    target = sum(r["loss"] for r in full[30:35]) / 5  # reached by step 35 at the latest
+    section = {"steps": 60, "batch_size": 3, "lr": 1e-2, "warmup_steps": 5, "target_loss": target, "target_window": 5}
+    cfg = SimpleNamespace(task=SimpleNamespace(name="demo"), warm_start=section)
+    task = SimpleNamespace(demonstrations=lambda folder: DEMOS)
+    metrics = MetricsLog(tmp_path / "out" / "metrics.jsonl")
+    warm = warm_start(cfg, task, tmp_path / "out", str(start), metrics, progress=False)
+    steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert 5 <= len(steps) <= 35 and all(s["kind"] == "warm_start" for s in steps)
+    assert metrics.counters["warm_start_reached_target"] == 1.0
+    assert metrics.counters["warm_start_loss_window"] <= target
+    assert all(isinstance(v, int | float) and math.isfinite(v) for v in metrics.counters.values()), metrics.counters
+    assert (tmp_path / "out" / "weights").is_dir() and warm
