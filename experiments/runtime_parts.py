@@ -371,23 +371,39 @@ def measure_batch_read(lengths: tuple[int, int], prompts: int, group_size: int, 
 
 
 def fit_trainer(cfg, model, device, points: list[dict]) -> dict:
-    """train_mfu m and train_step_overhead_s o of seconds = o + A / m + R, least squares over the points
-    (A: the passes' compute at m = 1, R: the rest of sim/train_layout.py's step, both the simulator's, for
-    each point's sequence lengths)."""
+    """train_mfu m, train_attention_mfu a and train_step_overhead_s o of seconds = o + M / m + A / a + R, least
+    squares over the points (M and A: the passes' matmul and attention compute at efficiency 1, R: the rest of
+    sim/train_layout.py's step, all the simulator's for each point's sequence lengths, padded as its trainer
+    pads them). A term the points leave at or below 0 is dropped (o first, then a: attention at m)."""
     from sim import train_layout
-    from sim.calibration import measured_setup
+    from sim.calibration import TRAIN_MFU_CAP, measured_setup
 
-    setup = measured_setup(cfg, train_mfu=0.75)
-    a, rest, t = [], [], []
+    cap = TRAIN_MFU_CAP
+    same = measured_setup(cfg, train_mfu=cap, train_attention_mfu=None)
+    half = measured_setup(cfg, train_mfu=cap, train_attention_mfu=cap / 2)  # attention's seconds doubled
+    matmul, attention, rest, t = [], [], [], []
     for point in points:
-        parts = train_layout.step(setup, model, device, point["seq_lens"], 1)
-        a.append(parts.train_compute_s * 0.75)
-        rest.append(parts.total_s - parts.train_compute_s)
+        both = train_layout.step(same, model, device, point["seq_lens"], 1)
+        attn = train_layout.step(half, model, device, point["seq_lens"], 1).train_compute_s - both.train_compute_s
+        matmul.append((both.train_compute_s - attn) * cap)
+        attention.append(attn * cap)
+        rest.append(both.total_s - both.train_compute_s)
         t.append(point["seconds"])
-    x = np.column_stack([np.ones(len(a)), a])
-    (overhead, inverse), *_ = np.linalg.lstsq(x, np.array(t) - np.array(rest), rcond=None)
-    mfu = min(0.75, 1.0 / inverse) if inverse > 0 else 0.75
-    return {"train_mfu": float(mfu), "train_step_overhead_s": float(max(overhead, 0.0))}
+    y = np.array(t) - np.array(rest)
+    columns = {"overhead": np.ones(len(y)), "matmul": np.array(matmul), "attention": np.array(attention)}
+    columns["compute"] = columns["matmul"] + columns["attention"]
+    for names in (("overhead", "matmul", "attention"), ("matmul", "attention"), ("overhead", "compute"), ("compute",)):
+        coef, *_ = np.linalg.lstsq(np.column_stack([columns[n] for n in names]), y, rcond=None)
+        if (coef > 0).all():
+            break
+    else:  # no fit with positive terms: the cap, nothing more
+        return {"train_mfu": cap, "train_attention_mfu": None, "train_step_overhead_s": 0.0}
+    got = dict(zip(names, (float(c) for c in coef), strict=True))
+    return {
+        "train_mfu": min(cap, 1.0 / got.get("matmul", got.get("compute"))),
+        "train_attention_mfu": min(cap, 1.0 / got["attention"]) if "attention" in got else None,
+        "train_step_overhead_s": got.get("overhead", 0.0),
+    }
 
 
 def fit_data_parallel(cfg, model, device, points: list[dict], fitted: dict) -> float | None:

@@ -152,6 +152,8 @@ def host_cores(rt) -> int:
 
 def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
     """The simulator's config for the runtime's `--compare` run (see the module docstring)."""
+    from reference.trainer.config import TrainerConfig
+
     workload = {**task.simulator_workload(), "prompts_per_step": rt.rollout.prompts_per_step,
                 "group_size": rt.rollout.group_size}  # fmt: skip
     return {
@@ -177,6 +179,8 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
             "activation_recompute": "none",
             "grad_bytes_per_param": 4,
             "optimizer_bytes_per_param": 8,
+            # the runtime's trainer pads micro-batches of this many sequences to their longest
+            "micro_batch_sequences": TrainerConfig.from_dict(dict(rt.trainer)).micro_batch_size,
         },  # fmt: skip
         "workload": workload,
         "policy": {
@@ -565,6 +569,7 @@ def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
     # the engines load them in the sync.
     return {
         "train_mfu": fitted["train_mfu"],
+        "train_attention_mfu": fitted["train_attention_mfu"],
         "train_step_overhead_s": fitted["train_step_overhead_s"] + parts["publish_s"] + parts["batch_read_s"],
         "sync_fixed_s": parts["load_s"],
         "switch_fixed_s": parts["switch_s"],

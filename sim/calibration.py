@@ -20,9 +20,9 @@ model's layers:
 - prefill: seconds = overlap(max(M / prefill_mfu + A / prefill_attention_mfu, W / hbm), L x h) with matmul
   FLOPs M, attention FLOPs A, and h (`prefill_layer_host_s`) the host's time to launch one layer of an
   eager forward; `train_layout.overlap` is the 2-norm of device and host time;
-- training: overlap(F / train_mfu, L x h_train) + optimizer, the trainer's step on one GPU
-  (sim/train_layout.py; the points are measured without recompute, so model FLOPs run at 4/3 of
-  train_mfu, the convention of HFU_PER_MFU);
+- training: overlap(M / train_mfu + A / train_attention_mfu, L x h_train) + optimizer, the trainer's step
+  on one GPU (sim/train_layout.py; the points are measured without recompute, so model FLOPs run at 4/3 of
+  the efficiencies, the convention of HFU_PER_MFU);
 - log-probs: overlap(M / logprob_mfu + A / logprob_attention_mfu, L x h_logprob), the trainer's
   forward-only pass over one sequence.
 
@@ -74,7 +74,7 @@ PER_STEP = ("decode_step_overhead_s", "decode_seq_overhead_s")  # replaced by th
 # The constants of each part, in the order a fit drops those it cannot pin down (last first).
 DECODE = ("decode_mfu", "decode_layer_overhead_s", "decode_seq_layer_overhead_s", "decode_ctx_latency_s")
 PREFILL = ("prefill_mfu", "prefill_attention_mfu", "prefill_layer_host_s")
-TRAIN = ("train_mfu", "train_layer_host_s")
+TRAIN = ("train_mfu", "train_layer_host_s", "train_attention_mfu")
 LOGPROB = ("logprob_mfu", "logprob_attention_mfu", "logprob_layer_host_s")
 PARTS = ("decode", "prefill", "train", "logprob")
 FITTED_KEYS = ("hbm_efficiency", "kv_hbm_efficiency", *DECODE, *PER_STEP, *PREFILL, "prefill_overhead_s", *TRAIN,
@@ -425,23 +425,30 @@ def _fit_train(cfg, device, points, values, weights_at) -> _Part:
     if not points:
         return _Part({}, (), dict.fromkeys(TRAIN, "no training points"))
     setup = measured_setup(cfg, hbm_efficiency=values["hbm_efficiency"], train_mfu=TRAIN_MFU_CAP,
-                           train_layer_host_s=0.0)  # fmt: skip
-    flops, rest, layers = [], [], []
+                           train_layer_host_s=0.0, train_attention_mfu=None)  # fmt: skip
+    flops, share, rest, layers = [], [], [], []
     for _, spec, p in points:
         parts = train_layout.step(setup, spec, device, [p.seq_len], 1)
         flops.append(parts.train_compute_s * TRAIN_MFU_CAP)  # the passes' seconds at train_mfu = 1
+        matmul, attention = train_layout.forward_split(spec, [p.seq_len])
+        share.append(attention / (matmul + attention))  # no recompute: every pass has the forward's split
         rest.append(parts.total_s - parts.train_compute_s)  # the optimizer's
         layers.append(spec.layers)
-    flops, rest, layers = np.array(flops), np.array(rest), np.array(layers, dtype=float)
+    flops, share, rest, layers = np.array(flops), np.array(share), np.array(rest), np.array(layers, dtype=float)
     t = np.array([p.seq_len / p.tokens_per_s for _, _, p in points])
 
     def predict(v: dict[str, float]) -> np.ndarray:
-        return np.hypot(flops / v["train_mfu"], layers * v["train_layer_host_s"]) + rest
+        compute = flops * ((1 - share) / v["train_mfu"] + share / v["train_attention_mfu"])
+        return np.hypot(compute, layers * v["train_layer_host_s"]) + rest
 
     params = [_Param("train_mfu", c.train_mfu, TRAIN_MFU_CAP),
-              _Param("train_layer_host_s", c.train_layer_host_s, _slowest(t, layers))]  # fmt: skip
+              _Param("train_layer_host_s", c.train_layer_host_s, _slowest(t, layers)),
+              _Param("train_attention_mfu", c.train_attention_mfu or c.train_mfu, TRAIN_MFU_CAP)]  # fmt: skip
     part = _fit_part(predict, t, params, "training")
-    return _Part({**{p.name: p.default for p in params}, **part.values}, part.fitted, part.kept)
+    result = {**{p.name: p.default for p in params}, **part.values}
+    if "train_attention_mfu" not in part.fitted:
+        result["train_attention_mfu"] = c.train_attention_mfu  # null stays null: at train_mfu
+    return _Part(result, part.fitted, part.kept)
 
 
 def _fit_logprob(cfg, device, points, values, weights_at) -> _Part:

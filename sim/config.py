@@ -125,6 +125,8 @@ class TrainConfig:
     activation_gb: float | None  # per GPU: overrides the estimate from the model shape (null: estimate)
     expert_parallel: int = 1  # MoE: data-parallel replicas the routed experts are sharded over (ZeRO-3
     # over the rest), tokens sent to them by all-to-all; must divide data parallel (sim/train_layout.py)
+    micro_batch_sequences: int | None = None  # padded micro-batches of this many sequences, each padded to
+    # its longest (null: sequences packed into micro_batch_tokens, no padding); sim/train_layout.py
 
     def validate(self, gpus_per_node: int, samples_per_step: int) -> None:
         keys = (
@@ -143,6 +145,10 @@ class TrainConfig:
             raise UserError(f"unknown train.activation_recompute {mode!r}; valid choices: {choices}")
         if self.activation_gb is not None and self.activation_gb < 0:
             raise UserError(f"train.activation_gb must be >= 0 or null, got {self.activation_gb}")
+        n = self.micro_batch_sequences
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise UserError(f"train.micro_batch_sequences must be null (packed micro-batches) or an integer >= 1, "
+                            f"got {n!r}")  # fmt: skip
         tp = self.tensor_parallel
         if tp > gpus_per_node or gpus_per_node % tp:
             raise UserError(
@@ -210,6 +216,7 @@ class CostConfig:
     # (of the step's mean sequence) and layer: an attention kernel that does not split the cache
     prefill_attention_mfu: float | None = None  # prefill attention's (QK^T, AV) share of peak; null: prefill_mfu
     logprob_attention_mfu: float | None = None  # the same in log-prob passes; null: logprob_mfu
+    train_attention_mfu: float | None = None  # the same in training's forward and backward; null: train_mfu
     prefill_layer_host_s: float = 0.0  # the host's time to launch one layer of an eager prefill forward
     logprob_layer_host_s: float = 0.0  # ... of an eager log-prob forward
     train_layer_host_s: float = 0.0  # ... of an eager forward + backward (one micro-batch)

@@ -24,7 +24,14 @@ Megatron-LM ranks them: tensor parallel innermost (within a node), pipeline oute
   reduce-scatters run over the dp/ep replicas that hold the same experts, and a gathered MoE layer holds
   only its E/ep experts. The state per GPU is unchanged (ZeRO-3 shards it over every GPU either way).
 
-Departures from a real trainer: micro-batches and pipeline stages are balanced (no packing loss;
+With `train.micro_batch_sequences` = N the trainer pads instead of packing, as the reference runtime's
+does (reference/trainer/trainer.py): whole groups go to the data-parallel replicas, largest first, each
+to the replica with the fewest real tokens so far (reference/control/executor.py `_shard`); a replica
+sorts its sequences by length and slices them into ceil(n / N) near-equal micro-batches, each padded to
+its longest. Every pass then computes the padded tokens, and the step waits for the replica whose padded
+sequences cost the most (`padded_shards`).
+
+Departures from a real trainer: packed micro-batches and pipeline stages are balanced (no packing loss;
 the embedding and output head are spread over the stages like the layers); no context parallelism,
 so a sequence longer than `micro_batch_tokens` is a micro-batch on its own.
 """
@@ -185,14 +192,15 @@ class _Pass:
 def _run_pass(
     lay: Layout, model: ModelSpec, *, tokens: float, flops: float, flops_per_s: float, micro_tokens: int,
     allreduces: int, sends: int, dp_bytes_per_param: float, alltoalls: int, layer_host_s: float = 0.0,
+    micro_batches: int | None = None,
 ) -> _Pass:  # fmt: skip
     """`tokens` and `flops` of the pass over all replicas, at `flops_per_s` per GPU; `allreduces` per
     layer and token (tensor parallel), `sends` per token between stages (activations forward, gradients
     back), `dp_bytes_per_param` of ZeRO-3 traffic per micro-batch and parameter of a model-parallel shard,
     `alltoalls` per MoE layer and micro-batch (expert parallel), `layer_host_s` of the host's launches per
-    layer and micro-batch."""
+    layer and micro-batch; `micro_batches` a replica (None: its tokens packed into `micro_tokens`)."""
     per_replica = tokens / lay.dp
-    m = max(1, math.ceil(per_replica / micro_tokens))
+    m = micro_batches or max(1, math.ceil(per_replica / micro_tokens))
     stage_share = lay.stage_layers / model.layers  # of the model's work, on the slowest stage
     compute = flops * stage_share / (lay.tp * lay.dp) / flops_per_s
     host_exposed = overlap(compute, m * lay.stage_layers * layer_host_s) - compute
@@ -256,31 +264,62 @@ def recompute_flops(model: ModelSpec, seq_lens: list[int], mode: str) -> float:
     return 0.0
 
 
+def padded_shards(seq_lens: list[int], group_size: int, replicas: int, per_micro: int) -> list[list[int]]:
+    """Each data-parallel replica's sequences as a padding trainer computes them (see the module docstring):
+    `seq_lens` comes as whole groups, runs of `group_size` (the last may be shorter); each replica's lengths
+    come back sorted, every micro-batch of at most `per_micro` sequences padded to its longest. A replica
+    left without a group gets []."""
+    groups = [seq_lens[i : i + group_size] for i in range(0, len(seq_lens), group_size)]
+    load, shards = [0] * replicas, [[] for _ in range(replicas)]
+    for group in sorted(groups, key=lambda g: -sum(g)):  # stable: ties keep the groups' order
+        r = min(range(replicas), key=lambda i: (load[i], i))
+        load[r] += sum(group)
+        shards[r] += group
+    out = []
+    for shard in shards:
+        lens, n = sorted(shard), len(shard)
+        count = -(-n // per_micro)
+        bounds = [(i * n // count, (i + 1) * n // count) for i in range(count)]
+        out.append([lens[hi - 1] for lo, hi in bounds for _ in range(hi - lo)])
+    return out
+
+
 def step(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, seq_lens: list[int], train_gpus: int) -> TrainStep:
     """One RL step's training over sequences of these lengths on `train_gpus` GPUs."""
     t, c = cfg.train, cfg.costs
     lay = layout(cfg, model, device, train_gpus)
+    micro_batches = None
+    if t.micro_batch_sequences is not None and seq_lens:
+        # The replica whose padded sequences cost the most sets the pace; every replica is costed as it.
+        shards = padded_shards(seq_lens, cfg.workload.group_size, lay.dp, t.micro_batch_sequences)
+        slowest = max(shards, key=lambda s: forward_flops(model, s))
+        micro_batches = max(1, -(-len(slowest) // t.micro_batch_sequences))
+        seq_lens = slowest * lay.dp
     tokens, fwd = sum(seq_lens), forward_flops(model, seq_lens)
     micro_tokens = max(t.micro_batch_tokens, max(seq_lens, default=0))
     peak = device.peak_tflops * TFLOP
     steps = t.ppo_epochs * t.mini_batches
     recompute = t.activation_recompute
+    matmul, attention = forward_split(model, seq_lens)  # attention at its own efficiency: as matmul FLOPs
+    train_flops = 3 * fwd + recompute_flops(model, seq_lens, recompute)
+    if c.train_attention_mfu is not None:
+        attention_flops = 3 * attention + (attention if recompute in ("full", "selective") else 0.0)
+        train_flops += attention_flops * (c.train_mfu / c.train_attention_mfu - 1)
     train = _run_pass(
         lay, model, tokens=tokens / t.mini_batches,
-        flops=(3 * fwd + recompute_flops(model, seq_lens, recompute)) / t.mini_batches,
+        flops=train_flops / t.mini_batches,
         flops_per_s=peak * c.train_mfu * HFU_PER_MFU, micro_tokens=micro_tokens,
         allreduces=TP_ALLREDUCES_FORWARD * (2 if recompute == "full" else 1) + TP_ALLREDUCES_BACKWARD,
         sends=2, dp_bytes_per_param=2 * BF16_BYTES + t.grad_bytes_per_param,  # gather twice, reduce-scatter once
         alltoalls=2 * (2 if recompute == "full" else 1) + 2,  # dispatch + combine: forward (again), backward
-        layer_host_s=c.train_layer_host_s,
+        layer_host_s=c.train_layer_host_s, micro_batches=micro_batches and -(-micro_batches // t.mini_batches),
     )  # fmt: skip
     forwards = int(t.recompute_logprobs) + int(t.reference_model)
-    matmul, attention = forward_split(model, seq_lens)  # attention at its own efficiency: as matmul FLOPs
     scaled = fwd if c.logprob_attention_mfu is None else matmul + attention * c.logprob_mfu / c.logprob_attention_mfu
     fwd_pass = _run_pass(
         lay, model, tokens=tokens, flops=scaled, flops_per_s=peak * c.logprob_mfu, micro_tokens=micro_tokens,
         allreduces=TP_ALLREDUCES_FORWARD, sends=1, dp_bytes_per_param=BF16_BYTES, alltoalls=2,
-        layer_host_s=c.logprob_layer_host_s,
+        layer_host_s=c.logprob_layer_host_s, micro_batches=micro_batches,
     )  # fmt: skip
     state = (BF16_BYTES + t.grad_bytes_per_param + t.optimizer_bytes_per_param) * model.params / train_gpus
     return TrainStep(
@@ -358,7 +397,10 @@ def memory(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int
     # FSDP", sec. 3.3-4.1); a unit is one layer here, its gradient unsharded until reduce-scattered.
     buffers = (2 * BF16_BYTES + t.grad_bytes_per_param) * gathered_layer_params(model, lay.ep) / lay.tp
     buffers = buffers if lay.dp > 1 else 0.0
-    tokens = max(t.micro_batch_tokens, longest)
+    if t.micro_batch_sequences is None:
+        tokens = max(t.micro_batch_tokens, longest)
+    else:  # a padded micro-batch of the longest sequences
+        tokens = t.micro_batch_sequences * max(longest, 1)
     if t.activation_gb is None:
         act, estimated = activation_bytes(model, lay, t.activation_recompute, tokens) / GB, True
     else:
@@ -404,7 +446,10 @@ def _what_fails(cfg: SimConfig, lay: Layout, mem: TrainMemory, longest: int) -> 
             f"with activation_recompute={t.activation_recompute}"
         )
         remedies = ["enable recompute (train.activation_recompute=full)"] if t.activation_recompute != "full" else []
-        if mem.micro_batch_tokens > t.micro_batch_tokens:
+        if t.micro_batch_sequences is not None:
+            act += f" ({t.micro_batch_sequences} sequences padded to {longest} tokens)"
+            remedies.append("lower train.micro_batch_sequences")
+        elif mem.micro_batch_tokens > t.micro_batch_tokens:
             act += f" (a {longest}-token sequence is a micro-batch of its own)"
             remedies.append("lower the workload's maximum lengths")
         else:

@@ -55,7 +55,8 @@ def test_the_simulator_mirrors_the_runtime_config(tmp_path):
 
 
 def test_the_trainer_fit_recovers_known_costs(tmp_path):
-    """Points made by the simulator's own train step at a known MFU and overhead give them back."""
+    """Points made by the simulator's own train step (micro-batches padded as the runtime's trainer pads them)
+    at known efficiencies and overhead give them back."""
     from core import specs
     from sim import train_layout
     from sim.calibration import measured_setup
@@ -64,22 +65,36 @@ def test_the_trainer_fit_recovers_known_costs(tmp_path):
     _, task, _ = _mirror(tmp_path)
     cfg = load_config(tmp_path / "sim_config.yaml")
     model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
-    truth = measured_setup(cfg, train_mfu=0.3, train_step_overhead_s=0.05)
+    assert cfg.train.micro_batch_sequences == 64  # the mirror pads as the runtime's trainer does
+    truth = measured_setup(cfg, train_mfu=0.3, train_attention_mfu=0.1, train_step_overhead_s=0.05)
     rng = random.Random(0)
-    batches = [[length for _, length in parts.draw_batch_lengths(task, n, 16, rng)] for n in (64, 128, 256)]
+    batches = [[sum(pair) for pair in parts.draw_batch_lengths(task, n, 16, rng)] for n in (64, 128, 256) * 2]
     points = [
         {"seq_lens": lens, "seconds": train_layout.step(truth, model, device, lens, 1).total_s} for lens in batches
     ]
     fitted = parts.fit_trainer(cfg, model, device, points)
     assert fitted["train_mfu"] == pytest.approx(0.3, rel=1e-6)
+    assert fitted["train_attention_mfu"] == pytest.approx(0.1, rel=1e-6)
     assert fitted["train_step_overhead_s"] == pytest.approx(0.05, rel=1e-6)
+    # Attention at the matmuls' efficiency comes back as that efficiency; a term the points leave at or below 0
+    # is dropped (here the overhead).
+    same = measured_setup(cfg, train_mfu=0.3, train_attention_mfu=None, train_step_overhead_s=0.0)
+    flat = [{"seq_lens": p["seq_lens"], "seconds": train_layout.step(same, model, device, p["seq_lens"], 1).total_s}
+            for p in points]  # fmt: skip
+    again = parts.fit_trainer(cfg, model, device, flat)
+    assert again["train_mfu"] == pytest.approx(0.3, rel=1e-3)
+    assert again["train_attention_mfu"] in (None, pytest.approx(0.3, rel=1e-3))
+    assert again["train_step_overhead_s"] == pytest.approx(0.0, abs=1e-6)
     # Data-parallel steps made with a known overhead of their own beyond the one-rank constants give it back,
     # and a layout with no data-parallel step measured gives none.
-    dp_truth = measured_setup(cfg, train_mfu=0.3, train_step_overhead_s=0.05, train_dp_overhead_s=0.2)
-    dp_points = [
-        {"shards": [lens[::2], lens[1::2]], "seconds": train_layout.step(dp_truth, model, device, lens, 2).total_s}
-        for lens in batches
-    ]
+    dp_truth = measured_setup(cfg, train_mfu=0.3, train_attention_mfu=0.1, train_step_overhead_s=0.05,
+                              train_dp_overhead_s=0.2)  # fmt: skip
+    dp_points = []
+    for lens in batches:  # whole groups to each rank, as the runtime shards them
+        groups = [lens[i : i + 16] for i in range(0, len(lens), 16)]
+        shards = [sum(groups[rank::2], []) for rank in (0, 1)]
+        seconds = train_layout.step(dp_truth, model, device, shards[0] + shards[1], 2).total_s
+        dp_points.append({"shards": shards, "seconds": seconds})
     assert parts.fit_data_parallel(cfg, model, device, dp_points, fitted) == pytest.approx(0.2, rel=1e-6)
     assert parts.fit_data_parallel(cfg, model, device, [], fitted) is None
     one = train_layout.step(dp_truth, model, device, batches[0], 1)

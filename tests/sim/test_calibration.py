@@ -42,6 +42,7 @@ TRUTH = {  # one device's constants: every term the fit knows, each with a visib
     "prefill_layer_host_s": 4e-4,  # eager launches: bind the small model's short prefills
     "train_mfu": 0.33,
     "train_layer_host_s": 3e-3,
+    "train_attention_mfu": 0.15,  # long sequences: attention's share grows with the length
     "logprob_mfu": 0.43,
     "logprob_attention_mfu": 0.2,
     "logprob_layer_host_s": 6e-4,
@@ -197,7 +198,7 @@ def test_a_part_with_too_few_points_keeps_its_constants(tmp_path):
     entry = profile.models[0]
     thin = ModelProfile(MODEL, decode=entry.decode[:2], prefill=(), train=entry.train)
     cal = calibrated(write_profile(Profile(1, profile.device, (thin,)), tmp_path / "thin.yaml")).calibration
-    assert set(cal.fitted) == {"hbm_efficiency", "train_mfu", "train_layer_host_s"}
+    assert set(cal.fitted) == {"hbm_efficiency", "train_mfu", "train_layer_host_s", "train_attention_mfu"}
     assert cal.kept["decode_ctx_latency_s"] == "2 decode point(s) do not pin down 5 constant(s)"
     assert cal.kept["prefill_mfu"] == "no prefill points"
 

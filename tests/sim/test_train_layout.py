@@ -236,6 +236,72 @@ def test_short_memory_names_the_sharded_state_when_it_is_the_larger_part():
         cm.check_fits(train_gpus=8, max_request_tokens=1000, colocated=False)
 
 
+# ---- padded micro-batches (train.micro_batch_sequences) ----
+
+
+def test_padded_shards_give_whole_groups_to_the_lightest_replica_and_pad_each_micro_batch():
+    # Groups of 2: (10,10) 20 tokens, (50,50) 100, (30,30) 60, (5,5) 10. Largest first to the lightest
+    # replica: 100 -> r0, 60 -> r1, 20 -> r1 (80), 10 -> r1 (90).
+    lens = [10, 10, 50, 50, 30, 30, 5, 5]
+    assert tl.padded_shards(lens, 2, 2, 8) == [[50, 50], [30] * 6]  # one micro-batch each, padded to its longest
+    # Micro-batches of at most 4: 6 sequences sorted, 2 near-equal slices of 3, each padded to its longest.
+    assert tl.padded_shards(lens, 2, 2, 4)[1] == [10, 10, 10, 30, 30, 30]
+    assert tl.padded_shards(lens, 2, 1, 3) == [[5, 5, 30, 30, 30, 50, 50, 50]]  # 3 slices: 2, 3, 3
+    assert tl.padded_shards([7, 3], 2, 3, 8) == [[7, 7], [], []]  # a replica without a group gets none
+    assert tl.padded_shards([4, 9, 2], 2, 1, 64) == [[9, 9, 9]]  # a last, shorter group
+
+
+def test_a_padded_step_costs_the_padded_tokens_of_its_slowest_replica():
+    packed = cost_model(*BARE, "train.activation_recompute=none", "workload.group_size=2")
+    padded = cost_model(*BARE, "train.activation_recompute=none", "workload.group_size=2",
+                        "train.micro_batch_sequences=4")  # fmt: skip
+    lens = [100, 100, 2000, 2000, 300, 300, 700, 700]
+    one = step(padded, lens, 1)
+    # one replica: its sorted sequences in 2 slices of 4, padded to 300 and 2000
+    expected = step(packed, [300] * 4 + [2000] * 4, 1)
+    assert one.train_compute_s == pytest.approx(expected.train_compute_s, rel=1e-12)
+    assert one.micro_batches == 2
+    assert one.train_compute_s > step(packed, lens, 1).train_compute_s  # padding costs compute
+    # eight replicas of the same kind of GPU, two with a group: the (2000, 2000) one sets the pace
+    many = step(padded, lens, 8)
+    assert many.train_compute_s == pytest.approx(step(packed, [2000, 2000] * 8, 8).train_compute_s, rel=1e-12)
+    # the same length everywhere pads nothing
+    even = [512] * 8
+    assert step(padded, even, 1).train_compute_s == pytest.approx(step(packed, even, 1).train_compute_s, rel=1e-12)
+
+
+def test_a_padded_micro_batch_holds_its_sequences_at_the_longest_length():
+    cm = cost_model("train.micro_batch_sequences=8")
+    mem = tl.memory(cm.cfg, cm.model, cm.device, 32, longest=3000)
+    assert mem.micro_batch_tokens == 8 * 3000
+    with pytest.raises(UserError, match=r"8 sequences padded to 30000 tokens.*lower train.micro_batch_sequences"):
+        cm.check_fits(train_gpus=32, max_request_tokens=30000, colocated=False)
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "2.5", "true"])
+def test_a_bad_micro_batch_sequences_is_refused_by_name(bad):
+    with pytest.raises(UserError, match=r"train.micro_batch_sequences.? must be .*integer"):
+        load_config(overrides=[f"train.micro_batch_sequences={bad}"])
+
+
+# ---- attention at its own efficiency in training (costs.train_attention_mfu) ----
+
+
+@pytest.mark.parametrize("recompute, attention_passes", [("none", 3), ("selective", 4), ("full", 4)])
+def test_training_attention_runs_at_its_own_efficiency(recompute, attention_passes):
+    args = (*BARE, f"train.activation_recompute={recompute}", "costs.train_mfu=0.4")
+    lens = [4096, 8192, 1000]
+    base = step(cost_model(*args), lens, 8)
+    assert step(cost_model(*args, "costs.train_attention_mfu=0.4"), lens, 8).train_compute_s == pytest.approx(
+        base.train_compute_s, rel=1e-12
+    )
+    slow = step(cost_model(*args, "costs.train_attention_mfu=0.2"), lens, 8)
+    cm = cost_model(*args)
+    _, attention = tl.forward_split(cm.model, lens)
+    at_mfu = attention / (8 * cm.device.peak_tflops * TFLOP * 0.4 * tl.HFU_PER_MFU)  # one pass's, 8 GPUs
+    assert slow.train_compute_s - base.train_compute_s == pytest.approx(attention_passes * at_mfu, rel=1e-9)
+
+
 # ---- the default is the old model ----
 
 
