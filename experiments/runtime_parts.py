@@ -89,7 +89,10 @@ def _timed(fn) -> float:
 def measure_engine(model_config, tokenizer, grid: Grid, engine_cores: set[int], client_cores: set[int]) -> tuple:
     """(decode points, prefill points) of the built-in engine as the runtime deploys it: a process of its
     own on `engine_cores` with one torch thread, called over HTTP from this process on `client_cores`
-    (sim/profile.py records)."""
+    (sim/profile.py records). A decode point is the engine's own seconds a decode step (its `decode_s` over
+    its `steps`: the step, and the time its process spends between steps streaming the tokens out) over a
+    batch of requests forced to the same length, so neither the prefill nor this client's speed in reading
+    the tokens is in it; a prefill point is a one-token request's seconds."""
     from reference.engine.base import GenerateRequest, SamplingParams, generate
     from reference.engine.process import EngineProcess, EngineSpec
     from reference.model import build_model
@@ -99,28 +102,36 @@ def measure_engine(model_config, tokenizer, grid: Grid, engine_cores: set[int], 
     rng, vocab = random.Random(0), model_config.vocab_size
     ids = iter(range(1 << 30))
 
-    async def batch_s(engine, batch: int, context: int, tokens: int) -> float:
-        prompts = [tuple(rng.randrange(vocab) for _ in range(context)) for _ in range(batch)]
+    def prompts(batch: int, context: int) -> list[tuple[int, ...]]:
+        return [tuple(rng.randrange(vocab) for _ in range(context)) for _ in range(batch)]
+
+    async def step_s(engine, batch: int, context: int, tokens: int) -> float:
+        before = (await engine.stats()).extra
         params = SamplingParams(max_tokens=tokens, temperature=1.0)
+        await asyncio.gather(*(generate(engine, GenerateRequest(f"v{next(ids)}", p, params))
+                               for p in prompts(batch, context)))  # fmt: skip
+        after = (await engine.stats()).extra
+        steps = after["steps"] - before["steps"]  # a step or two more where requests arrive a step apart
+        if steps < tokens:
+            raise RuntimeError(f"the engine took {steps} decode steps for {tokens} forced tokens a request")
+        return (after["decode_s"] - before["decode_s"]) / steps
+
+    async def request_s(engine, context: int) -> float:
+        params = SamplingParams(max_tokens=1, temperature=1.0)
         start = time.perf_counter()
-        await asyncio.gather(*(generate(engine, GenerateRequest(f"v{next(ids)}", p, params)) for p in prompts))
+        await generate(engine, GenerateRequest(f"v{next(ids)}", prompts(1, context)[0], params))
         return time.perf_counter() - start
 
     async def go(client) -> tuple[list, list]:
         decode, prefill = [], []
         try:
-            await batch_s(client, 4, 8, 4)  # warm-up
+            await step_s(client, 4, 8, 4)  # warm-up
             for batch in grid.batches:
                 for context in grid.contexts:
-                    # prefill + 1 token, and prefill + 1 + n: the difference is n decode steps
-                    longer = statistics.median(
-                        [await batch_s(client, batch, context, grid.decode_tokens + 1) for _ in range(grid.repeats)]
-                    )
-                    shorter = statistics.median([await batch_s(client, batch, context, 1) for _ in range(grid.repeats)])
-                    step = max(longer - shorter, 1e-9) / grid.decode_tokens
-                    decode.append(DecodePoint(batch, context + grid.decode_tokens // 2, step))
+                    steps = [await step_s(client, batch, context, grid.decode_tokens + 1) for _ in range(grid.repeats)]
+                    decode.append(DecodePoint(batch, context + grid.decode_tokens // 2, statistics.median(steps)))
             for tokens in grid.prefill_tokens:
-                seconds = statistics.median([await batch_s(client, 1, tokens, 1) for _ in range(grid.repeats)])
+                seconds = statistics.median([await request_s(client, tokens) for _ in range(grid.repeats)])
                 prefill.append(PrefillPoint(tokens, seconds))
         finally:
             await client.close()

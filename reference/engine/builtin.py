@@ -35,6 +35,7 @@ import logging
 import queue
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -88,6 +89,11 @@ class _Counters:
     prefill_tokens: int = 0
     reprefills: int = 0
     steps: int = 0
+    # Wall seconds of decode steps: forward, sampling, handing the tokens out, and for a step that follows
+    # another without a prefill between, the time since that step ended (the commands drained between them
+    # and the engine's server streaming the tokens out, on the same core): `decode_s / steps` is what a
+    # decode step costs the engine's process.
+    decode_s: float = 0.0
 
 
 def _checked_max_context(config, max_batch: int, max_context: int | None, vocab_limit: int | None) -> int:
@@ -146,6 +152,7 @@ class BuiltinEngine:
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # running[i] lives in cache slot i
         self._version, self._paused, self._counters = 0, False, _Counters()
+        self._step_end: float | None = None  # when the last step ended, while the engine has been busy since
         # Shared state.
         self._inbox: queue.Queue = queue.Queue()
         self._live: set[str] = set()  # request ids with an open stream
@@ -288,6 +295,7 @@ class BuiltinEngine:
                 while not self._closing:
                     if not self._busy():
                         self._activity.mark(Phase.SYNC if self._paused else Phase.IDLE, 0, self._version)
+                        self._step_end = None
                     self._drain_inbox(block=not self._busy())
                     if self._busy() and not self._closing:
                         self._step()
@@ -364,9 +372,11 @@ class BuiltinEngine:
             self._activity.mark(Phase.ROLLOUT, len(self._running), self._version)
             longest = max(len(s.tokens) for s in self._running)
             self._cache.ensure(len(self._running), longest)
+            prefilled = self._counters.prefill_tokens
             self._prefill_new()
             if self._running:
-                self._decode()
+                since = self._step_end if prefilled == self._counters.prefill_tokens else None
+                self._decode(since)
         except Exception as err:  # noqa: BLE001 - a failed step fails its requests, not the engine
             log.exception("built-in engine step failed; failing its %d requests", len(self._running))
             for seq in self._running:
@@ -375,6 +385,7 @@ class BuiltinEngine:
             self._cache.release()  # its contents may be half-written; the next step allocates afresh
         if not self._running and not self._waiting:
             self._cache.release()
+        self._step_end = time.perf_counter()
 
     def _prefill_new(self) -> None:
         """Prefill every running request that needs it, in as few forwards as possible: requests with the
@@ -426,7 +437,15 @@ class BuiltinEngine:
         self._cache.v[:, slot, :, :start] = v[:, :, :start]
         return start
 
-    def _decode(self) -> None:
+    def _decode(self, since: float | None) -> None:
+        """One decode step; its seconds count from `since` (the previous step's end) when given."""
+        start = time.perf_counter() if since is None else since
+        try:
+            self._decode_step()
+        finally:
+            self._counters.decode_s += time.perf_counter() - start
+
+    def _decode_step(self) -> None:
         running = self._running
         logits = self._runner.decode(self._cache, [s.tokens[-1] for s in running], [len(s.tokens) - 1 for s in running])
         params = [s.request.params for s in running]
@@ -551,6 +570,7 @@ class BuiltinEngine:
             "prefill_tokens": c.prefill_tokens,
             "reprefills": c.reprefills,
             "steps": c.steps,
+            "decode_s": c.decode_s,
             "max_batch": self.max_batch,
             "cache_capacity": self._cache.capacity,
             "prefix_cache_hit_tokens": self._prefix.hit_tokens,

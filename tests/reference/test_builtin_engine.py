@@ -575,3 +575,24 @@ def test_sampler_temperature_top_p_and_raw_logprobs():
     assert nucleus == {0, 1}  # p = .61, .22, ...: the smallest set reaching 0.7
     hot = sample(logits, [5.0], [0.7], gens)
     assert hot[1][0] == pytest.approx(raw[hot[0][0]].item())  # logprob is the raw one, not the hot one
+
+
+def test_decode_seconds_count_decode_steps_only(model):
+    """`decode_s` grows with decode steps and stays within the calls that made them: the idle time between
+    two requests (and the engine's waiting before the first) is not in it."""
+
+    async def run():
+        with BuiltinEngine(model) as engine:
+            walls = []
+            for rid in ("a", "b"):
+                start = asyncio.get_running_loop().time()
+                await generate(engine, req(rid, prompt(12), 20, temperature=0))
+                walls.append(asyncio.get_running_loop().time() - start)
+                if rid == "a":
+                    first = (await engine.stats()).extra
+                    await asyncio.sleep(0.5)  # idle: must not count
+            return first, (await engine.stats()).extra, walls
+
+    first, last, walls = asyncio.run(run())
+    assert first["steps"] == 20 and last["steps"] == 40
+    assert 0 < first["decode_s"] < last["decode_s"] < sum(walls)

@@ -263,3 +263,21 @@ def test_a_pause_longer_than_the_stall_timeout_is_not_a_failure(fake_procs, tok,
         t.join(30)
         versions = result["r"].model_extra["trajectory"]["versions"]
         assert m.manager.router.slots[0].failures == 0 and versions[-1] == 1
+
+
+def test_the_builtin_engine_process_hands_the_interpreter_over_often():
+    """The built-in engine's worker thread and its HTTP loop share the interpreter: `make_engine` shortens
+    the switch interval of the process it runs in (measured: decode steps without convoys behind the loop)."""
+    import sys
+
+    from reference.engine.process import BUILTIN_SWITCH_INTERVAL_S, EngineSpec, make_engine
+
+    before = sys.getswitchinterval()
+    try:
+        engine = make_engine(EngineSpec(backend="builtin", max_batch=2))
+        try:
+            assert sys.getswitchinterval() == pytest.approx(BUILTIN_SWITCH_INTERVAL_S)
+        finally:
+            engine.close()
+    finally:
+        sys.setswitchinterval(before)
