@@ -230,7 +230,8 @@ def workload_batch(model_config, task, n: int, group_size: int, rng: random.Rand
 
 def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid, trainer_config: dict) -> list[dict]:
     """The runtime's `Trainer.train_step`, with the run's trainer settings, on batches drawn from the workload
-    (`repeats` batches at each size in `grid.train_sequences`): each one's sequence lengths and seconds."""
+    (`repeats` batches at each size in `grid.train_sequences`): each one's sequence lengths and seconds, the
+    median of three steps on it (one step's time varies by a tenth or more on a shared machine)."""
     from reference.model import build_model
     from reference.trainer.config import TrainerConfig
     from reference.trainer.trainer import Trainer
@@ -242,7 +243,7 @@ def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid
     for n in grid.train_sequences:
         for _ in range(grid.repeats):
             b = workload_batch(model_config, task, n, group_size, rng)
-            seconds = _timed(lambda b=b: trainer.train_step(b))
+            seconds = statistics.median(_timed(lambda b=b: trainer.train_step(b)) for _ in range(3))
             points.append({"seq_lens": [len(t.token_ids) for t in b], "seconds": seconds})
     return points
 
@@ -385,7 +386,9 @@ def fit_trainer(cfg, model, device, points: list[dict]) -> dict:
     """train_mfu m, train_attention_mfu a and train_step_overhead_s o of seconds = o + M / m + A / a + R, least
     squares over the points (M and A: the passes' matmul and attention compute at efficiency 1, R: the rest of
     sim/train_layout.py's step, all the simulator's for each point's sequence lengths, padded as its trainer
-    pads them). A term the points leave at or below 0 is dropped (o first, then a: attention at m)."""
+    pads them), by least squares of the relative error. Of the forms in CANDIDATE_FITS (a without o, a = m, the
+    matmuls at the cap with the rest fitted, ...), the one that fits best with every term above 0 and every
+    efficiency at most the cap (TRAIN_MFU_CAP)."""
     from sim import train_layout
     from sim.calibration import TRAIN_MFU_CAP, measured_setup
 
@@ -400,21 +403,41 @@ def fit_trainer(cfg, model, device, points: list[dict]) -> dict:
         attention.append(attn * cap)
         rest.append(both.total_s - both.train_compute_s)
         t.append(point["seconds"])
-    y = np.array(t) - np.array(rest)
+    y, weight = np.array(t) - np.array(rest), 1 / np.array(t)  # least squares of the relative error
     columns = {"overhead": np.ones(len(y)), "matmul": np.array(matmul), "attention": np.array(attention)}
     columns["compute"] = columns["matmul"] + columns["attention"]
-    for names in (("overhead", "matmul", "attention"), ("matmul", "attention"), ("overhead", "compute"), ("compute",)):
-        coef, *_ = np.linalg.lstsq(np.column_stack([columns[n] for n in names]), y, rcond=None)
-        if (coef > 0).all():
-            break
-    else:  # no fit with positive terms: the cap, nothing more
+    best = None
+    for names, capped in CANDIDATE_FITS:
+        target = y - columns["matmul"] / cap if capped else y  # the matmuls at the cap, the rest fitted
+        x = np.column_stack([columns[n] for n in names])
+        coef, *_ = np.linalg.lstsq(x * weight[:, None], target * weight, rcond=None)
+        got = dict(zip(names, (float(c) for c in coef), strict=True))
+        inverse = 1 / cap if capped else got.get("matmul", got.get("compute"))
+        if min(coef) <= 0 or inverse < 1 / cap or got.get("attention", inverse) < 1 / cap:
+            continue  # a term at or below 0, or an efficiency above the cap
+        error = float(np.sum(((x @ coef - target) * weight) ** 2))
+        if best is None or error < best[0] - 1e-12:
+            best = (error, got, inverse)
+    if best is None:  # no fit within the bounds: the cap, nothing more
         return {"train_mfu": cap, "train_attention_mfu": None, "train_step_overhead_s": 0.0}
-    got = dict(zip(names, (float(c) for c in coef), strict=True))
+    _, got, inverse = best
     return {
-        "train_mfu": min(cap, 1.0 / got.get("matmul", got.get("compute"))),
-        "train_attention_mfu": min(cap, 1.0 / got["attention"]) if "attention" in got else None,
+        "train_mfu": 1.0 / inverse,
+        "train_attention_mfu": 1.0 / got["attention"] if "attention" in got else None,
         "train_step_overhead_s": got.get("overhead", 0.0),
     }
+
+
+# The forms `fit_trainer` tries (the terms fitted; whether the matmuls run at the cap), the best within bounds
+# kept: attention at its own efficiency or at the matmuls', with or without a fixed overhead a step.
+CANDIDATE_FITS = (
+    (("overhead", "matmul", "attention"), False),
+    (("overhead", "attention"), True),
+    (("matmul", "attention"), False),
+    (("attention",), True),
+    (("overhead", "compute"), False),
+    (("compute",), False),
+)
 
 
 def fit_data_parallel(cfg, model, device, points: list[dict], fitted: dict) -> float | None:

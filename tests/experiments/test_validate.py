@@ -85,6 +85,13 @@ def test_the_trainer_fit_recovers_known_costs(tmp_path):
     assert again["train_mfu"] == pytest.approx(0.3, rel=1e-3)
     assert again["train_attention_mfu"] in (None, pytest.approx(0.3, rel=1e-3))
     assert again["train_step_overhead_s"] == pytest.approx(0.0, abs=1e-6)
+    # Matmuls at the cap (the fastest a fit may give them) come back at it, with the other terms.
+    fast = measured_setup(cfg, train_mfu=0.75, train_attention_mfu=0.05, train_step_overhead_s=0.1)
+    capped = [{"seq_lens": p["seq_lens"], "seconds": train_layout.step(fast, model, device, p["seq_lens"], 1).total_s}
+              for p in points]  # fmt: skip
+    assert parts.fit_trainer(cfg, model, device, capped) == pytest.approx(
+        {"train_mfu": 0.75, "train_attention_mfu": 0.05, "train_step_overhead_s": 0.1}, rel=1e-6
+    )
     # Data-parallel steps made with a known overhead of their own beyond the one-rank constants give it back,
     # and a layout with no data-parallel step measured gives none.
     dp_truth = measured_setup(cfg, train_mfu=0.3, train_attention_mfu=0.1, train_step_overhead_s=0.05,
