@@ -4,8 +4,8 @@ Each part runs on one core with one torch thread (what one runtime resource has)
 built-in engine as the runtime deploys it (its own process, over HTTP), the host's work a generated token
 (the trajectory and rollout managers feeding that engine), the runtime's GRPO trainer on batches drawn from
 the workload, reading a step's batch from a trajectory store, publishing and loading weights, pausing and
-resuming an engine. `fit_trainer` turns the trainer's steps into the simulator's
-`train_mfu` and `train_step_overhead_s`, in the simulator's own cost terms. No whole run is used here.
+resuming an engine. `fit_trainer` turns the trainer's steps into the simulator's `train_mfu`,
+`train_attention_mfu` and `train_step_overhead_s`, in the simulator's own cost terms. No whole run is used here.
 """
 
 from __future__ import annotations

@@ -9,13 +9,15 @@ predicts what the whole runtime does. Three stages:
    - the device: an fp32 matmul's FLOP/s (the best of several 1024 x 1024 products) and a memory
      copy's bandwidth, written as a device file (`cpu-core.yaml`);
    - the built-in engine as the runtime deploys it (a process of its own on one core, called over HTTP
-     from another): decode steps of `batch` sequences at `context` tokens and prefills of one prompt,
-     written as a profile (sim/profile.py) from which sim/calibration.py fits the decode and prefill
-     constants (efficiencies, the step's and each sequence's decode overhead, a prefill's fixed cost);
+     from another): decode steps of `batch` sequences at `context` tokens (the engine's own seconds a
+     decode step, from its stats) and prefills of one prompt, written as a profile (sim/profile.py) from
+     which sim/calibration.py fits the decode and prefill constants (efficiencies, the step's and each
+     sequence's decode overhead, a prefill's fixed cost);
    - the GRPO trainer (`Trainer.train_step`, the runtime's own): steps on batches drawn from the
-     workload (groups sharing a length, as the runtime's), three at each of three sizes; `train_mfu`
-     and `train_step_overhead_s` are the least-squares line through them in the simulator's own cost
-     terms (sim/train_layout.py), and the overhead also gets the time to read a step's batch from a
+     workload (groups sharing a length, as the runtime's), three at each of three sizes, each the median
+     of three steps; `train_mfu`, `train_attention_mfu` and `train_step_overhead_s` are fitted to them in
+     the simulator's own cost terms (sim/train_layout.py, its micro-batches padded as the trainer's:
+     `train.micro_batch_sequences`), and the overhead also gets the time to read a step's batch from a
      trajectory store; and the same trainer on the runtime's data-parallel layout (a gloo rank a core,
      whole groups balanced by tokens, the step waiting for its slowest rank), as `colocated` trains;
    - the host's work a generated token (`costs.host_token_s`): the runtime's trajectory and rollout
