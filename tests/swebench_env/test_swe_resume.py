@@ -45,7 +45,7 @@ from swebench_env.tasks import dump_tasks
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS, PROMPTS, GROUP = 3, 2, 2
+STEPS, PROMPTS, GROUP = 5, 2, 2  # steps enough to catch a fast run with a finished group waiting
 SMALL = [f"rollout.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}", "task.options.max_turns=2",
          "task.options.max_tokens=64", "task.options.overlong=train", "warm_start.steps=0", "run.eval_every_steps=0",
          "run.checkpoint_every_steps=1", "run.time_limit_s=1200"]  # fmt: skip
@@ -191,8 +191,8 @@ def _task_files(tmp_path: Path) -> list[str]:
     return [f"task.options.train_tasks={train}", f"task.options.held_out_tasks={held_out}"]
 
 
-def _args(out: Path, sandbox: str, tmp_path: Path) -> list[str]:
-    args = ["--config", str(REPO / "reference/configs/swe.yaml"), "--out", str(out), "--steps", str(STEPS), "--quiet"]
+def _args(out: Path, sandbox: str, tmp_path: Path, steps: int = STEPS) -> list[str]:
+    args = ["--config", str(REPO / "reference/configs/swe.yaml"), "--out", str(out), "--steps", str(steps), "--quiet"]
     for item in [*SMALL, f"task.options.sandbox={sandbox}", *_task_files(tmp_path)]:
         args += ["--set", item]
     return args
@@ -271,7 +271,8 @@ def test_ctrl_c_stops_a_swe_run_in_one_line_and_leaves_no_container(agent, tmp_p
     """SIGINT (what Ctrl-C sends) while episodes run in sandboxes: exit 130, the run's one line, no traceback, no
     retry of a manager that has gone (the task is closed while the manager still answers), no container left."""
     out, log = tmp_path / "run", tmp_path / "train.log"
-    args = _args(out, "docker", tmp_path) + ["--set", f"task.options.agent={agent}"]
+    # Steps enough that the run is still training when its sandboxes are seen, however fast it goes.
+    args = _args(out, "docker", tmp_path, steps=50) + ["--set", f"task.options.agent={agent}"]
     run = Run(args, log)
     try:
         _wait_for(lambda: run.alive() and len(_containers(daemon, run.pid)) >= 2, RUN_TIMEOUT_S, "live sandboxes")
