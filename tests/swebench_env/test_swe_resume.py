@@ -191,8 +191,8 @@ def _task_files(tmp_path: Path) -> list[str]:
     return [f"task.options.train_tasks={train}", f"task.options.held_out_tasks={held_out}"]
 
 
-def _args(out: Path, sandbox: str, tmp_path: Path, steps: int = STEPS) -> list[str]:
-    args = ["--config", str(REPO / "reference/configs/swe.yaml"), "--out", str(out), "--steps", str(steps), "--quiet"]
+def _args(out: Path, sandbox: str, tmp_path: Path) -> list[str]:
+    args = ["--config", str(REPO / "reference/configs/swe.yaml"), "--out", str(out), "--steps", str(STEPS), "--quiet"]
     for item in [*SMALL, f"task.options.sandbox={sandbox}", *_task_files(tmp_path)]:
         args += ["--set", item]
     return args
@@ -271,8 +271,7 @@ def test_ctrl_c_stops_a_swe_run_in_one_line_and_leaves_no_container(agent, tmp_p
     """SIGINT (what Ctrl-C sends) while episodes run in sandboxes: exit 130, the run's one line, no traceback, no
     retry of a manager that has gone (the task is closed while the manager still answers), no container left."""
     out, log = tmp_path / "run", tmp_path / "train.log"
-    # Steps enough that the run is still training when its sandboxes are seen, however fast it goes.
-    args = _args(out, "docker", tmp_path, steps=50) + ["--set", f"task.options.agent={agent}"]
+    args = _args(out, "docker", tmp_path) + ["--set", f"task.options.agent={agent}"]
     run = Run(args, log)
     try:
         _wait_for(lambda: run.alive() and len(_containers(daemon, run.pid)) >= 2, RUN_TIMEOUT_S, "live sandboxes")
