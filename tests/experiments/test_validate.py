@@ -237,3 +237,22 @@ def test_the_cpu_sampler_counts_a_run_and_the_processes_it_starts(tmp_path):
     assert "cores busy while only trainers work" in table and "while engines generate" not in table
     Timeline([rollout], [], last - first + 1.0, {}).save(path)  # no clock zero: nothing to align with
     assert sampler.while_generating(path) is None and sampler.while_training_only(path) is None
+
+
+def test_the_simulators_padded_shards_are_the_runtimes_shards():
+    """sim.train_layout.padded_shards gives each replica the groups the runtime's `_shard` gives its rank (the
+    simulator cannot import the runtime; this pins the two together)."""
+    from reference.control.executor import _shard
+    from sim.train_layout import padded_shards
+
+    _, task, model_config = v.runtime_setup(3)
+    rng = random.Random(3)
+    for n, ranks in ((64, 2), (128, 2), (96, 3)):
+        batch = parts.workload_batch(model_config, task, n, 16, rng)
+        groups = [parts._Group(g) for g in sorted({t.group_id for t in batch})]
+        runtime = [sorted(len(t.token_ids) for t in shard) for shard in _shard(groups, batch, ranks)]
+        lens = [len(t.token_ids) for t in batch]
+        padded = padded_shards(lens, 16, ranks, 10**9)  # one micro-batch a replica: its lengths, padded to the longest
+        assert [len(s) for s in padded] == [len(s) for s in runtime]
+        assert [max(s) for s in padded] == [max(s) for s in runtime]
+        assert [sum(s) for s in padded_shards(lens, 16, ranks, 1)] == [sum(s) for s in runtime]  # no padding
