@@ -290,8 +290,8 @@ class Sandbox:
         start = time.monotonic()
         answer = shell.run(cmd, timeout_s, workdir or c.workdir, {**c.env, **(env or {})}, c.output_limit_bytes,
                            c.client_grace_s)  # fmt: skip
-        if answer.status is None and not answer.died:
-            self._require()  # a vanished container is a SandboxError, as for `docker exec`
+        if answer.status is None:
+            self._require()  # a closed sandbox or a vanished container is a SandboxError, as for `docker exec`
         duration_s = time.monotonic() - start
         out = _Output(c.output_limit_bytes)
         out.head, out.tail, out.dropped = bytearray(answer.head), bytearray(answer.tail), answer.dropped

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import select
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -168,7 +169,14 @@ class Shell:
         return Answer(status, body[:split], body[split:], dropped, died=False)
 
     def close(self) -> None:
+        """End the stream. A thread waiting in `run` (the sandbox closed under a running command, as a
+        stopping run closes them) wakes at once: shutting the socket down wakes its `select`, which closing
+        the descriptor alone does not, and the command's wait would last until its deadline."""
         self.alive = False
+        try:
+            self._raw.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed, or never connected
+            pass
         self._close_socket(self._sock)
 
     # -- the stream: Docker frames its stdout (1) and stderr (2) as 8-byte headers and payloads --------------

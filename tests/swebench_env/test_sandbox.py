@@ -311,6 +311,40 @@ def test_close_removes_the_container_and_is_idempotent(daemon, sandbox_config):
 
 
 @pytest.mark.docker
+@pytest.mark.parametrize("shell", [True, False], ids=["shell", "docker-exec"])
+def test_closing_a_sandbox_ends_a_running_commands_wait_at_once(sandbox_config, shell):
+    """A stopping run (Ctrl-C) closes its sandboxes while their commands run in worker threads, and waits for
+    those threads: each must return as soon as its sandbox is gone, not at its command's deadline (here 300 s
+    plus the client's grace)."""
+    sb = Sandbox(sandbox_config).start()
+    try:
+        if shell:  # commands through the sandbox's command runner; else one `docker exec` each
+            assert sb.start_shell()
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(sb.exec, "echo started; sleep 300", timeout_s=300)
+            deadline = time.monotonic() + 60
+            while not _running_sleep(sb) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _running_sleep(sb), "the command never started"
+            sb.close()
+            try:
+                result = running.result(timeout=60)  # the old wait: 305 s
+            except SandboxError as e:
+                assert "not running" in str(e)
+            else:
+                assert result.exit_code != 0 and not shell, result  # docker exec: the killed command's status
+    finally:
+        sb.close()
+
+
+def _running_sleep(sb: Sandbox) -> bool:
+    try:
+        return "sleep 300" in " ".join(" ".join(p) for p in docker_client().api.top(sb.name)["Processes"])
+    except Exception:
+        return False
+
+
+@pytest.mark.docker
 def test_exec_in_a_closed_sandbox_raises_sandbox_error(sandbox_config):
     sb = Sandbox(sandbox_config).start()
     sb.close()
