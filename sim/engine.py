@@ -246,6 +246,7 @@ class SimEngine:
             self.host_demand = self.sim.host.demand(batch * planned / dt) if dt > 0 else 0.0
             self._slow = self.sim.host_slowdown()
             dt *= self._slow
+            self.sim.host_share_changed()  # a training step under way runs at the new share from now on
         self.sim.wake(self._t0 + dt - now, self._on_wake, self._epoch, planned)
 
     def _steps_to_next_event(self) -> int:

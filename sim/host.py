@@ -14,9 +14,10 @@ C, every busy device runs at C / (B + H) of its speed, so it takes `slowdown()` 
 long (at least 1). That is the operating system's scheduler sharing the cores evenly among the runnable
 processes, with the devices' processes pinned and the host's free to run anywhere. The engines' rates
 are taken at full speed, so H is what the host would need if it kept up; a slowed engine makes its tokens
-more slowly and needs less (a bound, not a fixed point). A device's work is timed with the share at its
-start (an engine's stretch between two events, a training step, a sync): a change of the share meanwhile
-takes effect at its next start.
+more slowly and needs less (a bound, not a fixed point). An engine's stretch between two events and a sync
+are timed with the share at their start (a change meanwhile takes effect at the next one; both are short); a
+training step, long next to them, is re-timed at every change (`Simulation.host_share_changed`): the work done
+so far at the old share, the rest at the new one.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import simpy
 from simpy.events import NORMAL
@@ -52,6 +53,19 @@ class _Call(simpy.Event):
     def __init__(self, env: simpy.Environment, fn: Callable, args: tuple) -> None:
         # Event.__init__ is skipped, as simpy.Timeout skips it.
         self.env, self.fn, self.args = env, fn, args
+
+
+@dataclass
+class _TrainWork:
+    """A training step under way while the host shares the devices' cores (`cluster.host_cores`): its work
+    left in seconds at full speed, re-timed whenever the cores' share changes (`Simulation.host_share_changed`)."""
+
+    d: ev.StartTrain
+    record: StepRecord
+    left: float  # seconds of work at full speed, as of `since`
+    slow: float  # the slowdown it runs at since `since`
+    since: float
+    epoch: int = 0  # its latest scheduled end; earlier ones are void
 
 
 class Simulation:
@@ -113,6 +127,7 @@ class Simulation:
         if cfg.cluster.host_cores is not None and cfg.costs.host_token_s > 0:
             self.host = HostShare(cfg.cluster.host_cores, cfg.total_gpus, cfg.costs.host_token_s)
         self._training: set[str] = set()  # resources in a training step
+        self._train_work: dict[int, _TrainWork] = {}  # with the host sharing cores: steps under way, by step
 
     def _check_pools(self) -> None:
         """With a rollout pool, the policy's rollout-only resources must be exactly its GPUs."""
@@ -227,11 +242,29 @@ class Simulation:
                 busy.append((self.resources[engine.name].devices, 0.0))
         return self.host.slowdown(busy)
 
+    def host_share_changed(self) -> None:
+        """The cores' share may have changed (an engine started a stretch, went idle, paused, synced): re-time
+        the training steps under way, the work done so far at the old share and the rest at the new one. A
+        step is long next to the events that change the share (an engine's stretch ends at its next
+        completion), so pricing it at its start alone misses what starts right after it: under `async` the
+        rollout of the next batch starts just after the trainer takes this one."""
+        if not self._train_work:
+            return
+        slow, now = self.host_slowdown(), self.env.now
+        for work in self._train_work.values():
+            if slow != work.slow:
+                work.left = max(0.0, work.left - (now - work.since) / work.slow)
+                work.since, work.slow = now, slow
+                work.epoch += 1
+                self.wake(work.left * slow, self._train_tick, work, work.epoch)
+
     # ---- engine callbacks ----
 
     def engine_idle(self, engine: SimEngine, now: float) -> None:
         self.recorder.set(engine.name, Phase.IDLE, now, engine.version)
         self._idle[engine.name] = engine
+        if self.host is not None:
+            self.host_share_changed()
         if not self.queue:
             self._emit(ev.ResourceIdle(engine.name))
 
@@ -350,6 +383,8 @@ class Simulation:
             sample.engine, sample.where = None, "queue"
             self.queue.appendleft(sample)
         self.counters["preempted_requests"] += len(samples)
+        if self.host is not None:
+            self.host_share_changed()
         self._kick(self.engines)  # `_kick` keeps the accepting ones
         self.driver.post(ev.PreemptFinished(d.resource))
 
@@ -368,7 +403,9 @@ class Simulation:
         seq_lens = [s.total_tokens for s in samples]
         gpus = sum(self.resources[r].devices for r in d.resources)
         self._training.update(d.resources)
-        duration = self.cost.train_step_s(seq_lens, gpus) * self.host_slowdown()
+        work = self.cost.train_step_s(seq_lens, gpus)
+        slow = self.host_slowdown()
+        duration = work * slow
         lag = Counter()
         for s in samples:
             for version, n in s.version_tokens.items():
@@ -386,7 +423,18 @@ class Simulation:
         for r in d.resources:
             self.recorder.set(r, Phase.TRAIN, self.env.now, d.step)
             self.recorder.add_tokens(r, tokens * self.resources[r].devices // gpus)
-        self.wake(duration, self._train_done, d, record)
+        if self.host is None:
+            self.wake(duration, self._train_done, d, record)
+        else:  # its end moves with the cores' share (host_share_changed)
+            self._train_work[d.step] = step = _TrainWork(d, record, work, slow, self.env.now)
+            self.wake(duration, self._train_tick, step, 0)
+
+    def _train_tick(self, work: _TrainWork, epoch: int) -> None:
+        if epoch != work.epoch:  # re-timed since
+            return
+        del self._train_work[work.d.step]
+        self._train_done(work.d, replace(work.record, end_s=self.env.now))
+        self.host_share_changed()
 
     def _train_done(self, d: ev.StartTrain, record: StepRecord) -> None:
         self._training.difference_update(d.resources)
@@ -410,6 +458,8 @@ class Simulation:
             self.recorder.set(name, Phase.IDLE, self.env.now, engine.version)
             engine.start_sync()
         self._restart_stale(d.min_keep_version)
+        if self.host is not None:
+            self.host_share_changed()
         local = all(self.resources[name].can(Tag.TRAIN) for name in d.resources)
         # From the trainer's device to the receivers', at the slowest receiving NIC.
         receiver = min((self.cost_of[name].device for name in d.resources), key=lambda dev: dev.network_gb_s)
@@ -448,6 +498,8 @@ class Simulation:
     def _sync_done(self, d: ev.SyncWeights) -> None:
         for name in d.resources:
             self.engines[name].finish_sync(d.version, self.env.now)
+        if self.host is not None:
+            self.host_share_changed()
         self.driver.post(ev.SyncFinished(d.version, d.resources, d.sync_id))  # ends the sync intervals now
         self._kick(n for n in d.resources if not self.engines[n].held)
         self.driver.drain()

@@ -71,3 +71,19 @@ def test_the_slowdown_follows_the_busy_devices(small_config):
 def test_bad_host_settings_name_themselves(small_config, override, message):
     with pytest.raises(UserError, match=message):
         small_config(override)
+
+
+def _train_s(timeline) -> float:
+    return sum(s.end_s - s.start_s for s in timeline.steps)
+
+
+def test_a_training_step_follows_the_share_while_it_runs(run_small, small_config):
+    """A training step is re-timed whenever the share changes, not priced at its start alone: `async`'s trainer
+    takes a batch while the engines are idle and the next batch's rollout starts just after, so the host's work
+    slows nearly all of the step (priced at its start, the step ran at full speed). Disaggregated's training,
+    with every engine waiting, is not slowed."""
+    slowed = simulate(small_config(*HOST), "async")
+    assert _train_s(slowed) > 1.05 * _train_s(run_small("async"))
+    assert _train_s(simulate(small_config(*HOST), "disaggregated")) == _train_s(run_small("disaggregated"))
+    # A step's record ends where the re-timed step ends: the next step cannot start before it.
+    assert all(a.end_s <= b.start_s for a, b in zip(slowed.steps, slowed.steps[1:], strict=False))
