@@ -34,10 +34,15 @@ class Grid:
     train_sequences: tuple[int, ...]  # trainer: batch sizes, lengths drawn from the workload
     repeats: int
     host_groups: int  # the host's work: groups of the workload a round
+    train_shape_tokens: int  # trainer: tokens of each batch of sequences of one length (TRAIN_SHAPES)
 
 
-FULL = Grid((1, 8, 32, 64, 128), (8, 64, 192), 24, (8, 32, 128, 512), (64, 128, 256), 3, 16)
-QUICK = Grid((1, 8, 32), (8, 64), 8, (8, 64), (16, 32), 1, 4)
+FULL = Grid((1, 8, 32, 64, 128), (8, 64, 192), 24, (8, 32, 128, 512), (64, 128, 256), 3, 16, 8192)
+QUICK = Grid((1, 8, 32), (8, 64), 8, (8, 64), (16, 32), 1, 4, 1024)
+# The trainer's batches of one sequence length each, as fractions of the model's context: at one token count,
+# a step's matmuls stay the same across them while its attention grows with the length, which the workload's
+# batches (whose lengths all follow one distribution) cannot tell apart.
+TRAIN_SHAPES = (1 / 16, 1 / 4, 3 / 4)
 
 
 @contextmanager
@@ -218,10 +223,26 @@ def draw_batch_lengths(task, sequences: int, group_size: int, rng: random.Random
 def workload_batch(model_config, task, n: int, group_size: int, rng: random.Random) -> list:
     """`n` trajectories of random tokens with the workload's lengths (groups of `group_size` sharing a prompt
     length and a response length), random log-probs and rewards, policy version 0."""
+    return random_batch(model_config, draw_batch_lengths(task, n, group_size, rng), group_size, rng)
+
+
+def shape_lengths(context: int, tokens: int) -> list[tuple[int, int]]:
+    """(sequences, length) of each of the trainer's one-length batches (TRAIN_SHAPES of `context`), each about
+    `tokens` tokens, at least 2 sequences of at least 8 tokens."""
+    out = []
+    for fraction in TRAIN_SHAPES:
+        length = max(8, int(context * fraction))
+        out.append((max(2, round(tokens / length)), length))
+    return out
+
+
+def random_batch(model_config, lengths: list[tuple[int, int]], group_size: int, rng: random.Random) -> list:
+    """Trajectories of random tokens with these (prompt, response) lengths, consecutive `group_size` forming a
+    group, random log-probs and rewards, policy version 0."""
     from reference.trainer.batch import Trajectory
 
     out = []
-    for i, (prompt, response) in enumerate(draw_batch_lengths(task, n, group_size, rng)):
+    for i, (prompt, response) in enumerate(lengths):
         ids = [rng.randrange(model_config.vocab_size) for _ in range(prompt + response)]
         out.append(Trajectory(ids, [0] * prompt + [1] * response, [-rng.uniform(0.5, 6) for _ in range(response)],
                               [0] * response, i // group_size, rng.random()))  # fmt: skip
@@ -230,8 +251,9 @@ def workload_batch(model_config, task, n: int, group_size: int, rng: random.Rand
 
 def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid, trainer_config: dict) -> list[dict]:
     """The runtime's `Trainer.train_step`, with the run's trainer settings, on batches drawn from the workload
-    (`repeats` batches at each size in `grid.train_sequences`): each one's sequence lengths and seconds, the
-    median of three steps on it (one step's time varies by a tenth or more on a shared machine)."""
+    (`repeats` batches at each size in `grid.train_sequences`, "kind" "workload") and on batches of one length
+    each (`shape_lengths`, "kind" "shape"): each one's sequence lengths and seconds, the median of three steps on
+    it (one step's time varies by a tenth or more on a shared machine)."""
     from reference.model import build_model
     from reference.trainer.config import TrainerConfig
     from reference.trainer.trainer import Trainer
@@ -244,7 +266,12 @@ def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid
         for _ in range(grid.repeats):
             b = workload_batch(model_config, task, n, group_size, rng)
             seconds = statistics.median(_timed(lambda b=b: trainer.train_step(b)) for _ in range(3))
-            points.append({"seq_lens": [len(t.token_ids) for t in b], "seconds": seconds})
+            points.append({"kind": "workload", "seq_lens": [len(t.token_ids) for t in b], "seconds": seconds})
+    for n, length in shape_lengths(model_config.max_position_embeddings, grid.train_shape_tokens):
+        prompt = max(1, length // 4)
+        b = random_batch(model_config, [(prompt, length - prompt)] * n, group_size, rng)
+        seconds = statistics.median(_timed(lambda b=b: trainer.train_step(b)) for _ in range(3))
+        points.append({"kind": "shape", "seq_lens": [length] * n, "seconds": seconds})
     return points
 
 

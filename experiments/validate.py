@@ -14,12 +14,14 @@ predicts what the whole runtime does. Three stages:
      which sim/calibration.py fits the decode and prefill constants (efficiencies, the step's and each
      sequence's decode overhead, a prefill's fixed cost);
    - the GRPO trainer (`Trainer.train_step`, the runtime's own): steps on batches drawn from the
-     workload (groups sharing a length, as the runtime's), three at each of three sizes, each the median
-     of three steps; `train_mfu`, `train_attention_mfu` and `train_step_overhead_s` are fitted to them in
-     the simulator's own cost terms (sim/train_layout.py, its micro-batches padded as the trainer's:
-     `train.micro_batch_sequences`), and the overhead also gets the time to read a step's batch from a
-     trajectory store; and the same trainer on the runtime's data-parallel layout (a gloo rank a core,
-     whole groups balanced by tokens, the step waiting for its slowest rank), as `colocated` trains;
+     workload (groups sharing a length, as the runtime's), three at each of three sizes, and on batches
+     of one length each (short, middling and long, at one token count: they tell attention, which grows
+     with the length, from the matmuls, which do not), each the median of three steps; `train_mfu`,
+     `train_attention_mfu` and `train_step_overhead_s` are fitted to them in the simulator's own cost
+     terms (sim/train_layout.py, its micro-batches padded as the trainer's: `train.micro_batch_sequences`),
+     and the overhead also gets the time to read a step's batch from a trajectory store; and the same
+     trainer on the runtime's data-parallel layout (a gloo rank a core, whole groups balanced by tokens,
+     the step waiting for its slowest rank), as `colocated` trains;
    - the host's work a generated token (`costs.host_token_s`): the runtime's trajectory and rollout
      managers in this process, on the other core, feeding one engine the workload's groups; this process's
      CPU time over the tokens. The simulator runs with `cluster.host_cores` = the cores the resources leave

@@ -108,6 +108,40 @@ def test_the_trainer_fit_recovers_known_costs(tmp_path):
     assert one.overhead_s == pytest.approx(0.05)  # one rank: no data-parallel step
 
 
+def test_batches_of_one_length_pin_the_trainer_fit_on_a_noisy_machine(tmp_path):
+    """With a tenth of noise on each step's seconds (a shared machine), the workload's batches alone, whose
+    lengths all follow one distribution, barely tell attention from the matmuls; batches of one length each
+    (`shape_lengths`, as `measure_trainer` adds them) at one token count pin both, over many noise draws."""
+    from core import specs
+    from sim import train_layout
+    from sim.calibration import measured_setup
+    from sim.config import load_config
+
+    _, task, _ = _mirror(tmp_path)
+    context = v.runtime_setup(3)[2].max_position_embeddings
+    cfg = load_config(tmp_path / "sim_config.yaml")
+    model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
+    truth = measured_setup(cfg, train_mfu=0.3, train_attention_mfu=0.1, train_step_overhead_s=0.05)
+    shapes = parts.shape_lengths(context, 8192)
+    assert [length for _, length in shapes] == sorted({length for _, length in shapes})  # distinct, short to long
+    assert all(abs(n * length - 8192) <= length for n, length in shapes)  # one token count
+    rng = random.Random(0)
+    workload = [[sum(pair) for pair in parts.draw_batch_lengths(task, n, 16, rng)] for n in (64, 128, 256) * 3]
+    spread = {}
+    for label, batches in (("workload", workload), ("with shapes", workload + [[n] * k for k, n in shapes])):
+        attention = []
+        for seed in range(10):
+            noise = random.Random(seed)
+            points = [{"seq_lens": b, "seconds": train_layout.step(truth, model, device, b, 1).total_s
+                       * (1 + noise.uniform(-0.1, 0.1))} for b in batches]  # fmt: skip
+            fitted = parts.fit_trainer(cfg, model, device, points)
+            attention.append(fitted["train_attention_mfu"] or fitted["train_mfu"])
+        spread[label] = max(attention) / min(attention)
+        if label == "with shapes":
+            assert all(0.075 <= a <= 0.16 for a in attention), attention
+    assert spread["with shapes"] < spread["workload"] / 2, spread
+
+
 def _summary(tokens_s: float, step_s: float, bubble: float, util: dict, steps: int = 4) -> dict:
     return {"token_throughput": tokens_s, "step_time_s": {"mean": step_s}, "bubble_fraction": bubble,
             "utilisation": util, "device_seconds": {"total": 10.0}, "num_steps": steps}  # fmt: skip
