@@ -533,7 +533,7 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
         device = measure_device()
         (out / "cpu-core.yaml").write_text(yaml.safe_dump(device, sort_keys=False))
         lengths = mean_lengths(task)
-        print("measuring: the trainer (batches drawn from the workload) ...", flush=True)
+        print("measuring: the trainer (batches drawn from the workload, and of one length each) ...", flush=True)
         trainer = measure_trainer(model_config, task, task.tokenizer.pad_token_id, rt_cfg.rollout.group_size, grid,
                                   dict(rt_cfg.trainer))  # fmt: skip
         print("measuring: a weight sync and a role switch ...", flush=True)
