@@ -39,9 +39,9 @@ class Grid:
 
 FULL = Grid((1, 8, 32, 64, 128), (8, 64, 192), 24, (8, 32, 128, 512), (64, 128, 256), 3, 16, 8192)
 QUICK = Grid((1, 8, 32), (8, 64), 8, (8, 64), (16, 32), 1, 4, 1024)
-# The trainer's batches of one sequence length each, as fractions of the model's context: at one token count,
-# a step's matmuls stay the same across them while its attention grows with the length, which the workload's
-# batches (whose lengths all follow one distribution) cannot tell apart.
+# The trainer's batches of one sequence length each (give or take a token: `padded_lengths`), as fractions of the
+# model's context: at one token count, a step's matmuls stay the same across them while its attention grows with
+# the length, which the workload's batches (whose lengths all follow one distribution) cannot tell apart.
 TRAIN_SHAPES = (1 / 16, 1 / 4, 3 / 4)
 
 
@@ -236,6 +236,21 @@ def shape_lengths(context: int, tokens: int) -> list[tuple[int, int]]:
     return out
 
 
+def padded_lengths(n: int, length: int, micro_batch: int) -> list[int]:
+    """`n` sequence lengths of about `length` (the longest is it) such that each of the trainer's micro-batches
+    (its sorted, near-equal slices of at most `micro_batch`) holds one sequence a token shorter than the rest:
+    every micro-batch is padded, as nearly every one in a run is. The trainer passes no attention mask when
+    nothing in a micro-batch is padded, and its causal attention is then faster than the masked attention of a
+    run's micro-batches: batches that are never padded would price attention too cheaply."""
+    count = -(-n // micro_batch)
+    out = []
+    for i in range(count):
+        size = (i + 1) * n // count - i * n // count
+        top = length - 2 * (count - 1 - i)  # slices kept apart: sorting leaves them as they are
+        out += [top - 1] + [top] * (size - 1)
+    return out
+
+
 def random_batch(model_config, lengths: list[tuple[int, int]], group_size: int, rng: random.Random) -> list:
     """Trajectories of random tokens with these (prompt, response) lengths, consecutive `group_size` forming a
     group, random log-probs and rewards, policy version 0."""
@@ -267,11 +282,12 @@ def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid
             b = workload_batch(model_config, task, n, group_size, rng)
             seconds = statistics.median(_timed(lambda b=b: trainer.train_step(b)) for _ in range(3))
             points.append({"kind": "workload", "seq_lens": [len(t.token_ids) for t in b], "seconds": seconds})
+    micro_batch = trainer.config.micro_batch_size
     for n, length in shape_lengths(model_config.max_position_embeddings, grid.train_shape_tokens):
-        prompt = max(1, length // 4)
-        b = random_batch(model_config, [(prompt, length - prompt)] * n, group_size, rng)
+        lengths = padded_lengths(n, length, micro_batch)
+        b = random_batch(model_config, [(max(1, t // 4), t - max(1, t // 4)) for t in lengths], group_size, rng)
         seconds = statistics.median(_timed(lambda b=b: trainer.train_step(b)) for _ in range(3))
-        points.append({"kind": "shape", "seq_lens": [length] * n, "seconds": seconds})
+        points.append({"kind": "shape", "seq_lens": lengths, "seconds": seconds})
     return points
 
 

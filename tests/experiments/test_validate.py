@@ -128,7 +128,8 @@ def test_batches_of_one_length_pin_the_trainer_fit_on_a_noisy_machine(tmp_path):
     rng = random.Random(0)
     workload = [[sum(pair) for pair in parts.draw_batch_lengths(task, n, 16, rng)] for n in (64, 128, 256) * 3]
     spread = {}
-    for label, batches in (("workload", workload), ("with shapes", workload + [[n] * k for k, n in shapes])):
+    one_length = [parts.padded_lengths(k, n, 64) for k, n in shapes]
+    for label, batches in (("workload", workload), ("with shapes", workload + one_length)):
         attention = []
         for seed in range(10):
             noise = random.Random(seed)
@@ -140,6 +141,19 @@ def test_batches_of_one_length_pin_the_trainer_fit_on_a_noisy_machine(tmp_path):
         if label == "with shapes":
             assert all(0.075 <= a <= 0.16 for a in attention), attention
     assert spread["with shapes"] < spread["workload"] / 2, spread
+
+
+@pytest.mark.parametrize(
+    "n, length, micro_batch", [(248, 33, 64), (61, 135, 64), (20, 405, 64), (2, 8, 64), (9, 40, 4)]
+)
+def test_one_length_batches_pad_every_micro_batch_of_the_trainer(n, length, micro_batch):
+    """The trainer (reference/trainer/trainer.py) sorts a batch by length and slices it into near-equal
+    micro-batches; a micro-batch with nothing padded runs without an attention mask, faster than a run's."""
+    lengths = parts.padded_lengths(n, length, micro_batch)
+    assert len(lengths) == n and max(lengths) == length and min(lengths) >= length - 2 * (-(-n // micro_batch))
+    ordered, count = sorted(lengths), -(-n // micro_batch)
+    slices = [ordered[i * n // count : (i + 1) * n // count] for i in range(count)]
+    assert all(len(piece) <= micro_batch and min(piece) < max(piece) for piece in slices), slices
 
 
 def _summary(tokens_s: float, step_s: float, bubble: float, util: dict, steps: int = 4) -> dict:
