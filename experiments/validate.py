@@ -607,11 +607,68 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def predict(out: Path, rt, task, steps: int, parts: dict, policies: tuple[str, ...]) -> dict:
     """Stage 3: the costs the parts give, the simulator's config (written as sim_config.yaml) and each
-    policy's simulated summary, with the profile's calibration."""
+    policy's simulated summary, with the profile's calibration; and the trainer inside the runtime's runs
+    against the part (`trainer_in_run`)."""
     costs = costs_from_parts(parts, rt, task, steps, out)
     (out / "sim_config.yaml").write_text(_yaml(sim_config_dict(rt, task, steps, out, costs)))
     predicted, calibration = run_sim(out / "sim_config.yaml", policies)
-    return {"costs": costs, "calibration": calibration, "predicted": predicted}
+    in_run = trainer_in_run(out, parts, policies)
+    return {"costs": costs, "calibration": calibration, "predicted": predicted, "trainer_in_run": in_run}
+
+
+def trainer_in_run(out: Path, parts: dict, policies: tuple[str, ...]) -> dict[str, dict]:
+    """Each runtime step's trainer seconds (`train_s` in its metrics.jsonl: the trainers' own time in
+    `train_step`) over what the simulator's trainer, with the costs the parts give, takes on that step's own
+    sequences (read from the run's store: the groups each step consumed), without the host's share and without
+    the batch read and the publishing that `train_s` leaves out. Per policy: the median and range of the
+    ratios over every step of every run, and how many steps. 1 means the part measured alone predicts the
+    trainer inside a run; a policy without runs under `out/runtime` is left out."""
+    import json
+    import sqlite3
+    from collections import defaultdict
+
+    from core import specs
+    from sim import train_layout
+    from sim.calibration import measured_setup
+    from sim.config import load_config
+
+    cfg = load_config(out / "sim_config.yaml")
+    model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
+    setup = measured_setup(cfg)
+    outside = parts.get("publish_s", 0.0) + parts.get("batch_read_s", 0.0)  # in the overhead, not in train_s
+    result = {}
+    for policy in policies:
+        ratios = []
+        for run in sorted((out / "runtime").glob(f"{policy}*")):
+            if run.name != policy and not run.name.startswith(f"{policy}-r"):
+                continue
+            store = sqlite3.connect(f"file:{run / 'trajectories.sqlite'}?mode=ro", uri=True)
+            try:
+                lengths = defaultdict(list)
+                for step, tokens in store.execute(
+                    "SELECT c.step, t.num_tokens FROM consumed c JOIN turns t ON t.session_id = c.item"
+                ):
+                    lengths[step].append(tokens)
+            finally:
+                store.close()
+            pool = round(cfg.cluster.num_gpus * cfg.pools.train_fraction)  # the split policies' trainers
+            replicas = cfg.cluster.num_gpus if policy == "colocated" else max(1, pool)
+            for line in (run / "metrics.jsonl").read_text().splitlines():
+                record = json.loads(line)
+                if record.get("kind") != "step" or not lengths.get(record["step"]):
+                    continue
+                alone = train_layout.step(setup, model, device, lengths[record["step"]], replicas).total_s - outside
+                ratios.append(record["train_s"] / alone)
+        if ratios:
+            result[policy] = {"median": statistics.median(ratios), "low": min(ratios), "high": max(ratios),
+                              "steps": len(ratios)}  # fmt: skip
+    return result
+
+
+def trainer_in_run_text(in_run: dict[str, dict]) -> str:
+    cells = [f"{p} {r['median']:.2f} ({r['low']:.2f}-{r['high']:.2f})" for p, r in in_run.items()]
+    return "the trainer inside the runs against the part alone, on each step's own sequences (train_s over its " \
+        "prediction, median and range): " + ", ".join(cells)  # fmt: skip
 
 
 def report(out: Path, data: dict, resources: int) -> None:
@@ -620,6 +677,8 @@ def report(out: Path, data: dict, resources: int) -> None:
     agree = agreement(rows)
     print(table(rows))
     print(agreement_text(agree))
+    if data.get("trainer_in_run"):
+        print(trainer_in_run_text(data["trainer_in_run"]))
     if data.get("runtime_cpu"):
         first = {p: runs_of(r)[0] for p, r in data["runtime_cpu"].items()}  # the first round's
         print(cpu_table(first, os.cpu_count() or 1))

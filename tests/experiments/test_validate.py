@@ -239,6 +239,9 @@ def test_a_short_validation_runs_end_to_end(tmp_path):
     for name in ("validate.png", "cpu-core.yaml", "profile.yaml", "sim_config.yaml", "model/config.json"):
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "runtime" / "colocated" / "summary.json").is_file()
+    # Each runtime step's trainer against the part's prediction on that step's own sequences (read from the store).
+    in_run = data["trainer_in_run"]["colocated"]
+    assert in_run["steps"] == 2 and 0 < in_run["low"] <= in_run["median"] <= in_run["high"] < 20, in_run
     # The simulator side again from what was measured: the same prediction (nothing changed in between).
     assert v.main(["--resimulate", "--out", str(tmp_path)]) == 0
     again = json.loads((tmp_path / "validate.json").read_text())
