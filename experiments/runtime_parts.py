@@ -276,18 +276,19 @@ def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid
     rng = random.Random(0)
     trainer = Trainer(build_model(model_config), TrainerConfig.from_dict(trainer_config), pad_id=pad_id)
     trainer.train_step(workload_batch(model_config, task, min(grid.train_sequences), group_size, rng))  # warm-up
+
+    def median_s(batch) -> float:
+        return statistics.median(_timed(lambda: trainer.train_step(batch)) for _ in range(3))
+
     points = []
     for n in grid.train_sequences:
         for _ in range(grid.repeats):
             b = workload_batch(model_config, task, n, group_size, rng)
-            seconds = statistics.median(_timed(lambda b=b: trainer.train_step(b)) for _ in range(3))
-            points.append({"kind": "workload", "seq_lens": [len(t.token_ids) for t in b], "seconds": seconds})
-    micro_batch = trainer.config.micro_batch_size
+            points.append({"kind": "workload", "seq_lens": [len(t.token_ids) for t in b], "seconds": median_s(b)})
     for n, length in shape_lengths(model_config.max_position_embeddings, grid.train_shape_tokens):
-        lengths = padded_lengths(n, length, micro_batch)
-        b = random_batch(model_config, [(max(1, t // 4), t - max(1, t // 4)) for t in lengths], group_size, rng)
-        seconds = statistics.median(_timed(lambda b=b: trainer.train_step(b)) for _ in range(3))
-        points.append({"kind": "shape", "seq_lens": lengths, "seconds": seconds})
+        lengths = padded_lengths(n, length, trainer.config.micro_batch_size)
+        b = random_batch(model_config, [(t // 4 or 1, t - (t // 4 or 1)) for t in lengths], group_size, rng)
+        points.append({"kind": "shape", "seq_lens": lengths, "seconds": median_s(b)})
     return points
 
 

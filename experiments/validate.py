@@ -636,8 +636,10 @@ def trainer_in_run(out: Path, parts: dict, policies: tuple[str, ...]) -> dict[st
     model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
     setup = measured_setup(cfg)
     outside = parts.get("publish_s", 0.0) + parts.get("batch_read_s", 0.0)  # in the overhead, not in train_s
+    pool = max(1, round(cfg.cluster.num_gpus * cfg.pools.train_fraction))  # the split policies' trainers
     result = {}
     for policy in policies:
+        replicas = cfg.cluster.num_gpus if policy == "colocated" else pool
         ratios = []
         for run in sorted((out / "runtime").glob(f"{policy}*")):
             if run.name != policy and not run.name.startswith(f"{policy}-r"):
@@ -651,8 +653,6 @@ def trainer_in_run(out: Path, parts: dict, policies: tuple[str, ...]) -> dict[st
                     lengths[step].append(tokens)
             finally:
                 store.close()
-            pool = round(cfg.cluster.num_gpus * cfg.pools.train_fraction)  # the split policies' trainers
-            replicas = cfg.cluster.num_gpus if policy == "colocated" else max(1, pool)
             for line in (run / "metrics.jsonl").read_text().splitlines():
                 record = json.loads(line)
                 if record.get("kind") != "step" or not lengths.get(record["step"]):

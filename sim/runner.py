@@ -247,7 +247,8 @@ class Simulation:
         the training steps under way, the work done so far at the old share and the rest at the new one. A
         step is long next to the events that change the share (an engine's stretch ends at its next
         completion), so pricing it at its start alone misses what starts right after it: under `async` the
-        rollout of the next batch starts just after the trainer takes this one."""
+        rollout of the next batch starts just after the trainer takes this one. Nothing to do without the host's
+        share (`cluster.host_cores` null): no step is then re-timed."""
         if not self._train_work:
             return
         slow, now = self.host_slowdown(), self.env.now
@@ -263,8 +264,7 @@ class Simulation:
     def engine_idle(self, engine: SimEngine, now: float) -> None:
         self.recorder.set(engine.name, Phase.IDLE, now, engine.version)
         self._idle[engine.name] = engine
-        if self.host is not None:
-            self.host_share_changed()
+        self.host_share_changed()
         if not self.queue:
             self._emit(ev.ResourceIdle(engine.name))
 
@@ -383,8 +383,7 @@ class Simulation:
             sample.engine, sample.where = None, "queue"
             self.queue.appendleft(sample)
         self.counters["preempted_requests"] += len(samples)
-        if self.host is not None:
-            self.host_share_changed()
+        self.host_share_changed()
         self._kick(self.engines)  # `_kick` keeps the accepting ones
         self.driver.post(ev.PreemptFinished(d.resource))
 
@@ -458,8 +457,7 @@ class Simulation:
             self.recorder.set(name, Phase.IDLE, self.env.now, engine.version)
             engine.start_sync()
         self._restart_stale(d.min_keep_version)
-        if self.host is not None:
-            self.host_share_changed()
+        self.host_share_changed()
         local = all(self.resources[name].can(Tag.TRAIN) for name in d.resources)
         # From the trainer's device to the receivers', at the slowest receiving NIC.
         receiver = min((self.cost_of[name].device for name in d.resources), key=lambda dev: dev.network_gb_s)
@@ -498,8 +496,7 @@ class Simulation:
     def _sync_done(self, d: ev.SyncWeights) -> None:
         for name in d.resources:
             self.engines[name].finish_sync(d.version, self.env.now)
-        if self.host is not None:
-            self.host_share_changed()
+        self.host_share_changed()
         self.driver.post(ev.SyncFinished(d.version, d.resources, d.sync_id))  # ends the sync intervals now
         self._kick(n for n in d.resources if not self.engines[n].held)
         self.driver.drain()
