@@ -35,10 +35,11 @@ class Grid:
     repeats: int
     host_groups: int  # the host's work: groups of the workload a round
     train_shape_tokens: int  # trainer: tokens of each batch of sequences of one length (TRAIN_SHAPES)
+    placement_rounds: int  # the host's placement beside a busy trainer: rounds (its median), after a warm-up
 
 
-FULL = Grid((1, 8, 32, 64, 128), (8, 64, 192), 24, (8, 32, 128, 512), (64, 128, 256), 3, 16, 8192)
-QUICK = Grid((1, 8, 32), (8, 64), 8, (8, 64), (16, 32), 1, 4, 1024)
+FULL = Grid((1, 8, 32, 64, 128), (8, 64, 192), 24, (8, 32, 128, 512), (64, 128, 256), 3, 16, 8192, 5)
+QUICK = Grid((1, 8, 32), (8, 64), 8, (8, 64), (16, 32), 1, 4, 1024, 1)
 # The trainer's batches of one sequence length each (give or take a token: `padded_lengths`), as fractions of the
 # model's context: at one token count, a step's matmuls stay the same across them while its attention grows with
 # the length, which the workload's batches (whose lengths all follow one distribution) cannot tell apart.
@@ -203,6 +204,111 @@ def measure_host(
             os.sched_setaffinity(0, mask)
     per_token = [cpu / max(1, tokens) for cpu, tokens in rounds]
     return {"host_token_s": statistics.median(per_token), "rounds": [{"cpu_s": c, "tokens": t} for c, t in rounds]}
+
+
+def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_core: int, groups: int,
+                           repeats: int, trainer_config: dict) -> dict:  # fmt: skip
+    """Where the host's work runs when a rollout core and a training core are both busy
+    (`costs.host_train_placement`): one built-in engine process on `engine_core` serving this process's
+    trajectory and rollout managers (`groups` groups a round), and a trainer process on `train_core` stepping
+    without pause, this process free to run on either core as the runtime's driver is. The trainer's share of
+    its core (its thread's CPU time over wall time, steps that lie within a round) falls by the host's cores
+    that land on it; over the host's CPU in the round (this process's), that is the share of the host's work
+    a busy training core takes when one rollout core is busy beside it: the placement p (sim/host.py), the
+    median of `repeats` rounds after a warm-up round. 0.5 is an even spread."""
+    import multiprocessing
+
+    from reference.engine.process import EngineProcess, EngineSpec
+    from reference.manager.embedded import ManagerThread
+    from reference.manager.manager import ManagerConfig
+    from reference.model import build_model
+    from reference.rollout.groups import RolloutConfig, RolloutManager
+    from reference.trainer.handoff import publish_weights
+
+    r = rt_cfg.rollout
+    rollout_config = RolloutConfig(r.group_size, r.max_concurrency, r.temperature)
+    config = ManagerConfig(model_name="seamlessflow-host", max_pause_s=0, max_in_flight_requests=0, max_loop_lag_s=0)
+    batch = workload_batch(model_config, task, r.group_size, r.group_size, random.Random(2))  # a short step
+
+    async def one_round(url: str, seed: int) -> tuple[float, float, float]:
+        finished: asyncio.Queue = asyncio.Queue()
+        async with RolloutManager(task, url, rollout_config, f"place{seed}", seed, finished.put_nowait) as rollout:
+            start, cpu = time.perf_counter(), time.process_time()
+            rollout.submit(groups)
+            for _ in range(groups):
+                await finished.get()
+            return start, time.perf_counter(), time.process_time() - cpu
+
+    ctx = multiprocessing.get_context("spawn")
+    steps, stop = ctx.Queue(), ctx.Event()
+    trainer = ctx.Process(target=_busy_trainer, args=(train_core, model_config, trainer_config,
+                                                      task.tokenizer.pad_token_id, batch, stop, steps))  # fmt: skip
+    mask = os.sched_getaffinity(0)
+    records: list[tuple[float, float, float]] = []
+    with tempfile.TemporaryDirectory() as root:
+        weights = publish_weights(build_model(model_config).state_dict(), model_config, root, 0, task.tokenizer).path
+        os.sched_setaffinity(0, {engine_core})  # the engine process inherits it
+        try:
+            engine = EngineProcess(EngineSpec(model=str(weights), max_batch=rt_cfg.engine.max_batch, torch_threads=1,
+                                              coalesce_s=rt_cfg.engine.coalesce_s))  # fmt: skip
+        finally:
+            os.sched_setaffinity(0, {engine_core, train_core})
+        try:
+            with engine:
+                trainer.start()
+                for _ in range(3):  # warm-up steps
+                    records.append(steps.get(timeout=600))
+                alone_from = time.perf_counter()
+                time.sleep(1.0)  # a second of the trainer alone (its baseline share)
+                alone_to = time.perf_counter()
+                with ManagerThread({"host": engine.client()}, task.tokenizer, Path(root) / "store.sqlite", config) as m:
+                    rounds = [m.call(one_round(m.url, seed), timeout_s=600) for seed in range(repeats + 1)][1:]
+        finally:
+            stop.set()
+            os.sched_setaffinity(0, mask)
+            trainer.join(timeout=120)
+            while True:
+                try:
+                    records.append(steps.get(timeout=1))
+                except Exception:  # noqa: BLE001 - queue.Empty: every step is read
+                    break
+            if trainer.is_alive():
+                trainer.kill()
+
+    def share(lo: float, hi: float) -> float | None:
+        inside = [(end - start, cpu) for start, end, cpu in records if start >= lo and end <= hi]
+        wall = sum(w for w, _ in inside)
+        return sum(c for _, c in inside) / wall if len(inside) >= 2 and wall > 0 else None
+
+    alone = share(alone_from, alone_to)
+    out = []
+    for start, end, cpu in rounds:
+        busy = share(start, end)
+        host = cpu / (end - start)
+        if alone is not None and busy is not None and host > 0:
+            placed = min(1.0, max(0.0, (alone - busy) / host))
+            out.append({"host_cores": host, "trainer_share": busy, "placement": placed})
+    placement = statistics.median(r["placement"] for r in out) if out else 0.5
+    return {"host_train_placement": placement, "trainer_share_alone": alone, "rounds": out}
+
+
+def _busy_trainer(core: int, model_config, trainer_config: dict, pad_id: int, batch: list, stop, steps) -> None:
+    """`measure_host_placement`'s trainer (a process of its own on `core`): steps on `batch` until `stop`, each
+    step's (start, end, its thread's CPU seconds) into `steps`."""
+    import torch
+
+    from reference.model import build_model
+    from reference.trainer.config import TrainerConfig
+    from reference.trainer.trainer import Trainer
+
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    trainer = Trainer(build_model(model_config), TrainerConfig.from_dict(trainer_config), pad_id=pad_id)
+    while not stop.is_set():
+        start, cpu = time.perf_counter(), time.thread_time()
+        trainer.train_step(batch)
+        steps.put((start, time.perf_counter(), time.thread_time() - cpu))
 
 
 def draw_batch_lengths(task, sequences: int, group_size: int, rng: random.Random) -> list[tuple[int, int]]:

@@ -26,21 +26,28 @@ predicts what the whole runtime does. Three stages:
      managers in this process, on the other core, feeding one engine the workload's groups; this process's
      CPU time over the tokens. The simulator runs with `cluster.host_cores` = the cores the resources leave
      free (0 here), so that work takes cores from busy resources when none is idle (sim/host.py);
+   - where that work runs when a rollout core and a training core are both busy
+     (`costs.host_train_placement`): the same managers, free to run on either core as the runtime's driver
+     is, feeding an engine on one core while a trainer steps without pause on the other; the share of its
+     core the trainer loses, over the host's CPU (`measure_host_placement`);
    - a weight sync (the trainer publishing a version, an engine pausing, loading it and resuming):
      publishing goes into `train_step_overhead_s` (the runtime publishes inside its training step), the
      engine's pause, load and resume are `sync_fixed_s`; a role switch (an engine paused and resumed) is
      `switch_fixed_s`.
 2. **The whole runtime**: `python -m reference train` on the throughput workload for each policy, `--steps`
    steps each, as `make compare-train` runs them, `--repeats` times (3), round by round (every policy once,
-   then again), so each measurement is a mean with the runtime's own spread beside it.
-3. **The simulator** on a config that mirrors the runtime's (the runtime's model as a config.json, two
-   resources of one core, the throughput task's length distributions, the engine's batch limit, no
-   logprob recompute, no activation recompute) with the measured costs.
+   then again), so each measurement is a mean with the runtime's own spread beside it. Each round measures
+   its parts (stage 1) just before its runs: this machine's speed drifts by a tenth or more over minutes,
+   so parts measured once at the start would stand for a slower or faster machine by the last round.
+3. **The simulator**, for each round, on a config that mirrors the runtime's (the runtime's model as a
+   config.json, two resources of one core, the throughput task's length distributions, the engine's batch
+   limit, no logprob recompute, no activation recompute) with the costs that round's parts give.
 
 Printed and written: per policy, measured (the mean of the repeats, and their range) against predicted
-trained tokens/s, step time, bubble and the shares of device time in rollout, training and sync, with the
-relative error, and the ratio to colocated of each; the mean and largest error over the policies beside
-the runtime's own spread, and the policies ordered by throughput on both sides; and the CPU-seconds each
+(the mean of the rounds' predictions) trained tokens/s, step time, bubble and the shares of device time in
+rollout, training and sync, with the relative error, and the ratio to colocated of each; the mean and
+largest error over the policies beside the runtime's own spread, and the policies ordered by throughput on
+both sides; each round's own errors and order (its prediction against its runs); and the CPU-seconds each
 runtime run's processes used, by role, with the cores they kept busy while engines generated
 (`CpuSampler`), while engines generate and while only trainers work. What the simulator leaves out
 shows up here as error: the driver's work that is not a token's (the policy, Ray calls, the timeline's
@@ -48,9 +55,10 @@ sampling) and the run's start.
 
     python -m experiments.validate [--steps 10] [--repeats 3] [--policies all] [--out DIR] [--overwrite] [--quick]
 
-Writes, in `--out` (default experiments/out/validate): validate.json (the measured parts, both sides'
-summaries and the errors), cpu-core.yaml, model/config.json, profile.yaml, sim_config.yaml (what the
-simulator ran), runtime/ (the runtime's outputs) and validate.png.
+Writes, in `--out` (default experiments/out/validate): validate.json (each round's measured parts, both
+sides' summaries and the errors), round-<n>/ (each round's cpu-core.yaml, model/config.json, profile.yaml and
+sim_config.yaml: what the simulator ran for it; in `--out` itself with `--repeats 1`), runtime/ (the
+runtime's outputs) and validate.png.
 """
 
 from __future__ import annotations
@@ -83,6 +91,7 @@ from experiments.runtime_parts import (
     measure_device,
     measure_engine,
     measure_host,
+    measure_host_placement,
     measure_sync_and_switch,
     measure_trainer,
     one_core,
@@ -208,32 +217,38 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
 # ---- stages 2 and 3 ----
 
 
-def run_runtime(
-    steps: int, policies: tuple[str, ...], out: Path, repeats: int = 1
-) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
-    """`repeats` rounds of one `python -m reference train` per policy, as `train --compare` runs them, the
-    rounds interleaved (every policy once, then again) so that a drift of the machine touches every policy
-    alike: each policy's summaries, and the CPU its processes used (`CpuSampler`), one per round."""
+def run_round(steps: int, policies: tuple[str, ...], out: Path, round_: int, repeats: int) -> tuple[dict, dict]:
+    """Round `round_` (from 0) of `repeats`: one `python -m reference train` per policy, as `train --compare`
+    runs them, into `out`/<policy> (one round) or `out`/<policy>-r<round> (several): each policy's summary,
+    and the CPU its processes used (`CpuSampler`)."""
     import json
 
-    summaries: dict[str, list[dict]] = {p: [] for p in policies}
-    cpu: dict[str, list[dict]] = {p: [] for p in policies}
-    for round_ in range(repeats):
-        for policy in policies:
-            where = out / (policy if repeats == 1 else f"{policy}-r{round_ + 1}")
-            argv = [sys.executable, "-m", "reference", "train", "--task", "throughput", "--policy", policy, "--steps",
-                    str(steps), "--set", "run.eval_every_steps=0", "--out", str(where), "--quiet"]  # fmt: skip
-            print(f"runtime: {policy}, {steps} steps (round {round_ + 1} of {repeats}) ...", flush=True)
-            with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
-                sampler = CpuSampler(proc.pid)
-                stderr = sampler.follow(proc)
-            if proc.returncode != 0:
-                raise RuntimeError(f"the runtime's {policy} run failed ({proc.returncode}):\n{stderr[-2000:]}")
-            summaries[policy].append(json.loads((where / "summary.json").read_text()))
-            generating = sampler.while_generating(where / "intervals.json")
-            training = sampler.while_training_only(where / "intervals.json")
-            cpu[policy].append({**sampler.result(), "while_generating": generating, "while_training_only": training})
+    summaries, cpu = {}, {}
+    for policy in policies:
+        where = run_dir(out, policy, round_, repeats)
+        argv = [sys.executable, "-m", "reference", "train", "--task", "throughput", "--policy", policy, "--steps",
+                str(steps), "--set", "run.eval_every_steps=0", "--out", str(where), "--quiet"]  # fmt: skip
+        print(f"runtime: {policy}, {steps} steps (round {round_ + 1} of {repeats}) ...", flush=True)
+        with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+            sampler = CpuSampler(proc.pid)
+            stderr = sampler.follow(proc)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the runtime's {policy} run failed ({proc.returncode}):\n{stderr[-2000:]}")
+        summaries[policy] = json.loads((where / "summary.json").read_text())
+        generating = sampler.while_generating(where / "intervals.json")
+        training = sampler.while_training_only(where / "intervals.json")
+        cpu[policy] = {**sampler.result(), "while_generating": generating, "while_training_only": training}
     return summaries, cpu
+
+
+def run_dir(runtime: Path, policy: str, round_: int, repeats: int) -> Path:
+    """Where round `round_` (from 0) of `repeats` runs `policy`."""
+    return runtime / (policy if repeats == 1 else f"{policy}-r{round_ + 1}")
+
+
+def round_dir(out: Path, round_: int, repeats: int) -> Path:
+    """Where round `round_`'s parts and the simulator's config for it go: `out` itself for a single round."""
+    return out if repeats == 1 else out / f"round-{round_ + 1}"
 
 
 class CpuSampler:
@@ -371,23 +386,28 @@ def runs_of(measured: dict | list) -> list[dict]:
     return list(measured) if isinstance(measured, list) else [measured]
 
 
-def compare(measured: dict[str, dict | list[dict]], predicted: dict[str, dict]) -> dict[str, dict]:
+def compare(measured: dict[str, dict | list[dict]], predicted: dict[str, dict | list[dict]]) -> dict[str, dict]:
     """Per policy and metric: the measured mean over the runtime's repeats with their range (`low`, `high`)
-    and `spread` (half the range, relative to the mean; in points for shares), the prediction, and the
-    error against the mean (relative for rates and times, in percentage points for shares); ratios to
-    colocated when it ran."""
+    and `spread` (half the range, relative to the mean; in points for shares), the prediction (the mean of
+    the rounds' when each round was predicted from its own parts), and the error against the mean (relative
+    for rates and times, in percentage points for shares), with each round's own error beside it
+    (`round_errors`: its prediction against its run) when there is a prediction a round; ratios to colocated
+    when it ran."""
     rows = {}
     for policy in measured:
-        runs = runs_of(measured[policy])
+        runs, guesses = runs_of(measured[policy]), runs_of(predicted[policy])
         row = {}
         for label, get, _, kind in METRICS:
             values = [get(r) for r in runs]
-            m, p = statistics.fmean(values), get(predicted[policy])
-            error = p - m if kind == "points" else (p / m - 1 if m else math.nan)
+            m, p = statistics.fmean(values), statistics.fmean(get(g) for g in guesses)
             half = (max(values) - min(values)) / 2
             spread = half if kind == "points" else (half / m if m else math.nan)
             row[label] = {"measured": m, "low": min(values), "high": max(values), "spread": spread, "runs": len(runs),
-                          "predicted": p, "error": error, "error_kind": kind}  # fmt: skip
+                          "predicted": p, "error": _error(p, m, kind), "error_kind": kind}  # fmt: skip
+            if len(guesses) == len(runs) > 1:
+                row[label]["round_predicted"] = [get(g) for g in guesses]
+                row[label]["round_errors"] = [_error(get(g), v, kind) for g, v in zip(guesses, values, strict=True)]
+                row[label]["round_measured"] = values
         rows[policy] = row
     if "colocated" in measured:
         base = rows["colocated"]["trained tok/s"]
@@ -399,10 +419,17 @@ def compare(measured: dict[str, dict | list[dict]], predicted: dict[str, dict]) 
     return rows
 
 
+def _error(predicted: float, measured: float, kind: str) -> float:
+    if kind == "points":
+        return predicted - measured
+    return predicted / measured - 1 if measured else math.nan
+
+
 def agreement(rows: dict[str, dict]) -> dict:
     """How well the prediction agrees over the policies: the mean and the largest absolute error of
     throughput and of step time, the runtime's own largest spread beside them, and the policies ordered by
-    throughput on each side."""
+    throughput on each side; with a prediction a round, the same for each round alone (`rounds`: its mean
+    and largest errors, and whether its order is its run's)."""
     out: dict = {}
     for label in ("trained tok/s", "step (s)"):
         errors = [abs(row[label]["error"]) for row in rows.values()]
@@ -411,6 +438,18 @@ def agreement(rows: dict[str, dict]) -> dict:
     for side in ("measured", "predicted"):
         out[f"order_{side}"] = sorted(rows, key=lambda p: -rows[p]["trained tok/s"][side])
     out["same_order"] = out["order_measured"] == out["order_predicted"]
+    if all("round_errors" in row["trained tok/s"] for row in rows.values()):
+        count = len(next(iter(rows.values()))["trained tok/s"]["round_errors"])
+        out["rounds"] = []
+        for i in range(count):
+            entry = {}
+            for label in ("trained tok/s", "step (s)"):
+                errors = [abs(row[label]["round_errors"][i]) for row in rows.values()]
+                entry[label] = {"mean_abs_error": statistics.fmean(errors), "max_abs_error": max(errors)}
+            for side in ("measured", "predicted"):
+                entry[f"order_{side}"] = sorted(rows, key=lambda p, k=f"round_{side}": -rows[p]["trained tok/s"][k][i])
+            entry["same_order"] = entry["order_measured"] == entry["order_predicted"]
+            out["rounds"].append(entry)
     return out
 
 
@@ -464,6 +503,11 @@ def agreement_text(agree: dict) -> str:
     same = "the same" if agree["same_order"] else "a different"
     lines.append(f"by throughput, measured: {' > '.join(agree['order_measured'])}")
     lines.append(f"by throughput, simulated: {' > '.join(agree['order_predicted'])} ({same} order)")
+    for i, entry in enumerate(agree.get("rounds", [])):
+        cells = [f"{label} mean |error| {entry[label]['mean_abs_error']:.0%}, "
+                 f"largest {entry[label]['max_abs_error']:.0%}" for label in ("trained tok/s", "step (s)")]  # fmt: skip
+        same = "the same order" if entry["same_order"] else f"order {' > '.join(entry['order_predicted'])}"
+        lines.append(f"round {i + 1} (its own parts and runs): " + "; ".join(cells) + f"; {same}")
     return "\n".join(lines)
 
 
@@ -547,6 +591,11 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
     print("measuring: the host's work a token (trajectory and rollout managers feeding an engine) ...", flush=True)
     host = measure_host(model_config, task, rt_cfg, {min(cores)}, (cores - {min(cores)}) or cores, grid.host_groups,
                         grid.repeats)  # fmt: skip
+    if len(cores) >= 2:
+        print("measuring: where the host's work runs beside a busy engine and a busy trainer ...", flush=True)
+        host["placement"] = measure_host_placement(model_config, task, rt_cfg, min(cores), max(cores),
+                                                   2 * grid.host_groups, grid.placement_rounds,
+                                                   dict(rt_cfg.trainer))  # fmt: skip
     model_name = config_path(out / "model" / "config.json")  # the profile's entry: named as the config names it
     info = DeviceInfo(name=platform.processor() or platform.machine(), dtype="float32", spec=DEVICE_NAME,
                       torch_device="cpu", torch=torch.__version__)  # fmt: skip
@@ -581,6 +630,8 @@ def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
         "train_dp_overhead_s": data_parallel or 0.0,
         # The host's work on the resources' cores (cluster.host_cores): parts measured before it have none.
         "host_token_s": parts.get("host", {}).get("host_token_s", 0.0),
+        # ... and where it lands when both a rollout and a training core are busy (0.5: even; one core: nothing)
+        "host_train_placement": parts.get("host", {}).get("placement", {}).get("host_train_placement", 0.5),
     }
 
 
@@ -605,23 +656,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def predict(out: Path, rt, task, steps: int, parts: dict, policies: tuple[str, ...]) -> dict:
-    """Stage 3: the costs the parts give, the simulator's config (written as sim_config.yaml) and each
-    policy's simulated summary, with the profile's calibration; and the trainer inside the runtime's runs
-    against the part (`trainer_in_run`)."""
-    costs = costs_from_parts(parts, rt, task, steps, out)
-    (out / "sim_config.yaml").write_text(_yaml(sim_config_dict(rt, task, steps, out, costs)))
-    predicted, calibration = run_sim(out / "sim_config.yaml", policies)
-    in_run = trainer_in_run(out, parts, policies)
-    return {"costs": costs, "calibration": calibration, "predicted": predicted, "trainer_in_run": in_run}
+def predict(where: Path, rt, task, steps: int, parts: dict, policies: tuple[str, ...]) -> dict:
+    """Stage 3 for one round: the costs its parts give, the simulator's config (written as
+    `where`/sim_config.yaml) and each policy's simulated summary, with the profile's calibration."""
+    costs = costs_from_parts(parts, rt, task, steps, where)
+    (where / "sim_config.yaml").write_text(_yaml(sim_config_dict(rt, task, steps, where, costs)))
+    predicted, calibration = run_sim(where / "sim_config.yaml", policies)
+    return {"costs": costs, "calibration": calibration, "predicted": predicted}
 
 
-def trainer_in_run(out: Path, parts: dict, policies: tuple[str, ...]) -> dict[str, dict]:
+def predict_rounds(out: Path, rt, task, steps: int, parts: list[dict], policies: tuple[str, ...]) -> dict:
+    """Every round predicted from its own parts (`predict`): the costs and calibrations by round, each policy's
+    summaries by round, and the trainer inside the runs against its round's part (`trainer_in_run`)."""
+    rounds = [predict(round_dir(out, r, len(parts)), rt, task, steps, p, policies) for r, p in enumerate(parts)]
+    return {
+        "costs": [r["costs"] for r in rounds],
+        "calibration": [r["calibration"] for r in rounds],
+        "predicted": {p: [r["predicted"][p] for r in rounds] for p in policies},
+        "trainer_in_run": trainer_in_run(out, parts, policies),
+    }
+
+
+def trainer_in_run(out: Path, parts: list[dict], policies: tuple[str, ...]) -> dict[str, dict]:
     """Each runtime step's trainer seconds (`train_s` in its metrics.jsonl: the trainers' own time in
-    `train_step`) over what the simulator's trainer, with the costs the parts give, takes on that step's own
-    sequences (read from the run's store: the groups each step consumed), without the host's share and without
-    the batch read and the publishing that `train_s` leaves out. Per policy: the median and range of the
-    ratios over every step of every run, and how many steps. 1 means the part measured alone predicts the
+    `train_step`) over what the simulator's trainer, with the costs its round's parts give, takes on that step's
+    own sequences (read from the run's store: the groups each step consumed), without the host's share and
+    without the batch read and the publishing that `train_s` leaves out. Per policy: the median and range of
+    the ratios over every step of every run, and how many steps. 1 means the part measured alone predicts the
     trainer inside a run; a policy without runs under `out/runtime` is left out."""
     import json
     import sqlite3
@@ -632,17 +693,17 @@ def trainer_in_run(out: Path, parts: dict, policies: tuple[str, ...]) -> dict[st
     from sim.calibration import measured_setup
     from sim.config import load_config
 
-    cfg = load_config(out / "sim_config.yaml")
-    model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
-    setup = measured_setup(cfg)
-    outside = parts.get("publish_s", 0.0) + parts.get("batch_read_s", 0.0)  # in the overhead, not in train_s
-    pool = max(1, round(cfg.cluster.num_gpus * cfg.pools.train_fraction))  # the split policies' trainers
-    result = {}
-    for policy in policies:
-        replicas = cfg.cluster.num_gpus if policy == "colocated" else pool
-        ratios = []
-        for run in sorted((out / "runtime").glob(f"{policy}*")):
-            if run.name != policy and not run.name.startswith(f"{policy}-r"):
+    ratios: dict[str, list[float]] = {p: [] for p in policies}
+    for round_, part in enumerate(parts):
+        cfg = load_config(round_dir(out, round_, len(parts)) / "sim_config.yaml")
+        model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
+        setup = measured_setup(cfg)
+        outside = part.get("publish_s", 0.0) + part.get("batch_read_s", 0.0)  # in the overhead, not in train_s
+        pool = max(1, round(cfg.cluster.num_gpus * cfg.pools.train_fraction))  # the split policies' trainers
+        for policy in policies:
+            replicas = cfg.cluster.num_gpus if policy == "colocated" else pool
+            run = run_dir(out / "runtime", policy, round_, len(parts))
+            if not (run / "metrics.jsonl").is_file():
                 continue
             store = sqlite3.connect(f"file:{run / 'trajectories.sqlite'}?mode=ro", uri=True)
             try:
@@ -658,11 +719,9 @@ def trainer_in_run(out: Path, parts: dict, policies: tuple[str, ...]) -> dict[st
                 if record.get("kind") != "step" or not lengths.get(record["step"]):
                     continue
                 alone = train_layout.step(setup, model, device, lengths[record["step"]], replicas).total_s - outside
-                ratios.append(record["train_s"] / alone)
-        if ratios:
-            result[policy] = {"median": statistics.median(ratios), "low": min(ratios), "high": max(ratios),
-                              "steps": len(ratios)}  # fmt: skip
-    return result
+                ratios[policy].append(record["train_s"] / alone)
+    return {p: {"median": statistics.median(r), "low": min(r), "high": max(r), "steps": len(r)}
+            for p, r in ratios.items() if r}  # fmt: skip
 
 
 def trainer_in_run_text(in_run: dict[str, dict]) -> str:
@@ -697,7 +756,7 @@ def resimulate(out: Path) -> int:
     data = json.loads((out / "validate.json").read_text())
     rt, task, _ = runtime_setup(data["steps"])
     policies = tuple(p for p in POLICIES if p in data["measured"])
-    data.update(predict(out, rt, task, data["steps"], data["parts"], policies))
+    data.update(predict_rounds(out, rt, task, data["steps"], runs_of(data["parts"]), policies))
     report(out, data, rt.resources.count)
     return 0
 
@@ -723,11 +782,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rt, task, model_config = runtime_setup(args.steps)
     started = time.time()
-    parts = measure_parts(model_config, task, out, QUICK if args.quick else FULL, rt)
-    measured, cpu = run_runtime(args.steps, policies, out / "runtime", args.repeats)
+    grid = QUICK if args.quick else FULL
+    parts: list[dict] = []
+    measured: dict[str, list[dict]] = {p: [] for p in policies}
+    cpu: dict[str, list[dict]] = {p: [] for p in policies}
+    for round_ in range(args.repeats):  # each round's parts measured just before its runs: the machine drifts
+        where = round_dir(out, round_, args.repeats)
+        print(f"round {round_ + 1} of {args.repeats}: the parts, then every policy's run", flush=True)
+        parts.append(measure_parts(model_config, task, where, grid, rt))
+        summaries, usage = run_round(args.steps, policies, out / "runtime", round_, args.repeats)
+        for policy in policies:
+            measured[policy].append(summaries[policy])
+            cpu[policy].append(usage[policy])
     data = {
         "parts": parts,
-        **predict(out, rt, task, args.steps, parts, policies),
+        **predict_rounds(out, rt, task, args.steps, parts, policies),
         "measured": measured,
         "runtime_cpu": cpu,
         "quick": args.quick,

@@ -224,6 +224,8 @@ class CostConfig:
     # collectives' floor, ranks waiting for the slowest), once an RL step when the trainer has dp > 1
     host_token_s: float = 0.0  # CPU-seconds of the host's work a generated token (streaming it through the
     # trajectory manager, the rollout manager's bookkeeping and grading); used only with cluster.host_cores
+    host_train_placement: float = 0.5  # of the host's work that spills onto busy cores, the parts a training
+    # core takes for each 1 - this a rollout or syncing core takes (0.5: an even spread; sim/host.py)
     profile: str | None = None  # a measured profile (sim/profile.py) whose points set the efficiencies
     # above for the run's model on cluster.device (sim/calibration.py); a shipped name or a path; null: as set
 
@@ -362,6 +364,9 @@ class SimConfig:
             value = getattr(self.costs, key)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise UserError(f"costs.{key} must be a finite number >= 0, got {value!r}")
+        placement = self.costs.host_train_placement
+        if not (isinstance(placement, int | float) and not isinstance(placement, bool) and 0 <= placement <= 1):
+            raise UserError(f"costs.host_train_placement must be a number from 0 to 1, got {placement!r}")
 
     @property
     def num_resources(self) -> int:

@@ -6,47 +6,73 @@ they cost the devices nothing and the simulator leaves them out (`cluster.host_c
 devices are themselves CPU cores, as in the runtime on this machine, those processes take their cores from
 the same pool: a core that generates or trains also runs the host's work whenever no other core is free.
 
-The model is a fluid share of the cores. The host's demand H, in cores, is what the running engines'
-tokens cost it: `costs.host_token_s` CPU-seconds a generated token times each engine's rate at full speed.
-With B devices busy (generating, training or loading weights) and C = `host_cores` + every device of the
-cluster, the host runs first on the cores nothing else uses (idle devices and its own); when B + H exceeds
-C, every busy device runs at C / (B + H) of its speed, so it takes `slowdown()` = (B + H) / C times as
-long (at least 1). That is the operating system's scheduler sharing the cores evenly among the runnable
-processes, with the devices' processes pinned and the host's free to run anywhere. The engines' rates
-are taken at full speed, so H is what the host would need if it kept up; a slowed engine makes its tokens
-more slowly and needs less (a bound, not a fixed point). An engine's stretch between two events and a sync
-are timed with the share at their start (a change meanwhile takes effect at the next one; both are short); a
-training step, long next to them, is re-timed at every change (`Simulation.host_share_changed`): the work done
-so far at the old share, the rest at the new one.
+The host's demand H, in cores, is what the running engines' tokens cost it: `costs.host_token_s`
+CPU-seconds a generated token times each engine's rate at full speed. With C = `host_cores` + every device
+of the cluster and B devices busy (generating, training or loading weights), the host runs first on the
+C - B cores nothing else uses (idle devices and its own); what is left, S = H - (C - B), runs on the busy
+devices' cores. It does not spread evenly: the operating system places the host's unpinned processes by
+its own rules, and on the runtime a busy training core takes most of it (`make validate` measures the split
+as `costs.host_train_placement`, p: a busy training core takes p parts for every 1 - p parts a busy rollout
+or syncing core takes; 0.5 is an even spread). A busy core carrying h cores of the host's work gives its
+device 1 - h of itself (the scheduler shares the core in time), so the device's work takes 1 / (1 - h) times
+as long; h is capped at one half (a device's process keeps at least its fair share of two runnable ones).
+
+The engines' rates are taken at full speed, so H is what the host would need if it kept up; a slowed engine
+makes its tokens more slowly and needs less (a bound, not a fixed point). An engine's stretch between two
+events and a sync are timed with the share at their start (a change meanwhile takes effect at the next one;
+both are short); a training step, long next to them, is re-timed at every change
+(`Simulation.host_share_changed`): the work done so far at the old share, the rest at the new one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+MAX_HOST_SHARE = 0.5  # of one busy core: a device's process keeps at least half its core
 
-def slowdown(busy_devices: int, host_demand_cores: float, total_cores: int) -> float:
-    """How many times longer a busy device's work takes: (busy + demand) / cores, at least 1."""
-    if busy_devices <= 0 or total_cores <= 0:
-        return 1.0
-    return max(1.0, (busy_devices + host_demand_cores) / total_cores)
+
+def slowdowns(training: int, other: int, host_demand_cores: float, total_cores: int,
+              train_placement: float = 0.5) -> tuple[float, float]:  # fmt: skip
+    """(slowdown of a busy training device, of a busy rollout or syncing device): how many times longer their
+    work takes with `training` and `other` devices busy, `host_demand_cores` of the host's work and
+    `total_cores` cores in all, a training core taking `train_placement` parts of the host's spill for each
+    1 - `train_placement` an other core takes. 1 where the idle cores hold the host's work."""
+    busy = training + other
+    spill = host_demand_cores - (total_cores - busy)
+    if busy <= 0 or spill <= 0:
+        return 1.0, 1.0
+    weights = training * train_placement + other * (1.0 - train_placement)
+    if weights <= 0:  # every busy core is of the kind that takes none: they share it evenly
+        per_train = per_other = spill / busy
+    else:
+        per_train, per_other = spill * train_placement / weights, spill * (1.0 - train_placement) / weights
+    return _stretch(per_train), _stretch(per_other)
+
+
+def _stretch(host_cores: float) -> float:
+    return 1.0 / (1.0 - min(MAX_HOST_SHARE, host_cores))
 
 
 class HostShare:
     """The share of the cores the devices' work gets, from the cluster's state (`Simulation.host_slowdown`)."""
 
-    def __init__(self, host_cores: int, total_devices: int, token_s: float) -> None:
+    def __init__(self, host_cores: int, total_devices: int, token_s: float, train_placement: float = 0.5) -> None:
         self.total_cores = host_cores + total_devices
         self.token_s = token_s
+        self.train_placement = train_placement
 
     def demand(self, tokens_per_s: float) -> float:
         """Cores of host work that an engine generating `tokens_per_s` tokens a second needs."""
         return self.token_s * tokens_per_s
 
-    def slowdown(self, busy: Iterable[tuple[int, float]]) -> float:
-        """`busy`: (devices, host demand in cores) of every resource at work now."""
-        devices, demand = 0, 0.0
-        for n, cores in busy:
-            devices += n
+    def slowdowns(self, busy: Iterable[tuple[int, float, bool]]) -> tuple[float, float]:
+        """`busy`: (devices, host demand in cores, whether it trains) of every resource at work now; the
+        slowdown of a training device and of any other busy one."""
+        training, other, demand = 0, 0, 0.0
+        for n, cores, trains in busy:
+            if trains:
+                training += n
+            else:
+                other += n
             demand += cores
-        return slowdown(devices, demand, self.total_cores)
+        return slowdowns(training, other, demand, self.total_cores, self.train_placement)

@@ -125,7 +125,9 @@ class Simulation:
         # cluster.host_cores set: the host's work shares the devices' cores (sim/host.py); else it costs nothing.
         self.host: HostShare | None = None
         if cfg.cluster.host_cores is not None and cfg.costs.host_token_s > 0:
-            self.host = HostShare(cfg.cluster.host_cores, cfg.total_gpus, cfg.costs.host_token_s)
+            self.host = HostShare(
+                cfg.cluster.host_cores, cfg.total_gpus, cfg.costs.host_token_s, cfg.costs.host_train_placement
+            )
         self._training: set[str] = set()  # resources in a training step
         self._train_work: dict[int, _TrainWork] = {}  # with the host sharing cores: steps under way, by step
 
@@ -229,18 +231,20 @@ class Simulation:
         """Simulated seconds since the run started (the executor's clock for the driver)."""
         return self.env.now
 
-    def host_slowdown(self) -> float:
+    def host_slowdown(self, training: bool = False) -> float:
         """How many times longer a device's work started now takes, the host's work sharing its cores
-        (`sim.host`); 1 without `cluster.host_cores`."""
+        (`sim.host`): a training device's (`training`) or a generating or syncing one's; 1 without
+        `cluster.host_cores`."""
         if self.host is None:
             return 1.0
-        busy = [(self.resources[name].devices, 0.0) for name in self._training]
+        busy = [(self.resources[name].devices, 0.0, True) for name in self._training]
         for engine in self._by_index:
             if engine.state is EngineState.RUNNING:
-                busy.append((self.resources[engine.name].devices, engine.host_demand))
+                busy.append((self.resources[engine.name].devices, engine.host_demand, False))
             elif engine.state is EngineState.SYNCING:
-                busy.append((self.resources[engine.name].devices, 0.0))
-        return self.host.slowdown(busy)
+                busy.append((self.resources[engine.name].devices, 0.0, False))
+        train, other = self.host.slowdowns(busy)
+        return train if training else other
 
     def host_share_changed(self) -> None:
         """The cores' share may have changed (an engine started a stretch, went idle, paused, synced): re-time
@@ -251,7 +255,7 @@ class Simulation:
         share (`cluster.host_cores` null): no step is then re-timed."""
         if not self._train_work:
             return
-        slow, now = self.host_slowdown(), self.env.now
+        slow, now = self.host_slowdown(training=True), self.env.now
         for work in self._train_work.values():
             if slow != work.slow:
                 work.left = max(0.0, work.left - (now - work.since) / work.slow)
@@ -403,7 +407,7 @@ class Simulation:
         gpus = sum(self.resources[r].devices for r in d.resources)
         self._training.update(d.resources)
         work = self.cost.train_step_s(seq_lens, gpus)
-        slow = self.host_slowdown()
+        slow = self.host_slowdown(training=True)
         duration = work * slow
         lag = Counter()
         for s in samples:

@@ -202,6 +202,28 @@ def test_repeats_give_a_mean_with_its_range_and_the_orders_side_by_side():
     assert agree["trained tok/s"]["max_abs_error"] == pytest.approx(1 / 3)
     assert agree["trained tok/s"]["largest_spread"] == pytest.approx(0.1)
     assert "900-1,100 (3)" in v.table(rows) and "a different order" in v.agreement_text(agree)
+    assert "rounds" not in agree  # one prediction for every round: no round's own error
+
+
+def test_a_prediction_a_round_gives_each_rounds_error_and_order():
+    idle = {"rollout": 0.5, "train": 0.4, "idle": 0.1}
+    measured = {"colocated": [_summary(900, 2.0, 0.1, idle), _summary(1100, 2.0, 0.1, idle)],
+                "tag": [_summary(1000, 1.0, 0.2, idle), _summary(1000, 1.0, 0.2, idle)]}  # fmt: skip
+    predicted = {"colocated": [_summary(990, 2.0, 0.1, idle), _summary(1100, 2.2, 0.1, idle)],
+                 "tag": [_summary(1050, 1.0, 0.2, idle), _summary(1200, 1.0, 0.2, idle)]}  # fmt: skip
+    rows = v.compare(measured, predicted)
+    cell = rows["colocated"]["trained tok/s"]
+    assert cell["predicted"] == pytest.approx(1045) and cell["error"] == pytest.approx(0.045)
+    assert cell["round_errors"] == pytest.approx([0.1, 0.0])
+    agree = v.agreement(rows)
+    first, second = agree["rounds"]
+    assert first["trained tok/s"]["mean_abs_error"] == pytest.approx((0.1 + 0.05) / 2)
+    assert first["same_order"] and first["order_measured"] == ["tag", "colocated"]
+    assert second["trained tok/s"]["max_abs_error"] == pytest.approx(0.2)
+    assert not second["same_order"] and second["order_predicted"] == ["tag", "colocated"]
+    assert second["step (s)"]["max_abs_error"] == pytest.approx(0.1)
+    text = v.agreement_text(agree)
+    assert "round 1 (its own parts and runs)" in text and "round 2" in text and "order tag > colocated" in text
 
 
 def test_bad_arguments_are_one_line(capsys, tmp_path):
@@ -221,27 +243,41 @@ def test_bad_arguments_are_one_line(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_a_short_validation_runs_end_to_end(tmp_path):
-    assert v.main(["--quick", "--steps", "2", "--repeats", "1", "--policies", "colocated", "--out", str(tmp_path)]) == 0
+    argv = ["--quick", "--steps", "2", "--repeats", "2", "--policies", "colocated", "--out", str(tmp_path)]
+    assert v.main(argv) == 0
     data = json.loads((tmp_path / "validate.json").read_text())
     row = data["comparison"]["colocated"]
     for label, *_ in v.METRICS:
         assert math.isfinite(row[label]["measured"]) and math.isfinite(row[label]["predicted"])
     assert row["trained tok/s"]["measured"] > 0 and row["trained tok/s"]["predicted"] > 0
-    assert data["calibration"]["device"] == parts.DEVICE_NAME and data["calibration"]["points"]["decode"] >= 3
-    assert 0 < data["costs"]["train_mfu"] <= 0.75 and data["costs"]["sync_fixed_s"] > 0
-    # The host's work a token and the data-parallel trainer were measured, and the mirror lets the host share
-    # the resources' cores.
-    assert data["costs"]["host_token_s"] > 0 and data["costs"]["train_dp_overhead_s"] >= 0
-    assert data["parts"]["host"]["rounds"]
-    assert len(data["parts"]["trainer"]["data_parallel"]) >= (1 if len(os.sched_getaffinity(0)) >= 2 else 0)
-    mirror = yaml.safe_load((tmp_path / "sim_config.yaml").read_text())
-    assert mirror["cluster"]["host_cores"] == v.host_cores(v.runtime_setup(2)[0]) >= 0
-    for name in ("validate.png", "cpu-core.yaml", "profile.yaml", "sim_config.yaml", "model/config.json"):
-        assert (tmp_path / name).stat().st_size > 0
-    assert (tmp_path / "runtime" / "colocated" / "summary.json").is_file()
-    # Each runtime step's trainer against the part's prediction on that step's own sequences (read from the store).
+    # Each round measured its own parts and was predicted from them.
+    assert len(data["parts"]) == len(data["costs"]) == len(data["calibration"]) == 2
+    assert len(data["predicted"]["colocated"]) == len(data["measured"]["colocated"]) == 2
+    assert len(row["trained tok/s"]["round_errors"]) == 2 and len(data["agreement"]["rounds"]) == 2
+    rounds = zip(data["costs"], data["calibration"], data["parts"], strict=True)
+    for r, (costs, calibration, part) in enumerate(rounds):
+        assert calibration["device"] == parts.DEVICE_NAME and calibration["points"]["decode"] >= 3
+        assert 0 < costs["train_mfu"] <= 0.75 and costs["sync_fixed_s"] > 0
+        # The host's work a token and the data-parallel trainer were measured, and the mirror lets the host share
+        # the resources' cores, placed as measured beside a busy trainer.
+        assert costs["host_token_s"] > 0 and costs["train_dp_overhead_s"] >= 0
+        assert part["host"]["rounds"]
+        two = len(os.sched_getaffinity(0)) >= 2
+        assert len(part["trainer"]["data_parallel"]) >= (1 if two else 0)
+        if two:
+            placement = part["host"]["placement"]
+            assert 0 <= costs["host_train_placement"] == placement["host_train_placement"] <= 1, placement
+        where = tmp_path / f"round-{r + 1}"
+        mirror = yaml.safe_load((where / "sim_config.yaml").read_text())
+        assert mirror["cluster"]["host_cores"] == v.host_cores(v.runtime_setup(2)[0]) >= 0
+        assert mirror["costs"]["host_train_placement"] == costs["host_train_placement"]
+        for name in ("cpu-core.yaml", "profile.yaml", "sim_config.yaml", "model/config.json"):
+            assert (where / name).stat().st_size > 0
+    assert (tmp_path / "validate.png").stat().st_size > 0
+    assert (tmp_path / "runtime" / "colocated-r2" / "summary.json").is_file()
+    # Each runtime step's trainer against its round's part on that step's own sequences (read from the store).
     in_run = data["trainer_in_run"]["colocated"]
-    assert in_run["steps"] == 2 and 0 < in_run["low"] <= in_run["median"] <= in_run["high"] < 20, in_run
+    assert in_run["steps"] == 4 and 0 < in_run["low"] <= in_run["median"] <= in_run["high"] < 20, in_run
     # The simulator side again from what was measured: the same prediction (nothing changed in between).
     assert v.main(["--resimulate", "--out", str(tmp_path)]) == 0
     again = json.loads((tmp_path / "validate.json").read_text())

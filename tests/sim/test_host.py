@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import UserError
-from sim.host import HostShare, slowdown
+from sim.host import HostShare, slowdowns
 from sim.runner import Simulation, simulate
 
 HOST = ("cluster.host_cores=0", "costs.host_token_s=2e-4")
@@ -15,16 +15,30 @@ def _ends(timeline) -> list[float]:
     return [s.end_s for s in timeline.steps]
 
 
-def test_the_share_is_the_runnable_work_over_the_cores():
-    assert slowdown(2, 0.5, 2) == pytest.approx(1.25)  # two busy cores and half a core of host work
-    assert slowdown(1, 0.5, 2) == 1.0  # the idle core takes the host's work
-    assert slowdown(1, 1.5, 2) == pytest.approx(1.25)  # ... as much as it can; the rest is shared
-    assert slowdown(4, 1.0, 5) == 1.0  # a core of the host's own
-    assert slowdown(0, 3.0, 2) == 1.0  # nothing busy: nothing to slow
+def test_the_host_runs_on_idle_cores_first_then_takes_time_from_busy_ones():
+    assert slowdowns(1, 1, 0.5, 2) == pytest.approx((4 / 3, 4 / 3))  # half a core over two busy: 1 / (1 - 0.25)
+    assert slowdowns(1, 0, 0.5, 2) == (1.0, 1.0)  # the idle core takes the host's work
+    assert slowdowns(0, 1, 1.5, 2) == pytest.approx((2.0, 2.0))  # ... as much as it can: half a core is left
+    assert slowdowns(0, 1, 1.2, 2) == pytest.approx((1.25, 1.25))  # 0.2 of a core on the busy one
+    assert slowdowns(2, 2, 1.0, 5) == (1.0, 1.0)  # a core of the host's own
+    assert slowdowns(0, 0, 3.0, 2) == (1.0, 1.0)  # nothing busy: nothing to slow
+    assert slowdowns(1, 1, 9.0, 2) == (2.0, 2.0)  # a busy device keeps half its core however much the host needs
     share = HostShare(host_cores=1, total_devices=2, token_s=1e-4)
     assert share.demand(5000.0) == pytest.approx(0.5)
-    assert share.slowdown([(1, 0.5), (1, 0.0)]) == 1.0
-    assert share.slowdown([(1, 1.5), (1, 1.5)]) == pytest.approx(5 / 3)
+    assert share.slowdowns([(1, 0.5, False), (1, 0.0, True)]) == (1.0, 1.0)
+    assert share.slowdowns([(1, 1.2, False), (1, 0.3, True)]) == pytest.approx((4 / 3, 4 / 3))
+
+
+def test_the_placement_sends_the_spill_to_training_cores_as_measured():
+    # One training and one rollout core busy, 0.3 of a core to place: 0.9 of it on the training core.
+    train, other = slowdowns(1, 1, 0.3, 2, train_placement=0.9)
+    assert train == pytest.approx(1 / (1 - 0.27)) and other == pytest.approx(1 / (1 - 0.03))
+    # Two rollout cores and one training core: weights 0.1 + 0.1 + 0.9.
+    train, other = slowdowns(1, 2, 0.55, 3, train_placement=0.9)
+    assert train == pytest.approx(1 / (1 - 0.45)) and other == pytest.approx(1 / (1 - 0.05))
+    # Only one kind busy: the placement has nothing to choose, even at its ends.
+    assert slowdowns(0, 2, 0.4, 2, train_placement=1.0) == pytest.approx((1.25, 1.25))
+    assert slowdowns(2, 0, 0.4, 2, train_placement=0.0) == pytest.approx((1.25, 1.25))
 
 
 def test_without_host_cores_the_host_costs_nothing(run_small, small_config):
@@ -53,9 +67,12 @@ def test_the_slowdown_follows_the_busy_devices(small_config):
     engine = sim._by_index[0]
     from sim.engine import EngineState
 
-    engine.state, engine.host_demand = EngineState.RUNNING, 4.0  # and one engine's tokens need 4 cores
-    devices = sim.cfg.total_gpus + sim.resources[engine.name].devices
-    assert sim.host_slowdown() == pytest.approx((devices + 4.0) / sim.cfg.total_gpus)
+    sim._training.discard(engine.name)  # the others train while its tokens need half a core
+    engine.state, engine.host_demand = EngineState.RUNNING, 0.5
+    cores = sim.cfg.total_gpus  # every device busy and no core of the host's own: 0.5 spread over all of them
+    assert sim.host_slowdown() == sim.host_slowdown(training=True) == pytest.approx(1 / (1 - 0.5 / cores))
+    sim._training.clear()  # only the engine busy: the idle devices take the half core
+    assert sim.host_slowdown() == 1.0
 
 
 @pytest.mark.parametrize(
@@ -66,6 +83,8 @@ def test_the_slowdown_follows_the_busy_devices(small_config):
         ("costs.host_token_s=-1e-4", "costs.host_token_s must be a finite number >= 0, got -0.0001"),
         ("costs.host_token_s=.nan", "costs.host_token_s must be a finite number >= 0, got nan"),
         ("costs.train_dp_overhead_s=-0.5", "costs.train_dp_overhead_s must be a finite number >= 0, got -0.5"),
+        ("costs.host_train_placement=1.5", "costs.host_train_placement must be a number from 0 to 1, got 1.5"),
+        ("costs.host_train_placement=.nan", "costs.host_train_placement must be a number from 0 to 1, got nan"),
     ],
 )
 def test_bad_host_settings_name_themselves(small_config, override, message):
