@@ -524,18 +524,24 @@ def draw(rows: dict[str, dict], path: Path, note: str) -> None:
     for k, (side, colour) in enumerate((("measured", "#4c72b0"), ("predicted", "#dd8452"))):
         values = [rows[p]["trained tok/s"][side] for p in policies]
         cells = [rows[p]["trained tok/s"] for p in policies]
-        span = None
+        span, name = None, "simulator (predicted)"
         if side == "measured" and all("low" in c for c in cells):  # the runtime's repeats: their range
             span = [[c["measured"] - c["low"] for c in cells], [c["high"] - c["measured"] for c in cells]]
-        name = "runtime (measured, range of runs)" if side == "measured" else "simulator (predicted)"
+        if side == "predicted" and all("round_predicted" in c for c in cells):  # a prediction a round: their range
+            span = [[c["predicted"] - min(c["round_predicted"]) for c in cells],
+                    [max(c["round_predicted"]) - c["predicted"] for c in cells]]  # fmt: skip
+            name = "simulator (range: each round's own parts)"
+        if side == "measured":
+            name = "runtime (measured, range of runs)"
         bars = ax1.bar(x + (k - 0.5) * 0.38, values, 0.38, color=colour, yerr=span, capsize=3, label=name)
         ax1.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7, padding=2)
-    top = max(rows[p]["trained tok/s"].get(side, 0) for p in policies for side in ("high", "measured", "predicted"))
-    ax1.set_ylim(0, 1.3 * top)  # room for the legend above the bars
+    top = max(max(c.get("high", 0), c["measured"], c["predicted"], *c.get("round_predicted", ()))
+              for c in (rows[p]["trained tok/s"] for p in policies))  # fmt: skip
+    ax1.set_ylim(0, 1.4 * top)  # room for the legend above the bars
     ax1.set_xticks(x, policies)
     ax1.set_ylabel("trained tokens / s")
     ax1.set_title("Throughput")
-    ax1.legend(loc="upper center", fontsize=8, ncols=2)
+    ax1.legend(loc="upper left", fontsize=8)
     colours = {"rollout": "#55a868", "train": "#4c72b0", "sync": "#c44e52", "idle": "#cccccc"}
     for k, side in enumerate(("measured", "predicted")):
         bottom = np.zeros(len(policies))
