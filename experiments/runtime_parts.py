@@ -217,6 +217,7 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
     a busy training core takes when one rollout core is busy beside it: the placement p (sim/host.py), the
     median of `repeats` rounds after a warm-up round. 0.5 is an even spread."""
     import multiprocessing
+    import queue
 
     from reference.engine.process import EngineProcess, EngineSpec
     from reference.manager.embedded import ManagerThread
@@ -257,7 +258,7 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
             with engine:
                 trainer.start()
                 for _ in range(3):  # warm-up steps
-                    records.append(steps.get(timeout=600))
+                    records.append(_next_step(steps, trainer))
                 alone_from = time.perf_counter()
                 time.sleep(1.0)  # a second of the trainer alone (its baseline share)
                 alone_to = time.perf_counter()
@@ -266,14 +267,17 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
         finally:
             stop.set()
             os.sched_setaffinity(0, mask)
-            trainer.join(timeout=120)
+            deadline = time.monotonic() + 120  # its last step, then it exits once its queue is read
             while True:
                 try:
                     records.append(steps.get(timeout=1))
-                except Exception:  # noqa: BLE001 - queue.Empty: every step is read
-                    break
-            if trainer.is_alive():
-                trainer.kill()
+                except queue.Empty:
+                    if not trainer.is_alive() or time.monotonic() > deadline:
+                        break
+            if trainer.pid is not None:
+                trainer.join(timeout=10)
+                if trainer.is_alive():
+                    trainer.kill()
 
     def share(lo: float, hi: float) -> float | None:
         inside = [(end - start, cpu) for start, end, cpu in records if start >= lo and end <= hi]
@@ -290,6 +294,21 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
             out.append({"host_cores": host, "trainer_share": busy, "placement": placed})
     placement = statistics.median(r["placement"] for r in out) if out else 0.5
     return {"host_train_placement": placement, "trainer_share_alone": alone, "rounds": out}
+
+
+def _next_step(steps, trainer, deadline_s: float = 600.0) -> tuple[float, float, float]:
+    """The next step `measure_host_placement`'s trainer reports; a clear error if its process ends first."""
+    import queue
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return steps.get(timeout=1.0)
+        except queue.Empty:
+            if not trainer.is_alive():
+                raise RuntimeError(f"the placement's trainer process ended (exit code {trainer.exitcode})") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the placement's trainer reported no step in {deadline_s:.0f} s") from None
 
 
 def _busy_trainer(core: int, model_config, trainer_config: dict, pad_id: int, batch: list, stop, steps) -> None:

@@ -343,3 +343,14 @@ def test_the_simulators_padded_shards_are_the_runtimes_shards():
         assert [len(s) for s in padded] == [len(s) for s in runtime]
         assert [max(s) for s in padded] == [max(s) for s in runtime]
         assert [sum(s) for s in padded_shards(lens, 16, ranks, 1)] == [sum(s) for s in runtime]  # no padding
+
+
+def test_the_placements_trainer_dying_is_a_clear_error_not_a_long_wait():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    steps, trainer = ctx.Queue(), ctx.Process(target=sys.exit, args=(3,))
+    trainer.start()
+    with pytest.raises(RuntimeError, match=r"the placement's trainer process ended \(exit code 3\)"):
+        parts._next_step(steps, trainer, deadline_s=120)
+    trainer.join()
