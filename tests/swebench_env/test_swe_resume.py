@@ -62,14 +62,21 @@ def _wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Run:
     """A `python -m reference train` process in a session of its own, its output in a log file."""
 
     def __init__(self, args: list[str], log: Path) -> None:
         self.log = log
         with log.open("ab") as f:
+            # As from a terminal: a shell's background job (a CI runner's) would pass SIGINT on ignored, and a
+            # process started with SIGINT ignored never sees Ctrl-C.
             self.process = subprocess.Popen([sys.executable, "-m", "reference", "train", *args], cwd=REPO, stdout=f,
-                                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                                            stderr=subprocess.STDOUT, start_new_session=True,
+                                            preexec_fn=_default_sigint)  # fmt: skip
         self.pid = self.process.pid
 
     def tail(self) -> str:
