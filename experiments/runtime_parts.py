@@ -167,6 +167,19 @@ def measure_host(
     the CPU time of every thread of this process (`time.process_time`) over the tokens the engine generated,
     the median of `repeats` rounds (a warm-up round first). What the driver does besides (the policy, Ray calls
     to the trainers, the timeline's sampling) is not in it."""
+    with _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores, client_cores) as host_rounds:
+        rounds = host_rounds(groups, repeats)
+    per_token = [cpu / max(1, tokens) for _, _, cpu, tokens in rounds]
+    return {"host_token_s": statistics.median(per_token),
+            "rounds": [{"cpu_s": cpu, "tokens": tokens} for _, _, cpu, tokens in rounds]}  # fmt: skip
+
+
+@contextmanager
+def _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int]):
+    """One built-in engine process on `engine_cores` (it inherits the mask), this process on `client_cores`
+    running the runtime's trajectory manager (embedded, as the driver holds it) in front of it; yields
+    `rounds(groups, repeats)`: the run's rollout manager feeding it `groups` groups of the workload at a time,
+    `repeats` rounds after a warm-up one, each's (start, end, this process's CPU seconds, generated tokens)."""
     from reference.engine.process import EngineProcess, EngineSpec
     from reference.manager.embedded import ManagerThread
     from reference.manager.manager import ManagerConfig
@@ -178,14 +191,14 @@ def measure_host(
     rollout_config = RolloutConfig(r.group_size, r.max_concurrency, r.temperature)
     config = ManagerConfig(model_name="seamlessflow-host", max_pause_s=0, max_in_flight_requests=0, max_loop_lag_s=0)
 
-    async def one_round(url: str, seed: int) -> tuple[float, int]:
+    async def one_round(url: str, seed: int, groups: int) -> tuple[float, float, float, int]:
         finished: asyncio.Queue = asyncio.Queue()
         async with RolloutManager(task, url, rollout_config, f"host{seed}", seed, finished.put_nowait) as rollout:
-            cpu = time.process_time()
+            start, cpu = time.perf_counter(), time.process_time()
             rollout.submit(groups)
             done = [await finished.get() for _ in range(groups)]
-            cpu = time.process_time() - cpu
-        return cpu, sum(e.tokens for g in done for e in g.episodes)
+            end, cpu = time.perf_counter(), time.process_time() - cpu
+        return start, end, cpu, sum(e.tokens for g in done for e in g.episodes)
 
     with tempfile.TemporaryDirectory() as root:
         weights = publish_weights(build_model(model_config).state_dict(), model_config, root, 0, task.tokenizer).path
@@ -199,11 +212,10 @@ def measure_host(
         try:
             with engine, ManagerThread({"host": engine.client()}, task.tokenizer, Path(root) / "store.sqlite",
                                        config) as m:  # fmt: skip
-                rounds = [m.call(one_round(m.url, seed), timeout_s=600) for seed in range(repeats + 1)][1:]
+                yield lambda groups, repeats: [m.call(one_round(m.url, seed, groups), timeout_s=600)
+                                               for seed in range(repeats + 1)][1:]  # fmt: skip
         finally:
             os.sched_setaffinity(0, mask)
-    per_token = [cpu / max(1, tokens) for cpu, tokens in rounds]
-    return {"host_token_s": statistics.median(per_token), "rounds": [{"cpu_s": c, "tokens": t} for c, t in rounds]}
 
 
 def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_core: int, groups: int,
@@ -219,54 +231,24 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
     import multiprocessing
     import queue
 
-    from reference.engine.process import EngineProcess, EngineSpec
-    from reference.manager.embedded import ManagerThread
-    from reference.manager.manager import ManagerConfig
-    from reference.model import build_model
-    from reference.rollout.groups import RolloutConfig, RolloutManager
-    from reference.trainer.handoff import publish_weights
-
-    r = rt_cfg.rollout
-    rollout_config = RolloutConfig(r.group_size, r.max_concurrency, r.temperature)
-    config = ManagerConfig(model_name="seamlessflow-host", max_pause_s=0, max_in_flight_requests=0, max_loop_lag_s=0)
-    batch = workload_batch(model_config, task, r.group_size, r.group_size, random.Random(2))  # a short step
-
-    async def one_round(url: str, seed: int) -> tuple[float, float, float]:
-        finished: asyncio.Queue = asyncio.Queue()
-        async with RolloutManager(task, url, rollout_config, f"place{seed}", seed, finished.put_nowait) as rollout:
-            start, cpu = time.perf_counter(), time.process_time()
-            rollout.submit(groups)
-            for _ in range(groups):
-                await finished.get()
-            return start, time.perf_counter(), time.process_time() - cpu
-
+    group = rt_cfg.rollout.group_size
+    batch = workload_batch(model_config, task, group, group, random.Random(2))  # one group: a short step
     ctx = multiprocessing.get_context("spawn")
     steps, stop = ctx.Queue(), ctx.Event()
     trainer = ctx.Process(target=_busy_trainer, args=(train_core, model_config, trainer_config,
                                                       task.tokenizer.pad_token_id, batch, stop, steps))  # fmt: skip
-    mask = os.sched_getaffinity(0)
     records: list[tuple[float, float, float]] = []
-    with tempfile.TemporaryDirectory() as root:
-        weights = publish_weights(build_model(model_config).state_dict(), model_config, root, 0, task.tokenizer).path
-        os.sched_setaffinity(0, {engine_core})  # the engine process inherits it
+    with _host_feeding_an_engine(model_config, task, rt_cfg, {engine_core}, {engine_core, train_core}) as host_rounds:
+        trainer.start()
         try:
-            engine = EngineProcess(EngineSpec(model=str(weights), max_batch=rt_cfg.engine.max_batch, torch_threads=1,
-                                              coalesce_s=rt_cfg.engine.coalesce_s))  # fmt: skip
-        finally:
-            os.sched_setaffinity(0, {engine_core, train_core})
-        try:
-            with engine:
-                trainer.start()
-                for _ in range(3):  # warm-up steps
-                    records.append(_next_step(steps, trainer))
-                alone_from = time.perf_counter()
-                time.sleep(1.0)  # a second of the trainer alone (its baseline share)
-                alone_to = time.perf_counter()
-                with ManagerThread({"host": engine.client()}, task.tokenizer, Path(root) / "store.sqlite", config) as m:
-                    rounds = [m.call(one_round(m.url, seed), timeout_s=600) for seed in range(repeats + 1)][1:]
+            for _ in range(3):  # warm-up steps
+                records.append(_next_step(steps, trainer))
+            alone_from = time.perf_counter()
+            time.sleep(1.0)  # a second of the trainer alone (its baseline share)
+            alone_to = time.perf_counter()
+            rounds = host_rounds(groups, repeats)
         finally:
             stop.set()
-            os.sched_setaffinity(0, mask)
             deadline = time.monotonic() + 120  # its last step, then it exits once its queue is read
             while True:
                 try:
@@ -274,10 +256,9 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
                 except queue.Empty:
                     if not trainer.is_alive() or time.monotonic() > deadline:
                         break
-            if trainer.pid is not None:
-                trainer.join(timeout=10)
-                if trainer.is_alive():
-                    trainer.kill()
+            trainer.join(timeout=10)
+            if trainer.is_alive():
+                trainer.kill()
 
     def share(lo: float, hi: float) -> float | None:
         inside = [(end - start, cpu) for start, end, cpu in records if start >= lo and end <= hi]
@@ -286,7 +267,7 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
 
     alone = share(alone_from, alone_to)
     out = []
-    for start, end, cpu in rounds:
+    for start, end, cpu, _ in rounds:
         busy = share(start, end)
         host = cpu / (end - start)
         if alone is not None and busy is not None and host > 0:

@@ -399,14 +399,15 @@ def compare(measured: dict[str, dict | list[dict]], predicted: dict[str, dict | 
         row = {}
         for label, get, _, kind in METRICS:
             values = [get(r) for r in runs]
-            m, p = statistics.fmean(values), statistics.fmean(get(g) for g in guesses)
+            guessed = [get(g) for g in guesses]
+            m, p = statistics.fmean(values), statistics.fmean(guessed)
             half = (max(values) - min(values)) / 2
             spread = half if kind == "points" else (half / m if m else math.nan)
             row[label] = {"measured": m, "low": min(values), "high": max(values), "spread": spread, "runs": len(runs),
                           "predicted": p, "error": _error(p, m, kind), "error_kind": kind}  # fmt: skip
             if len(guesses) == len(runs) > 1:
-                row[label]["round_predicted"] = [get(g) for g in guesses]
-                row[label]["round_errors"] = [_error(get(g), v, kind) for g, v in zip(guesses, values, strict=True)]
+                row[label]["round_predicted"] = guessed
+                row[label]["round_errors"] = [_error(g, v, kind) for g, v in zip(guessed, values, strict=True)]
                 row[label]["round_measured"] = values
         rows[policy] = row
     if "colocated" in measured:
