@@ -167,8 +167,8 @@ def measure_host(
     the CPU time of every thread of this process (`time.process_time`) over the tokens the engine generated,
     the median of `repeats` rounds (a warm-up round first). What the driver does besides (the policy, Ray calls
     to the trainers, the timeline's sampling) is not in it."""
-    with _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores, client_cores) as host_rounds:
-        rounds = host_rounds(groups, repeats)
+    with _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores, client_cores) as rig:
+        rounds = rig.rounds(groups, repeats)
     per_token = [cpu / max(1, tokens) for _, _, cpu, tokens in rounds]
     return {"host_token_s": statistics.median(per_token),
             "rounds": [{"cpu_s": cpu, "tokens": tokens} for _, _, cpu, tokens in rounds]}  # fmt: skip
@@ -177,29 +177,15 @@ def measure_host(
 @contextmanager
 def _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int]):
     """One built-in engine process on `engine_cores` (it inherits the mask), this process on `client_cores`
-    running the runtime's trajectory manager (embedded, as the driver holds it) in front of it; yields
-    `rounds(groups, repeats)`: the run's rollout manager feeding it `groups` groups of the workload at a time,
-    `repeats` rounds after a warm-up one, each's (start, end, this process's CPU seconds, generated tokens)."""
+    running the runtime's trajectory manager (embedded, as the driver holds it) in front of it; yields a
+    `_HostRig` whose rounds feed it groups of the workload through the run's rollout manager."""
     from reference.engine.process import EngineProcess, EngineSpec
     from reference.manager.embedded import ManagerThread
     from reference.manager.manager import ManagerConfig
     from reference.model import build_model
-    from reference.rollout.groups import RolloutConfig, RolloutManager
     from reference.trainer.handoff import publish_weights
 
-    r = rt_cfg.rollout
-    rollout_config = RolloutConfig(r.group_size, r.max_concurrency, r.temperature)
     config = ManagerConfig(model_name="seamlessflow-host", max_pause_s=0, max_in_flight_requests=0, max_loop_lag_s=0)
-
-    async def one_round(url: str, seed: int, groups: int) -> tuple[float, float, float, int]:
-        finished: asyncio.Queue = asyncio.Queue()
-        async with RolloutManager(task, url, rollout_config, f"host{seed}", seed, finished.put_nowait) as rollout:
-            start, cpu = time.perf_counter(), time.process_time()
-            rollout.submit(groups)
-            done = [await finished.get() for _ in range(groups)]
-            end, cpu = time.perf_counter(), time.process_time() - cpu
-        return start, end, cpu, sum(e.tokens for g in done for e in g.episodes)
-
     with tempfile.TemporaryDirectory() as root:
         weights = publish_weights(build_model(model_config).state_dict(), model_config, root, 0, task.tokenizer).path
         mask = os.sched_getaffinity(0)
@@ -212,10 +198,89 @@ def _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores: set[int], 
         try:
             with engine, ManagerThread({"host": engine.client()}, task.tokenizer, Path(root) / "store.sqlite",
                                        config) as m:  # fmt: skip
-                yield lambda groups, repeats: [m.call(one_round(m.url, seed, groups), timeout_s=600)
-                                               for seed in range(repeats + 1)][1:]  # fmt: skip
+                yield _HostRig(m, task, rt_cfg, str(weights))
         finally:
             os.sched_setaffinity(0, mask)
+
+
+class _HostRig:
+    """`_host_feeding_an_engine`'s engine ("host") behind an embedded trajectory manager `m`."""
+
+    def __init__(self, m, task, rt_cfg, weights: str) -> None:
+        from reference.rollout.groups import RolloutConfig
+
+        r = rt_cfg.rollout
+        self.m, self.task, self.weights = m, task, weights
+        self.rollout_config = RolloutConfig(r.group_size, r.max_concurrency, r.temperature)
+
+    def rounds(self, groups: int, repeats: int) -> list[tuple[float, float, float, int]]:
+        """`repeats` rounds after a warm-up one, each the run's rollout manager feeding the engine `groups` groups
+        at a time: each round's (start, end, this process's CPU seconds, generated tokens)."""
+        return [self.m.call(self._round(seed, groups), timeout_s=600)[0] for seed in range(repeats + 1)][1:]
+
+    def syncs(self, groups: int, every_s: float, idle: int = 5) -> tuple[list[float], list[float]]:
+        """Weight syncs the way the runtime's executor does them (`RuntimeExecutor._sync`, on the manager's event
+        loop: pause at a token boundary, restart requests older than the bound, load a version, resume), each
+        timed up to its load, as the runtime's sync interval ends there for an engine that still holds
+        requests (the policy resumes it at once): `idle` of them with nothing generating, after a warm-up round,
+        then one every `every_s` seconds through a round of `groups` groups. Returns (idle, generating)."""
+        self.m.call(self._round(0, groups), timeout_s=600)
+        alone = [self.m.call(self._sync(version), timeout_s=60) for version in range(1, idle + 1)]
+        return alone, self.m.call(self._round(1, groups, every_s), timeout_s=600)[1]
+
+    async def _sync(self, version: int, then_resume: bool = True) -> float:
+        manager, start = self.m.manager, time.perf_counter()
+        await manager.pause(["host"])
+        await manager.restart_older_than(0, ["host"])
+        await manager.update_weights(version, self.weights, ["host"])
+        seconds = time.perf_counter() - start
+        if then_resume:
+            await manager.resume(["host"])
+        return seconds
+
+    async def _round(self, seed: int, groups: int, sync_every_s: float | None = None):
+        from reference.rollout.groups import RolloutManager
+
+        finished, synced = asyncio.Queue(), []
+
+        async def keep_syncing() -> None:
+            version = 100
+            while True:
+                await asyncio.sleep(sync_every_s)
+                synced.append(await self._sync(version))
+                version += 1
+
+        async with RolloutManager(self.task, self.m.url, self.rollout_config, f"host{seed}", seed,
+                                  finished.put_nowait) as rollout:  # fmt: skip
+            start, cpu = time.perf_counter(), time.process_time()
+            rollout.submit(groups)
+            syncing = asyncio.create_task(keep_syncing()) if sync_every_s else None
+            try:
+                done = [await finished.get() for _ in range(groups)]
+            finally:
+                if syncing is not None:
+                    syncing.cancel()
+                    await asyncio.gather(syncing, return_exceptions=True)
+                    await self.m.manager.resume(["host"])  # a sync cut short leaves no paused engine
+            end, cpu = time.perf_counter(), time.process_time() - cpu
+        return (start, end, cpu, sum(e.tokens for g in done for e in g.episodes)), synced
+
+
+def measure_sync_in_place(model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int], groups: int,
+                          every_s: float = 0.25) -> dict:  # fmt: skip
+    """A weight sync as a run meets it: the built-in engine in its own process behind the runtime's trajectory
+    manager, synced through the manager's own calls as the executor syncs it (`_HostRig.syncs`). `sync_s`
+    (`costs.sync_fixed_s`): the median of syncs with nothing generating; `sync_busy_s` (`costs.sync_busy_s`):
+    what a sync takes beyond that while the engine generates for the run's rollout manager, one every `every_s`
+    seconds through a round of `groups` groups (the median): the pause waits for the engine's step to end and for
+    the manager's event loop, busy streaming every request's tokens. Both with every sync's seconds."""
+    with _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores, client_cores) as rig:
+        idle, busy = rig.syncs(groups, every_s)
+    if not busy:
+        raise RuntimeError(f"no weight sync completed in a round of {groups} groups (one every {every_s} s)")
+    alone = statistics.median(idle)
+    return {"sync_s": alone, "sync_busy_s": max(0.0, statistics.median(busy) - alone), "idle_s": idle,
+            "generating_s": busy}  # fmt: skip
 
 
 def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_core: int, groups: int,
@@ -238,7 +303,7 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
     trainer = ctx.Process(target=_busy_trainer, args=(train_core, model_config, trainer_config,
                                                       task.tokenizer.pad_token_id, batch, stop, steps))  # fmt: skip
     records: list[tuple[float, float, float]] = []
-    with _host_feeding_an_engine(model_config, task, rt_cfg, {engine_core}, {engine_core, train_core}) as host_rounds:
+    with _host_feeding_an_engine(model_config, task, rt_cfg, {engine_core}, {engine_core, train_core}) as rig:
         trainer.start()
         try:
             for _ in range(3):  # warm-up steps
@@ -246,7 +311,7 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
             alone_from = time.perf_counter()
             time.sleep(1.0)  # a second of the trainer alone (its baseline share)
             alone_to = time.perf_counter()
-            rounds = host_rounds(groups, repeats)
+            rounds = rig.rounds(groups, repeats)
         finally:
             stop.set()
             deadline = time.monotonic() + 120  # its last step, then it exits once its queue is read
@@ -374,7 +439,8 @@ def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid
     """The runtime's `Trainer.train_step`, with the run's trainer settings, on batches drawn from the workload
     (`repeats` batches at each size in `grid.train_sequences`, "kind" "workload") and on batches of one length
     each (`shape_lengths`, "kind" "shape"): each one's sequence lengths and seconds, the median of three steps on
-    it (one step's time varies by a tenth or more on a shared machine)."""
+    it (one step's time varies by a tenth or more on a shared machine). Each timed step follows the trainer
+    publishing its weights (`published_steps`), as every step of a run does."""
     from reference.model import build_model
     from reference.trainer.config import TrainerConfig
     from reference.trainer.trainer import Trainer
@@ -382,10 +448,36 @@ def measure_trainer(model_config, task, pad_id: int, group_size: int, grid: Grid
     rng = random.Random(0)
     trainer = Trainer(build_model(model_config), TrainerConfig.from_dict(trainer_config), pad_id=pad_id)
     trainer.train_step(workload_batch(model_config, task, min(grid.train_sequences), group_size, rng))  # warm-up
+    with tempfile.TemporaryDirectory() as root:
+        step = published_steps(trainer, root)
 
-    def median_s(batch) -> float:
-        return statistics.median(_timed(lambda: trainer.train_step(batch)) for _ in range(3))
+        def median_s(batch) -> float:
+            return statistics.median(step(batch) for _ in range(3))
 
+        return _trainer_points(model_config, task, group_size, grid, trainer, rng, median_s)
+
+
+def published_steps(trainer, root: str):
+    """A function timing one `trainer.train_step(batch)` right after the trainer published its weights under
+    `root` (the previous version removed), as the runtime calls them: a step, then a publish (which writes every
+    weight out), then the next step. A step right after a publish took 1.00x and 1.07x a step right after a step
+    in two measurements, and 1.11x after 1.5 s of an engine's and a driver's kind of work on the cores
+    (`python -m benchmarks.trainer_cold`)."""
+    import shutil
+
+    from reference.trainer.handoff import version_dir
+
+    def step(batch) -> float:
+        trainer.publish(root)
+        if trainer.version > 0:  # the runtime prunes old versions
+            shutil.rmtree(version_dir(root, trainer.version - 1), ignore_errors=True)
+        return _timed(lambda: trainer.train_step(batch))
+
+    return step
+
+
+def _trainer_points(model_config, task, group_size: int, grid: Grid, trainer, rng, median_s) -> list[dict]:
+    """`measure_trainer`'s points: workload batches, then batches of one length each, each timed by `median_s`."""
     points = []
     for n in grid.train_sequences:
         for _ in range(grid.repeats):
@@ -417,9 +509,11 @@ def _dp_rank(rank: int, world: int, init: str, core: int, model_config, trainer_
     import torch.distributed as dist
 
     times = []
-    for step in shards:
-        dist.barrier()
-        times.append(_timed(lambda s=step: trainer.train_step(s[rank])))
+    with tempfile.TemporaryDirectory() as root:
+        timed = published_steps(trainer, root)
+        for step in shards:
+            dist.barrier()
+            times.append(timed(step[rank]))
     results.put((rank, times))
     dist.destroy_process_group()
 

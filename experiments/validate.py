@@ -16,7 +16,8 @@ predicts what the whole runtime does. Three stages:
    - the GRPO trainer (`Trainer.train_step`, the runtime's own): steps on batches drawn from the
      workload (groups sharing a length, as the runtime's), three at each of three sizes, and on batches
      of one length each (short, middling and long, at one token count: they tell attention, which grows
-     with the length, from the matmuls, which do not), each the median of three steps; `train_mfu`,
+     with the length, from the matmuls, which do not), each the median of three steps, each step right
+     after the trainer published its weights, as in a run; `train_mfu`,
      `train_attention_mfu` and `train_step_overhead_s` are fitted to them in the simulator's own cost
      terms (sim/train_layout.py, its micro-batches padded as the trainer's: `train.micro_batch_sequences`),
      and the overhead also gets the time to read a step's batch from a trajectory store; and the same
@@ -30,10 +31,12 @@ predicts what the whole runtime does. Three stages:
      (`costs.host_train_placement`): the same managers, free to run on either core as the runtime's driver
      is, feeding an engine on one core while a trainer steps without pause on the other; the share of its
      core the trainer loses, over the host's CPU (`measure_host_placement`);
-   - a weight sync (the trainer publishing a version, an engine pausing, loading it and resuming):
-     publishing goes into `train_step_overhead_s` (the runtime publishes inside its training step), the
-     engine's pause, load and resume are `sync_fixed_s`; a role switch (an engine paused and resumed) is
-     `switch_fixed_s`.
+   - a weight sync: the trainer publishing a version goes into `train_step_overhead_s` (the runtime
+     publishes inside its training step); the engine, in its own process behind the trajectory manager,
+     synced through the manager's calls as the executor syncs it (pause, restart what is too old, load,
+     resume): with nothing generating, `sync_fixed_s`; what a sync takes beyond that while the engine
+     generates for the run's rollout manager, `sync_busy_s` (`measure_sync_in_place`); a role switch (an
+     engine paused and resumed) is `switch_fixed_s`.
 2. **The whole runtime**: `python -m reference train` on the throughput workload for each policy, `--steps`
    steps each, as `make compare-train` runs them, `--repeats` times (3), round by round (every policy once,
    then again), so each measurement is a mean with the runtime's own spread beside it. Each round measures
@@ -93,6 +96,7 @@ from experiments.runtime_parts import (
     measure_host,
     measure_host_placement,
     measure_sync_and_switch,
+    measure_sync_in_place,
     measure_trainer,
     one_core,
 )
@@ -598,6 +602,9 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
     print("measuring: the host's work a token (trajectory and rollout managers feeding an engine) ...", flush=True)
     host = measure_host(model_config, task, rt_cfg, {min(cores)}, (cores - {min(cores)}) or cores, grid.host_groups,
                         grid.repeats)  # fmt: skip
+    print("measuring: a weight sync as a run meets it (through the trajectory manager) ...", flush=True)
+    sync["sync_in_place"] = measure_sync_in_place(model_config, task, rt_cfg, {min(cores)},
+                                                  (cores - {min(cores)}) or cores, 2 * grid.host_groups)  # fmt: skip
     if len(cores) >= 2:
         print("measuring: where the host's work runs beside a busy engine and a busy trainer ...", flush=True)
         host["placement"] = measure_host_placement(model_config, task, rt_cfg, min(cores), max(cores),
@@ -631,7 +638,9 @@ def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
         "train_mfu": fitted["train_mfu"],
         "train_attention_mfu": fitted["train_attention_mfu"],
         "train_step_overhead_s": fitted["train_step_overhead_s"] + parts["publish_s"] + parts["batch_read_s"],
-        "sync_fixed_s": parts["load_s"],
+        # A sync through the manager as the executor does it (parts measured before it: the engine's load alone).
+        "sync_fixed_s": parts.get("sync_in_place", {}).get("sync_s", parts["load_s"]),
+        "sync_busy_s": parts.get("sync_in_place", {}).get("sync_busy_s", 0.0),
         "switch_fixed_s": parts["switch_s"],
         # colocated's data-parallel step (parts measured before it have none)
         "train_dp_overhead_s": data_parallel or 0.0,

@@ -224,6 +224,8 @@ class CostConfig:
     # collectives' floor, ranks waiting for the slowest), once an RL step when the trainer has dp > 1
     host_token_s: float = 0.0  # CPU-seconds of the host's work a generated token (streaming it through the
     # trajectory manager, the rollout manager's bookkeeping and grading); used only with cluster.host_cores
+    sync_busy_s: float = 0.0  # a weight sync's extra seconds when an engine it pauses is generating: the pause
+    # waits for the engine's step to end and for the host's event loop, busy streaming every request's tokens
     host_train_placement: float = 0.5  # of the host's work that spills onto busy cores, the parts a training
     # core takes for each 1 - this a rollout or syncing core takes (0.5: an even spread; sim/host.py)
     profile: str | None = None  # a measured profile (sim/profile.py) whose points set the efficiencies
@@ -360,7 +362,7 @@ class SimConfig:
         cores = self.cluster.host_cores
         if cores is not None and (not isinstance(cores, int) or isinstance(cores, bool) or cores < 0):
             raise UserError(f"cluster.host_cores must be null or an integer >= 0, got {cores!r}")
-        for key in ("host_token_s", "train_dp_overhead_s"):
+        for key in ("host_token_s", "train_dp_overhead_s", "sync_busy_s"):
             value = getattr(self.costs, key)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise UserError(f"costs.{key} must be a finite number >= 0, got {value!r}")

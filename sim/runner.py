@@ -454,7 +454,9 @@ class Simulation:
 
     def sync_weights(self, d: ev.SyncWeights) -> None:
         """Pause each engine (keeping its requests) and start loading; the driver records the sync
-        interval, which ends when `SyncFinished` is posted."""
+        interval, which ends when `SyncFinished` is posted. Pausing an engine that generates costs
+        `costs.sync_busy_s` more (its step ends first, and the host's loop streams every request's tokens)."""
+        generating = any(self.engines[name].state is EngineState.RUNNING for name in d.resources)
         for name in d.resources:
             engine = self.engines[name]
             engine.pause(self.env.now)
@@ -465,7 +467,9 @@ class Simulation:
         local = all(self.resources[name].can(Tag.TRAIN) for name in d.resources)
         # From the trainer's device to the receivers', at the slowest receiving NIC.
         receiver = min((self.cost_of[name].device for name in d.resources), key=lambda dev: dev.network_gb_s)
-        self.wake(self.cost.sync_s(local, len(d.resources), receiver) * self.host_slowdown(), self._sync_done, d)
+        seconds = self.cost.sync_s(local, len(d.resources), receiver)
+        seconds += self.cfg.costs.sync_busy_s if generating else 0.0
+        self.wake(seconds * self.host_slowdown(), self._sync_done, d)
 
     def _restart_stale(self, floor: int, refreshed: tuple[int, ...] = ()) -> None:
         """Restart samples holding tokens older than `floor` in unfinished groups (and in finished

@@ -258,6 +258,11 @@ def test_a_short_validation_runs_end_to_end(tmp_path):
     for r, (costs, calibration, part) in enumerate(rounds):
         assert calibration["device"] == parts.DEVICE_NAME and calibration["points"]["decode"] >= 3
         assert 0 < costs["train_mfu"] <= 0.75 and costs["sync_fixed_s"] > 0
+        # A sync through the trajectory manager, idle and while the engine generates: both timed, the idle
+        # one's median is the fixed cost and the generating ones' excess the busy cost.
+        in_place = part["sync_in_place"]
+        assert in_place["idle_s"] and in_place["generating_s"], in_place
+        assert costs["sync_fixed_s"] == in_place["sync_s"] and costs["sync_busy_s"] == in_place["sync_busy_s"] >= 0
         # The host's work a token and the data-parallel trainer were measured, and the mirror lets the host share
         # the resources' cores, placed as measured beside a busy trainer.
         assert costs["host_token_s"] > 0 and costs["train_dp_overhead_s"] >= 0
@@ -271,6 +276,7 @@ def test_a_short_validation_runs_end_to_end(tmp_path):
         mirror = yaml.safe_load((where / "sim_config.yaml").read_text())
         assert mirror["cluster"]["host_cores"] == v.host_cores(v.runtime_setup(2)[0]) >= 0
         assert mirror["costs"]["host_train_placement"] == costs["host_train_placement"]
+        assert mirror["costs"]["sync_busy_s"] == costs["sync_busy_s"]
         for name in ("cpu-core.yaml", "profile.yaml", "sim_config.yaml", "model/config.json"):
             assert (where / name).stat().st_size > 0
     assert (tmp_path / "validate.png").stat().st_size > 0

@@ -264,3 +264,22 @@ def test_requests_that_arrive_during_a_prefill_are_prefilled_together_at_its_end
     charged = summarize(simulate(load_config(overrides=[*base, "costs.prefill_overhead_s=0.25"]), "colocated"))
     assert charged["wall_s"] - plain["wall_s"] == pytest.approx(2 * 0.25, rel=1e-9)
     assert charged["counters"]["prefill_tokens"] == plain["counters"]["prefill_tokens"]
+
+
+# ---- weight syncs ----
+
+
+def test_pausing_a_generating_engine_costs_the_sync_its_busy_seconds(run_small):
+    # `tag` syncs its rollout engines in the middle of generation (partial rollout); `disaggregated` syncs them
+    # once their batch is done, idle. `costs.sync_busy_s` lengthens only the syncs of engines that generate.
+    from core.metrics import sync_durations
+
+    for policy, generating in (("tag", True), ("disaggregated", False)):
+        base = sync_durations(run_small(policy))
+        slowed = sync_durations(run_small(policy, "costs.sync_busy_s=0.5"))
+        assert base, policy
+        if generating:
+            longer = [b - a for a, b in zip(sorted(base), sorted(slowed), strict=False)]
+            assert max(longer) >= 0.5 - 1e-9, (policy, longer)
+        else:
+            assert slowed == base, policy
