@@ -96,6 +96,7 @@ class RuntimeExecutor:
         self._t0 = time.monotonic()
         self._t0_unix = time.time()
         self.sync_s: list[float] = []
+        self.restarted = 0  # requests the syncs started over from their prompt (too old to train on)
         self._drawn: set[str] = set()  # sessions whose sandbox spans are on the timeline (a refresh keeps some)
         announce = rollout.on_group  # the groups' sandbox lanes are recorded as they finish, then announced
 
@@ -216,7 +217,7 @@ class RuntimeExecutor:
         start = time.perf_counter()
         engines, version = list(d.resources), d.version + self.offset
         await self.manager.pause(engines)
-        await self.manager.restart_older_than(d.min_keep_version + self.offset, engines)
+        self.restarted += await self.manager.restart_older_than(d.min_keep_version + self.offset, engines)
         await self.manager.update_weights(version, str(version_dir(self.weights_root, version)), engines)
         idle = [e for e in engines if not self.manager.router.slot(e).calls]
         if idle:

@@ -47,11 +47,13 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
         driver = Driver(policy, executor, recorder, Deadlines())
         executor.attach(driver.post)
         metrics.clock_zero_epoch_s = time.time() - executor.now()
+        engines_before = await engine_counters(m.manager)
         watcher = asyncio.create_task(watch_phases(m.manager, recorder, policy, executor.now))
         try:
             await _until_done(driver, executor, cfg.run.time_limit_s)
         finally:
             wall = executor.now()
+            engines_after = await engine_counters(m.manager)
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -62,10 +64,31 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
         end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples, cfg.run.held_out_samples)
         bar.note(evaluation_line("end", end))
         metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall})
+        engines = {k: max(0, v - engines_before.get(k, 0)) for k, v in engines_after.items()}  # 0: one restarted
         metrics.counters.update(sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
                                 syncs=len(executor.sync_s), requests=rollout.requests,
-                                engine_restarts=m.manager.supervisor.restarts)  # fmt: skip
+                                engine_restarts=m.manager.supervisor.restarts,
+                                restarted_requests=executor.restarted + rollout.refreshed, **engines)  # fmt: skip
     return wall
+
+
+ENGINE_COUNTERS = ("tokens_generated", "prefill_tokens", "reprefills")  # summed over engines, in a run's counters
+
+
+async def engine_counters(manager) -> dict[str, int]:
+    """The engines' own counts of `ENGINE_COUNTERS` (what they generated and prefilled, and the requests they
+    prefilled again after a weight update), summed; an engine that cannot say (down, or a backend that does not
+    count them) adds nothing, and a count no engine gives is left out."""
+    totals: dict[str, int] = {}
+    for slot in manager.router.slots:
+        try:
+            stats = await slot.engine.stats()
+        except Exception:  # a counter is not worth failing a finished run for
+            continue
+        for key in ENGINE_COUNTERS:
+            if isinstance(value := stats.extra.get(key), int):
+                totals[key] = totals.get(key, 0) + value
+    return totals
 
 
 def _per_problem(run) -> str:

@@ -103,6 +103,7 @@ class RolloutManager:
         self._tasks: set[asyncio.Task] = set()
         self.failure: BaseException | None = None
         self.requests = 0  # episode runs (one per group, or per refresh or retry of a group)
+        self.refreshed = 0  # episodes of finished groups run again (`refresh`: too old to train on)
         self.dropped = 0  # episodes with no verdict, left out of their group
 
     async def __aenter__(self) -> RolloutManager:
@@ -158,6 +159,7 @@ class RolloutManager:
         for gid in group_ids:
             old = self.groups.pop(gid)
             kept = tuple(e for e in old.episodes if e.min_version >= min_keep_version)
+            self.refreshed += len(old.episodes) - len(kept)
             self._spawn(self._run_group(gid, max(1, self.config.group_size - len(kept)), kept))
 
     def take(self, group_ids: Sequence[int]) -> list[GroupResult]:
