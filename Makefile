@@ -125,9 +125,10 @@ bench-swe: $(FULL_STAMP)  ## SWE sandboxes: start, exec and removal latency, 8 a
 	$(PY) -m benchmarks.swe_sandbox
 	$(PY) -m benchmarks.swe_training
 
-bench-train: $(FULL_STAMP)  ## trainer tokens/s against plain transformers, weight hand-off time, share of matmul FLOP/s, control-plane cost per decision
+bench-train: $(FULL_STAMP)  ## trainer tokens/s against plain transformers, weight hand-off time, share of matmul FLOP/s, control-plane cost per decision, a step after a publish or others' work against one right after a step
 	$(PY) -m benchmarks.train_speed
 	$(PY) -m benchmarks.driver_overhead
+	$(PY) -m benchmarks.trainer_cold
 
 serve: $(FULL_STAMP)  ## make serve [PORT=8000] [ENGINES=1] [STORE=file.sqlite]: engines + trajectory manager (OpenAI server)
 	@echo "make serve: trajectories go to $(STORE) (STORE=FILE picks another; python -m reference check --store FILE reads one)"

@@ -169,6 +169,7 @@ def host_cores(rt) -> int:
 
 def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
     """The simulator's config for the runtime's `--compare` run (see the module docstring)."""
+    from reference.manager.manager import ManagerConfig
     from reference.trainer.config import TrainerConfig
 
     workload = {**task.simulator_workload(), "prompts_per_step": rt.rollout.prompts_per_step,
@@ -189,6 +190,9 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
             "gpu_memory_utilization": 1.0,
             "workspace_gb": 0.0,
             "prefix_caching": True,
+            # the runtime's trajectory manager routes each request to the least loaded engine, a group (one
+            # session) kept on its engine within this many requests of it (reference/train.py: the default)
+            "affinity_slack": ManagerConfig().affinity_slack,
         },  # fmt: skip
         "train": {
             "recompute_logprobs": False,

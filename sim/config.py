@@ -91,8 +91,15 @@ class RolloutConfig:
     # KV blocks (default.yaml says why it is off)
     expert_parallel: int = 1  # MoE: an engine's GPUs its routed experts are spread over, whole experts
     # each (vLLM --enable-expert-parallel), tokens sent to them by all-to-all; 1: every expert tensor-parallel
+    affinity_slack: int | None = None  # null: each request to the engine that ran the sample's previous turn if
+    # it fits, else an idle engine, else round robin. An integer k: as the runtime's trajectory manager routes
+    # (reference/manager/router.py), the least loaded engine (requests sent to it and not finished), a group's
+    # requests kept on the engine of its last one while that holds at most k more than the least loaded
 
     def validate(self) -> None:
+        slack = self.affinity_slack
+        if slack is not None and (not isinstance(slack, int) or isinstance(slack, bool) or slack < 0):
+            raise UserError(f"rollout.affinity_slack must be null or an integer >= 0, got {slack!r}")
         if self.kv_allocation not in KV_ALLOCATIONS:
             mode, choices = self.kv_allocation, ", ".join(KV_ALLOCATIONS)
             raise UserError(f"unknown rollout.kv_allocation {mode!r}; valid choices: {choices}")

@@ -197,6 +197,11 @@ class SimEngine:
         """len(self.active), without building the list."""
         return len(self.batch) + len(self.prefilling) + len(self.waiting)
 
+    @property
+    def num_routed(self) -> int:
+        """Requests sent here and not finished: held for generation, or offered and not yet admitted."""
+        return len(self.batch) + len(self.prefilling) + len(self.waiting) + len(self._pending)
+
     def fits(self, sample: Sample) -> bool:
         seqs = len(self.batch) + len(self.prefilling) + len(self.waiting) + len(self._pending)
         if self.paged:

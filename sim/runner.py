@@ -111,6 +111,8 @@ class Simulation:
             self.engines[r.name] = SimEngine(self, r.name, i, kv, seqs, state, cost)
         self._by_index = list(self.engines.values())
         self._rr = 0
+        self._served = [0] * len(self._by_index)  # requests routed to each engine (rollout.affinity_slack)
+        self._affinity: dict[int, SimEngine] = {}  # group id -> the engine of its last request (the same)
         self.events_scheduled = 0  # simulated events (for the speed benchmark)
         self._idle: dict[str, SimEngine] = {}  # accepting engines with nothing to run, in idle order
         self.queue: deque[Sample] = deque()
@@ -335,7 +337,10 @@ class Simulation:
         self.queue.append(sample)
 
     def _choose(self, sample: Sample) -> SimEngine | None:
-        """Previous engine (prefix cache) if it fits, else an idle engine, else round-robin."""
+        """Previous engine (prefix cache) if it fits, else an idle engine, else round-robin; or, with
+        `rollout.affinity_slack`, as the runtime's router (`_least_loaded`)."""
+        if self.cfg.rollout.affinity_slack is not None:
+            return self._least_loaded(sample, self.cfg.rollout.affinity_slack)
         if sample.engine is not None:
             engine = self._by_index[sample.engine]
             if engine.accepting and engine.fits(sample):
@@ -350,6 +355,22 @@ class Simulation:
                 self._rr = (self._rr + k + 1) % n
                 return engine
         return None
+
+    def _least_loaded(self, sample: Sample, slack: int) -> SimEngine | None:
+        """The runtime's router (reference/manager/router.py): the engine with the fewest requests sent to it and
+        not finished (then the fewest served), unless the engine of the group's last request holds at most `slack`
+        more (a group is one session there; its samples share a prompt). None if no engine can take it."""
+        candidates = [e for e in self._by_index if e.accepting and e.fits(sample)]
+        if not candidates:
+            return None
+        least = min(candidates, key=lambda e: (e.num_routed, self._served[e.index]))
+        sticky = self._affinity.get(sample.group_id)
+        if sticky is not None and sticky in candidates and sticky.num_routed <= least.num_routed + slack:
+            choice = sticky
+        else:
+            choice = self._affinity[sample.group_id] = least
+        self._served[choice.index] += 1
+        return choice
 
     def fair_share(self, engines: int) -> int:
         """Queued requests each of `engines` engines that take work at once may pull: the first one
