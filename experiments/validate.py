@@ -67,6 +67,7 @@ runtime's outputs) and validate.png.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import random
@@ -447,6 +448,7 @@ def agreement(rows: dict[str, dict]) -> dict:
     for side in ("measured", "predicted"):
         out[f"order_{side}"] = sorted(rows, key=lambda p: -rows[p]["trained tok/s"][side])
     out["same_order"] = out["order_measured"] == out["order_predicted"]
+    out["separated_pairs"] = separated_pairs(rows)
     if all("round_errors" in row["trained tok/s"] for row in rows.values()):
         count = len(next(iter(rows.values()))["trained tok/s"]["round_errors"])
         out["rounds"] = []
@@ -460,6 +462,20 @@ def agreement(rows: dict[str, dict]) -> dict:
             entry["same_order"] = entry["order_measured"] == entry["order_predicted"]
             out["rounds"].append(entry)
     return out
+
+
+def separated_pairs(rows: dict[str, dict]) -> list[dict]:
+    """The pairs of policies the runtime's own runs tell apart by throughput: the faster one's slowest run above
+    the slower one's fastest (with one run each, every pair); each with whether the simulator puts them in the
+    same order (`same`). Pairs whose runs overlap have no measured order to agree with."""
+    pairs = []
+    for a, b in itertools.combinations(rows, 2):
+        x, y = rows[a]["trained tok/s"], rows[b]["trained tok/s"]
+        faster, slower = (a, b) if x["measured"] >= y["measured"] else (b, a)
+        f, s = rows[faster]["trained tok/s"], rows[slower]["trained tok/s"]
+        if f.get("low", f["measured"]) > s.get("high", s["measured"]):
+            pairs.append({"faster": faster, "slower": slower, "same": f["predicted"] > s["predicted"]})
+    return pairs
 
 
 def cpu_table(cpu: dict[str, dict], cores: int) -> str:
@@ -512,6 +528,12 @@ def agreement_text(agree: dict) -> str:
     same = "the same" if agree["same_order"] else "a different"
     lines.append(f"by throughput, measured: {' > '.join(agree['order_measured'])}")
     lines.append(f"by throughput, simulated: {' > '.join(agree['order_predicted'])} ({same} order)")
+    if "separated_pairs" in agree:  # (validate.json files written before it have none)
+        pairs, n = agree["separated_pairs"], len(agree["order_measured"])
+        wrong = [f"{p['faster']} > {p['slower']}" for p in pairs if not p["same"]]
+        lines.append(f"pairs the runtime's runs tell apart (one's slowest run above the other's fastest): {len(pairs)} "
+                     f"of {n * (n - 1) // 2}; the simulator orders {len(pairs) - len(wrong)} of them the same"
+                     + (f" (not: {', '.join(wrong)})" if wrong else ""))  # fmt: skip
     for i, entry in enumerate(agree.get("rounds", [])):
         cells = [f"{label} mean |error| {entry[label]['mean_abs_error']:.0%}, "
                  f"largest {entry[label]['max_abs_error']:.0%}" for label in ("trained tok/s", "step (s)")]  # fmt: skip

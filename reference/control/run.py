@@ -53,10 +53,10 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
             await _until_done(driver, executor, cfg.run.time_limit_s)
         finally:
             wall = executor.now()
-            engines_after = await engine_counters(m.manager)
-            watcher.cancel()
+            watcher.cancel()  # before anything else awaits: the timeline ends at `wall`
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            engines_after = await engine_counters(m.manager)
             await executor.close()
         await evaluations.finish()
         await _all_serving(m.manager)  # the last held-out evaluation may use every engine

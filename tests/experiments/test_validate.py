@@ -226,6 +226,21 @@ def test_a_prediction_a_round_gives_each_rounds_error_and_order():
     assert "round 1 (its own parts and runs)" in text and "round 2" in text and "order tag > colocated" in text
 
 
+def test_only_pairs_the_runtimes_runs_tell_apart_have_an_order_to_agree_with():
+    idle = {"rollout": 0.5, "train": 0.4, "idle": 0.1}
+    measured = {"colocated": [_summary(900, 2.0, 0.1, idle), _summary(1100, 2.0, 0.1, idle)],  # 900-1,100
+                "tag": [_summary(1050, 1.0, 0.2, idle), _summary(1250, 1.0, 0.2, idle)],  # overlaps colocated
+                "async": [_summary(1300, 1.0, 0.2, idle), _summary(1400, 1.0, 0.2, idle)]}  # above both  # fmt: skip
+    predicted = {"colocated": _summary(1200, 2.0, 0.1, idle), "tag": _summary(1000, 1.0, 0.2, idle),
+                 "async": _summary(1100, 1.0, 0.2, idle)}  # fmt: skip
+    agree = v.agreement(v.compare(measured, predicted))
+    pairs = {(p["faster"], p["slower"]): p["same"] for p in agree["separated_pairs"]}
+    assert pairs == {("async", "colocated"): False, ("async", "tag"): True}  # tag and colocated overlap
+    text = v.agreement_text(agree)
+    assert "tell apart (one's slowest run above the other's fastest): 2 of 3" in text
+    assert "orders 1 of them the same (not: async > colocated)" in text
+
+
 def test_bad_arguments_are_one_line(capsys, tmp_path):
     assert v.main(["--policies", "tag,teleport", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == (
