@@ -140,7 +140,7 @@ train-math: $(FULL_STAMP)  ## GRPO on the math task from a random start, on CPU:
 compare-train: $(FULL_STAMP)  ## the five policies on the runtime, one after another, with ratios to colocated
 	$(PY) -m reference train --compare $(SET_ARGS) $(OUT_ARG)
 
-validate: $(FULL_STAMP)  ## the simulator against the runtime: 3 rounds (REPEATS=), each measuring the parts alone, then running the five policies; the simulator predicts each round from its parts (22-25 minutes on a quiet machine)
+validate: $(FULL_STAMP)  ## the simulator against the runtime: 3 rounds (REPEATS=), each measuring the parts alone, then running the five policies; the simulator predicts each round from its parts (21-25 minutes on a quiet machine)
 	$(PY) -m experiments.validate --overwrite $(if $(STEPS),--steps $(STEPS),) $(if $(REPEATS),--repeats $(REPEATS),) $(OUT_ARG)
 
 staleness: $(FULL_STAMP)  ## staleness against convergence on the runtime: colocated, tag, async and streaming at bounds 1, 2, 4 on the math task, 3 seeds (about 50 minutes)
