@@ -66,16 +66,31 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    own, other = cores[-1], cores[0]
+    os.sched_setaffinity(0, {own})
+    torch.set_num_threads(1)
+    try:
+        times = _time_conditions(args, own, other)
+    finally:  # a caller in the same process gets its cores and threads back
+        os.sched_setaffinity(0, set(cores))
+        torch.set_num_threads(threads)
+    base = times["after a step"]
+    print(f"trainer steps on {args.batches} batches of {args.sequences} sequences, one core ({own}), one thread")
+    print(f"{'condition':<22}{'total s':>9}{'ratio':>8}{'median of pairs':>17}")
+    for name, values in times.items():
+        pairs = statistics.median(v / b for v, b in zip(values, base, strict=True))
+        print(f"{name:<22}{sum(values):>9.2f}{sum(values) / sum(base):>8.3f}{pairs:>17.3f}")
+
+
+def _time_conditions(args, own: int, other: int) -> dict[str, list[float]]:
+    """Each batch's step seconds under each condition (see the module's docstring)."""
     from experiments.runtime_parts import workload_batch
     from experiments.validate import runtime_setup
     from reference.model import build_model
     from reference.trainer.config import TrainerConfig
     from reference.trainer.trainer import Trainer
 
-    cores = sorted(os.sched_getaffinity(0))
-    own, other = cores[-1], cores[0]
-    os.sched_setaffinity(0, {own})
-    torch.set_num_threads(1)
     rt, task, model_config = runtime_setup(10)
     rng = random.Random(0)
     group = rt.rollout.group_size
@@ -100,12 +115,7 @@ def main(argv: list[str] | None = None) -> None:
                 trainer.train_step(batch)
                 times[name].append(time.perf_counter() - start)
             print(f"batch {i + 1}/{len(batches)}", file=sys.stderr, flush=True)
-    base = times["after a step"]
-    print(f"trainer steps on {args.batches} batches of {args.sequences} sequences, one core ({own}), one thread")
-    print(f"{'condition':<22}{'total s':>9}{'ratio':>8}{'median of pairs':>17}")
-    for name, values in times.items():
-        pairs = statistics.median(v / b for v, b in zip(values, base, strict=True))
-        print(f"{name:<22}{sum(values):>9.2f}{sum(values) / sum(base):>8.3f}{pairs:>17.3f}")
+    return times
 
 
 if __name__ == "__main__":
