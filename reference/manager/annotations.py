@@ -22,6 +22,16 @@ def _finite(value, name: str) -> float:
     return float(value)
 
 
+def readable(text: str) -> str:
+    """`text` with each lone surrogate (a header's bytes that are not UTF-8, or a JSON string's unpaired
+    `\\ud800`) replaced by U+FFFD, so that it can be stored and sent back as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    return text
+
+
 def check_annotations(body) -> tuple[dict, str]:
     """(updates, author) of an annotation body: reward (number or null), branch_rewards ({branch id:
     number}), task_id (string), meta (object of at most 64 KiB as JSON), author (who grades: a string)."""

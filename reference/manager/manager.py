@@ -42,7 +42,7 @@ from reference.engine.base import (
     abort_all,
     stream_batches,
 )
-from reference.manager.annotations import check_annotations
+from reference.manager.annotations import check_annotations, readable
 from reference.manager.chat import IncrementalDecoder, RequestError, Sampling, find_stop
 from reference.manager.load import AdaptiveLimit, LoopLag
 from reference.manager.recorder import Recorder
@@ -295,7 +295,7 @@ class TrajectoryManager:
         if not stored:
             raise RequestError(f"no finished request in session {session_id!r} to annotate", status=404,
                                code="session_not_found")  # fmt: skip
-        who = f"{claimed} ({author})" if claimed else author
+        who = readable(f"{claimed} ({author})" if claimed else author)  # a header's or a body's bad bytes: not a 500
         try:
             return await asyncio.to_thread(self.store.annotate, session_id, updates, who)
         except StoreError as e:

@@ -257,6 +257,24 @@ def test_annotations_keep_their_history(fake_manager, http):
     assert history[1]["author"].startswith("127.0.0.1")
 
 
+def test_an_author_that_is_not_valid_unicode_still_stores_the_reward(fake_manager, http):
+    # A User-Agent of bytes that are not UTF-8, and a JSON author holding a lone surrogate: each is kept readable
+    # (the bad characters replaced) in the annotation history, and the reward is stored.
+    m, _ = fake_manager(reply_tokens=3)
+    assert http("POST", f"{m.base_url('g')}/chat/completions", say("solve it"))[0] == 200
+    url = f"{m.url}/trajectories/g"
+    json_type = {"Content-Type": "application/json"}
+    status, body, _ = raw("POST", url, b'{"reward": 0.5}', {**json_type, "User-Agent": "ok\xff\xfe"})
+    assert status == 200, body
+    status, body, _ = raw("POST", url, b'{"reward": 1.0, "author": "grader-\\ud800"}', json_type)
+    assert status == 200, body
+    _, tree = http("GET", url)
+    assert tree["annotations"]["reward"] == 1.0
+    first, second = (h["author"] for h in tree["annotation_history"])
+    assert first.startswith("127.0.0.1 ok") and second.startswith("grader-")
+    assert all(author.encode("utf-8") for author in (first, second))
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5"])
 def test_serve_refuses_a_public_host_without_a_token(host, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "."}
