@@ -24,13 +24,14 @@ import sys
 from pathlib import Path
 
 from core.errors import UserError
+from reference.engine.auth import MANAGER_TOKEN_ENV
 from reference.engine.base import MAX_SEED
 from reference.manager.load import GC_YOUNG_OBJECTS, tune_gc
 
 # Everything that imports aiohttp, torch or the manager is imported where it is used: the first half
 # second of a command is then inside `main`, where Ctrl-C is an exit code, not a traceback.
 
-ADMIN_TOKEN_ENV = "SEAMLESSFLOW_ADMIN_TOKEN"
+ADMIN_TOKEN_ENV = MANAGER_TOKEN_ENV  # the manager's token, from the environment (engines never see it)
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130  # a user's mistake (one `error:` line, as argparse's own); Ctrl-C
 
 # The values each numeric flag allows: (lowest, highest or None). Checked before anything starts, so a bad

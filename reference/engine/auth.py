@@ -20,6 +20,7 @@ from aiohttp import web
 
 TOKEN_ENV = "SEAMLESSFLOW_ENGINE_TOKEN"
 TOKEN_FILE_ENV = "SEAMLESSFLOW_ENGINE_TOKEN_FILE"
+MANAGER_TOKEN_ENV = "SEAMLESSFLOW_ADMIN_TOKEN"  # the trajectory manager's control token: never an engine's
 OPEN_ENDPOINTS = frozenset({("GET", "/health"), ("HEAD", "/health")})  # liveness needs no token
 
 

@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass
 
 from reference.engine.auth import (
+    MANAGER_TOKEN_ENV,
     TOKEN_ENV,
     TOKEN_FILE_ENV,
     check_token,
@@ -122,6 +123,7 @@ class EngineProcess:
     def _start(self, timeout_s: float) -> None:
         env = {**os.environ, TOKEN_ENV: self._token}
         env.pop(TOKEN_FILE_ENV, None)
+        env.pop(MANAGER_TOKEN_ENV, None)  # an engine gets its own token only, not the one that changes training
         self._proc = subprocess.Popen(
             self.spec.argv(self.host, self._requested_port),
             stdin=subprocess.PIPE,  # the child exits when this pipe closes (parent gone)

@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,6 +108,15 @@ def test_an_engine_process_takes_a_given_token(fake_procs):
 
     assert proc.token == "given-token"
     assert len(asyncio.run(main()).token_ids) == 3
+
+
+def test_an_engine_process_gets_its_own_token_and_not_the_managers(fake_procs, monkeypatch):
+    from reference.engine.auth import MANAGER_TOKEN_ENV, TOKEN_ENV
+
+    monkeypatch.setenv(MANAGER_TOKEN_ENV, "the-managers-control-token")
+    (proc,) = fake_procs(1, token="engine-token")
+    env = dict(v.split("=", 1) for v in Path(f"/proc/{proc.pid}/environ").read_text().split("\0") if "=" in v)
+    assert env[TOKEN_ENV] == "engine-token" and MANAGER_TOKEN_ENV not in env
 
 
 def test_restart_replaces_a_dead_or_live_child_with_the_same_token(fake_procs):
