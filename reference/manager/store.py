@@ -333,6 +333,9 @@ class TrajectoryStore:
                 self._read, self._read_lock = self._connect(5.0), threading.Lock()
         except sqlite3.DatabaseError as e:
             self._conn.close()
+            if isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "busy" in str(e)):
+                raise ValueError(f"{self.path} is locked by another process ({e}); stop the other writer or give "
+                                 f"another store") from None  # fmt: skip
             raise ValueError(f"{self.path} is not a trajectory store: {e}") from None
         except BaseException:
             self._conn.close()

@@ -148,6 +148,20 @@ def test_threads_may_take_turns_on_one_store(tmp_path):
     store.close()
 
 
+def test_a_store_locked_by_another_process_says_so(tmp_path):
+    path = tmp_path / "t.sqlite"
+    TrajectoryStore(path).close()
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # another process holds the lock
+    try:
+        with pytest.raises(ValueError, match=r"t.sqlite is locked by another process \(database is locked\)"):
+            TrajectoryStore(path, busy_timeout_s=0.2)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    TrajectoryStore(path).close()  # free again: it opens
+
+
 def test_refuses_files_that_are_not_stores(tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("hello " * 1000)
