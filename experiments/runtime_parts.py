@@ -228,14 +228,14 @@ class _HostRig:
         alone = [self.m.call(self._sync(version), timeout_s=60) for version in range(1, idle + 1)]
         return alone, self.m.call(self._round(1, groups, every_s), timeout_s=600)[1]
 
-    async def _sync(self, version: int, then_resume: bool = True) -> float:
+    async def _sync(self, version: int) -> float:
+        """One sync as `syncs` describes it, resumed after: its seconds up to the load."""
         manager, start = self.m.manager, time.perf_counter()
         await manager.pause(["host"])
         await manager.restart_older_than(0, ["host"])
         await manager.update_weights(version, self.weights, ["host"])
         seconds = time.perf_counter() - start
-        if then_resume:
-            await manager.resume(["host"])
+        await manager.resume(["host"])
         return seconds
 
     async def _round(self, seed: int, groups: int, sync_every_s: float | None = None):

@@ -203,7 +203,7 @@ class SimEngine:
         return len(self.batch) + len(self.prefilling) + len(self.waiting) + len(self._pending)
 
     def fits(self, sample: Sample) -> bool:
-        seqs = len(self.batch) + len(self.prefilling) + len(self.waiting) + len(self._pending)
+        seqs = self.num_routed
         if self.paged:
             return seqs < self.max_seqs
         return seqs < self.max_seqs and self.kv_reserved + sample.final_context <= self.kv_capacity
