@@ -218,15 +218,22 @@ class _HostRig:
         at a time: each round's (start, end, this process's CPU seconds, generated tokens)."""
         return [self.m.call(self._round(seed, groups), timeout_s=600)[0] for seed in range(repeats + 1)][1:]
 
-    def syncs(self, groups: int, every_s: float, idle: int = 5) -> tuple[list[float], list[float]]:
+    def syncs(self, groups: int, every_s: float, idle: int = 5, least: int = 3) -> tuple[list[float], list[float]]:
         """Weight syncs the way the runtime's executor does them (`RuntimeExecutor._sync`, on the manager's event
         loop: pause at a token boundary, restart requests older than the bound, load a version, resume), each
         timed up to its load, as the runtime's sync interval ends there for an engine that still holds
         requests (the policy resumes it at once): `idle` of them with nothing generating, after a warm-up round,
-        then one every `every_s` seconds through a round of `groups` groups. Returns (idle, generating)."""
+        then one every `every_s` seconds through a round of `groups` groups (rounds of twice as many again, up to
+        three more, until `least` syncs landed inside generation: a fast machine may finish a round before the
+        first). Returns (idle, generating)."""
         self.m.call(self._round(0, groups), timeout_s=600)
         alone = [self.m.call(self._sync(version), timeout_s=60) for version in range(1, idle + 1)]
-        return alone, self.m.call(self._round(1, groups, every_s), timeout_s=600)[1]
+        busy: list[float] = []
+        for more in range(4):
+            busy += self.m.call(self._round(1 + more, groups << more, every_s), timeout_s=600)[1]
+            if len(busy) >= least:
+                break
+        return alone, busy
 
     async def _sync(self, version: int) -> float:
         """One sync as `syncs` describes it, resumed after: its seconds up to the load."""
