@@ -113,6 +113,7 @@ class Simulation:
         self._rr = 0
         self._served = [0] * len(self._by_index)  # requests routed to each engine (rollout.affinity_slack)
         self._affinity: dict[int, SimEngine] = {}  # group id -> the engine of its last request (the same)
+        self._affinity_slack = cfg.rollout.affinity_slack  # read once: routing runs for every request
         self.events_scheduled = 0  # simulated events (for the speed benchmark)
         self._idle: dict[str, SimEngine] = {}  # accepting engines with nothing to run, in idle order
         self.queue: deque[Sample] = deque()
@@ -339,8 +340,8 @@ class Simulation:
     def _choose(self, sample: Sample) -> SimEngine | None:
         """Previous engine (prefix cache) if it fits, else an idle engine, else round-robin; or, with
         `rollout.affinity_slack`, as the runtime's router (`_least_loaded`)."""
-        if self.cfg.rollout.affinity_slack is not None:
-            return self._least_loaded(sample, self.cfg.rollout.affinity_slack)
+        if self._affinity_slack is not None:
+            return self._least_loaded(sample, self._affinity_slack)
         if sample.engine is not None:
             engine = self._by_index[sample.engine]
             if engine.accepting and engine.fits(sample):
