@@ -85,6 +85,7 @@ class RunSection:
     time_limit_s: float  # the run stops with an error after this long
     eval_samples: int = 1  # episodes of each problem in an evaluation (pass@1 is their mean reward)
     held_out_samples: int | None = None  # episodes of each held-out problem (null: eval_samples)
+    evaluate: bool = True  # false: no held-out evaluation at all (a run that measures throughput, not learning)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,8 @@ class TrainConfig:
             raise UserError(f"policy.max_staleness must be >= 0, got {self.policy.max_staleness}")
         if self.model.dir is not None and not Path(self.model.dir).is_dir():
             raise UserError(f"model.dir {self.model.dir!r} is not a directory (a local Qwen3 checkpoint)")
+        if not isinstance(self.run.evaluate, bool):
+            raise UserError(f"run.evaluate must be true or false, got {self.run.evaluate!r}")
         if not 1 <= self.run.eval_samples <= MAX_EVAL_SAMPLES:
             raise UserError(f"run.eval_samples must be in [1, {MAX_EVAL_SAMPLES}], got {self.run.eval_samples}")
         held = self.run.held_out_samples

@@ -33,10 +33,11 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
     rcfg = RolloutConfig(cfg.rollout.group_size, cfg.rollout.max_concurrency, cfg.rollout.temperature)
     async with RolloutManager(task, m.url, rcfg, f"run{time.time_ns()}", cfg.run.seed, finished, token) as rollout:
         rollout.adopt(adopted)
-        bar.note(f"evaluating the weights before RL ({_per_problem(cfg.run)}) ...")
-        start = await evaluate_splits(rollout, task, "start", cfg.run.eval_samples, cfg.run.held_out_samples)
-        bar.note(evaluation_line("start", start))
-        metrics.held_out(offset, {**start, "label": "start", "time_s": 0.0})
+        if cfg.run.evaluate:
+            bar.note(f"evaluating the weights before RL ({_per_problem(cfg.run)}) ...")
+            start = await evaluate_splits(rollout, task, "start", cfg.run.eval_samples, cfg.run.held_out_samples)
+            bar.note(evaluation_line("start", start))
+            metrics.held_out(offset, {**start, "label": "start", "time_s": 0.0})
         sink = _Sink(metrics, bar)
         evaluations = Evaluations(cfg, task, rollout, workers, policy.trainers[0], metrics)
         executor = RuntimeExecutor(m.manager, rollout, workers, recorder, policy.trainers, out / "weights", sink,
@@ -59,11 +60,12 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
             engines_after = await engine_counters(m.manager)
             await executor.close()
         await evaluations.finish()
-        await _all_serving(m.manager)  # the last held-out evaluation may use every engine
-        bar.note(f"evaluating the weights after RL ({_per_problem(cfg.run)}) ...")
-        end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples, cfg.run.held_out_samples)
-        bar.note(evaluation_line("end", end))
-        metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall})
+        if cfg.run.evaluate:
+            await _all_serving(m.manager)  # the last held-out evaluation may use every engine
+            bar.note(f"evaluating the weights after RL ({_per_problem(cfg.run)}) ...")
+            end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples, cfg.run.held_out_samples)
+            bar.note(evaluation_line("end", end))
+            metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall})
         engines = {k: max(0, v - engines_before.get(k, 0)) for k, v in engines_after.items()}  # 0: one restarted
         metrics.counters.update(sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
                                 syncs=len(executor.sync_s), requests=rollout.requests,
@@ -138,7 +140,7 @@ class Evaluations:
 
     async def of_version(self, version: int) -> dict | None:
         every, steps = self.cfg.run.eval_every_steps, self.cfg.policy.num_steps
-        if not (every and version % every == 0 and version < steps):
+        if not (self.cfg.run.evaluate and every and version % every == 0 and version < steps):
             return None
         if isinstance(self.task, SingleTurn):
             seed = self.cfg.run.seed * 1_000_003 + version

@@ -21,6 +21,7 @@ from reference.cli import main
         (["--set", "policy.max_staleness=-1"], "policy.max_staleness must be >= 0"),
         (["--set", "rollout.prompts_per_step=0"], "rollout.prompts_per_step must be >= 1"),
         (["--set", "run.eval_samples=0"], "run.eval_samples must be in [1, 64], got 0"),
+        (["--set", "run.evaluate=maybe"], "config key 'run.evaluate' must be true or false, got 'maybe'"),
         (["--set", "run.held_out_samples=65"], "run.held_out_samples must be null or in [1, 64], got 65"),
         (["--set", "policy.drain=maybe"], "policy.drain"),
         (["--set", "trainer.epochs=0"], "error: trainer.epochs must be an integer >= 1, got 0"),

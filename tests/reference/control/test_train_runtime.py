@@ -84,6 +84,16 @@ def test_outputs_match_the_simulators(tmp_path):
     assert kinds == ["held_out", "step", "step", "held_out"]
 
 
+def test_a_run_without_evaluations_trains_and_evaluates_nothing(tmp_path):
+    """`run.evaluate: false` (a run that measures throughput): no held-out evaluation before, during or after."""
+    cfg, out, _, metrics, summary = run(tmp_path, "async", "policy.num_steps=2", "run.evaluate=false",
+                                        "run.eval_every_steps=1")  # fmt: skip
+    kinds = [line.split('"kind": "')[1].split('"')[0] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert kinds == ["step", "step"]
+    assert metrics.evaluations == []
+    assert summary["training"]["held_out_first"] is None and summary["token_throughput"] > 0
+
+
 def _engine_pids(out: Path) -> list[int]:
     """Engine processes serving this run (their command line names the run's weights)."""
     pids = []
