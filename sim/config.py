@@ -95,11 +95,17 @@ class RolloutConfig:
     # it fits, else an idle engine, else round robin. An integer k: as the runtime's trajectory manager routes
     # (reference/manager/router.py), the least loaded engine (requests sent to it and not finished), a group's
     # requests kept on the engine of its last one while that holds at most k more than the least loaded
+    max_concurrency: int | None = None  # null: every submitted group's samples at once. An integer n: as the
+    # runtime's rollout manager (rollout.max_concurrency), groups run in n // group_size slots, the rest wait in
+    # order, a finished group sent back into flight (streaming's refresh) waiting for a slot as a new one
 
     def validate(self) -> None:
         slack = self.affinity_slack
         if slack is not None and (not isinstance(slack, int) or isinstance(slack, bool) or slack < 0):
             raise UserError(f"rollout.affinity_slack must be null or an integer >= 0, got {slack!r}")
+        cap = self.max_concurrency
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise UserError(f"rollout.max_concurrency must be null or an integer >= 1, got {cap!r}")
         if self.kv_allocation not in KV_ALLOCATIONS:
             mode, choices = self.kv_allocation, ", ".join(KV_ALLOCATIONS)
             raise UserError(f"unknown rollout.kv_allocation {mode!r}; valid choices: {choices}")

@@ -119,6 +119,12 @@ class Simulation:
         self.queue: deque[Sample] = deque()
         self.groups: dict[int, list[Sample]] = {}
         self._left: dict[int, int] = {}
+        # rollout.max_concurrency: groups run in at most this many slots, the rest wait in order (as the runtime's
+        # rollout manager holds a slot per group); None: every group at once
+        cap = cfg.rollout.max_concurrency
+        self._slots = None if cap is None else max(1, cap // cfg.workload.group_size)
+        self._running: set[int] = set()  # groups holding a slot
+        self._waiting: deque[tuple[int, list[Sample]]] = deque()  # groups waiting for one, with their samples
         self.counters: Counter[str] = Counter()
         # Simulated durations come from the cost model and cannot hang: a stalled run is reported when
         # SimPy runs out of events (see `run`), so no decision needs a deadline.
@@ -322,7 +328,28 @@ class Simulation:
         gid = sample.group_id
         self._left[gid] -= 1
         if self._left[gid] == 0:
+            self._release(gid)
             self._emit(ev.GroupFinished(gid, min(s.min_version for s in self.groups[gid])))
+
+    def _run(self, gid: int, samples: list[Sample]) -> None:
+        """Start a group's samples, or keep them waiting for a slot (`rollout.max_concurrency`)."""
+        if self._slots is not None:
+            if len(self._running) >= self._slots:
+                for sample in samples:
+                    sample.where = "pending"
+                self._waiting.append((gid, samples))
+                return
+            self._running.add(gid)
+        for sample in samples:
+            self._enqueue(sample)
+
+    def _release(self, gid: int) -> None:
+        """A group finished: its slot goes to the first group waiting."""
+        if self._slots is None:
+            return
+        self._running.discard(gid)
+        while self._waiting and len(self._running) < self._slots:
+            self._run(*self._waiting.popleft())
 
     # ---- routing ----
 
@@ -398,8 +425,7 @@ class Simulation:
             group = self.workload.new_group()
             self.groups[group[0].group_id] = group
             self._left[group[0].group_id] = len(group)
-            for sample in group:
-                self._enqueue(sample)
+            self._run(group[0].group_id, group)
 
     def preempt(self, d: ev.Preempt) -> None:
         engine = self.engines[d.resource]
@@ -515,13 +541,19 @@ class Simulation:
         for engine in self.engines.values():
             if engine.held and any(s.where == "held" for s in stale):
                 engine.held = [s for s in engine.held if s not in gone]
+        back: dict[int, list[Sample]] = {}  # finished groups sent back into flight: a slot each, as a new group
         for sample in stale:
             if sample.where == "done":
                 self._left[sample.group_id] += 1
+                if self._slots is not None:
+                    back.setdefault(sample.group_id, []).append(sample)
             self.counters["wasted_tokens"] += sample.restart(self.workload.redraw(sample))
             self.counters["restarted_requests"] += 1
             sample.where = "queue"
-            self.queue.append(sample)
+            if sample.group_id not in back:
+                self.queue.append(sample)
+        for gid, samples in back.items():
+            self._run(gid, samples)
 
     def _sync_done(self, d: ev.SyncWeights) -> None:
         for name in d.resources:
