@@ -36,6 +36,8 @@ class Grid:
     host_groups: int  # the host's work: groups of the workload a round
     train_shape_tokens: int  # trainer: tokens of each batch of sequences of one length (TRAIN_SHAPES)
     placement_rounds: int  # the host's placement beside a busy trainer: rounds (its median), after a warm-up
+    sync_every_s: float = 0.25  # a sync in place: one this often while the engine generates (each empties the
+    # engine's prefix cache: an agent's long contexts prefilled again must fit between two)
 
 
 FULL = Grid((1, 8, 32, 64, 128), (8, 64, 192), 24, (8, 32, 128, 512), (64, 128, 256), 3, 16, 8192, 5)
@@ -158,16 +160,16 @@ def measure_engine(model_config, tokenizer, grid: Grid, engine_cores: set[int], 
             os.sched_setaffinity(0, mask)
 
 
-def measure_host(
-    model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int], groups: int, repeats: int
-) -> dict:
+def measure_host(model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int], groups: int,
+                 repeats: int, weights: str | None = None) -> dict:  # fmt: skip
     """The host's CPU-seconds a generated token (`costs.host_token_s`): this process, on `client_cores`, runs the
     runtime's trajectory manager (embedded, as the driver holds it) and rollout manager with the run's rollout
     settings, `groups` groups of the workload at a time through one built-in engine process on `engine_cores`;
     the CPU time of every thread of this process (`time.process_time`) over the tokens the engine generated,
     the median of `repeats` rounds (a warm-up round first). What the driver does besides (the policy, Ray calls
-    to the trainers, the timeline's sampling) is not in it."""
-    with _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores, client_cores) as rig:
+    to the trainers, the timeline's sampling) is not in it. `weights`: the engine's checkpoint (None: fresh
+    weights of `model_config`; an agent task wants weights that act like the run's)."""
+    with _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores, client_cores, weights) as rig:
         rounds = rig.rounds(groups, repeats)
     per_token = [cpu / max(1, tokens) for _, _, cpu, tokens in rounds]
     return {"host_token_s": statistics.median(per_token),
@@ -175,10 +177,12 @@ def measure_host(
 
 
 @contextmanager
-def _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int]):
+def _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int],
+                            weights: str | None = None):  # fmt: skip
     """One built-in engine process on `engine_cores` (it inherits the mask), this process on `client_cores`
     running the runtime's trajectory manager (embedded, as the driver holds it) in front of it; yields a
-    `_HostRig` whose rounds feed it groups of the workload through the run's rollout manager."""
+    `_HostRig` whose rounds feed it groups of the workload through the run's rollout manager. The engine serves
+    `weights` (a checkpoint directory), or fresh weights of `model_config`."""
     from reference.engine.process import EngineProcess, EngineSpec
     from reference.manager.embedded import ManagerThread
     from reference.manager.manager import ManagerConfig
@@ -187,7 +191,9 @@ def _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores: set[int], 
 
     config = ManagerConfig(model_name="seamlessflow-host", max_pause_s=0, max_in_flight_requests=0, max_loop_lag_s=0)
     with tempfile.TemporaryDirectory() as root:
-        weights = publish_weights(build_model(model_config).state_dict(), model_config, root, 0, task.tokenizer).path
+        if weights is None:
+            weights = publish_weights(build_model(model_config).state_dict(), model_config, root, 0,
+                                      task.tokenizer).path  # fmt: skip
         mask = os.sched_getaffinity(0)
         os.sched_setaffinity(0, engine_cores)  # the engine process inherits it
         try:
@@ -274,14 +280,15 @@ class _HostRig:
 
 
 def measure_sync_in_place(model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int], groups: int,
-                          every_s: float = 0.25) -> dict:  # fmt: skip
+                          every_s: float = 0.25, weights: str | None = None) -> dict:  # fmt: skip
     """A weight sync as a run meets it: the built-in engine in its own process behind the runtime's trajectory
     manager, synced through the manager's own calls as the executor syncs it (`_HostRig.syncs`). `sync_s`
     (`costs.sync_fixed_s`): the median of syncs with nothing generating; `sync_busy_s` (`costs.sync_busy_s`):
     what a sync takes beyond that while the engine generates for the run's rollout manager, one every `every_s`
     seconds through a round of `groups` groups (the median): the pause waits for the engine's step to end and for
-    the manager's event loop, busy streaming every request's tokens. Both with every sync's seconds."""
-    with _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores, client_cores) as rig:
+    the manager's event loop, busy streaming every request's tokens. Both with every sync's seconds. `weights`:
+    as `measure_host`'s."""
+    with _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores, client_cores, weights) as rig:
         idle, busy = rig.syncs(groups, every_s)
     if not busy:
         raise RuntimeError(f"no weight sync completed in a round of {groups} groups (one every {every_s} s)")
@@ -291,7 +298,7 @@ def measure_sync_in_place(model_config, task, rt_cfg, engine_cores: set[int], cl
 
 
 def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_core: int, groups: int,
-                           repeats: int, trainer_config: dict) -> dict:  # fmt: skip
+                           repeats: int, trainer_config: dict, weights: str | None = None) -> dict:  # fmt: skip
     """Where the host's work runs when a rollout core and a training core are both busy
     (`costs.host_train_placement`): one built-in engine process on `engine_core` serving this process's
     trajectory and rollout managers (`groups` groups a round), and a trainer process on `train_core` stepping
@@ -299,7 +306,7 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
     its core (its thread's CPU time over wall time, steps that lie within a round) falls by the host's cores
     that land on it; over the host's CPU in the round (this process's), that is the share of the host's work
     a busy training core takes when one rollout core is busy beside it: the placement p (sim/host.py), the
-    median of `repeats` rounds after a warm-up round. 0.5 is an even spread."""
+    median of `repeats` rounds after a warm-up round. 0.5 is an even spread. `weights`: as `measure_host`'s."""
     import multiprocessing
     import queue
 
@@ -310,7 +317,8 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
     trainer = ctx.Process(target=_busy_trainer, args=(train_core, model_config, trainer_config,
                                                       task.tokenizer.pad_token_id, batch, stop, steps))  # fmt: skip
     records: list[tuple[float, float, float]] = []
-    with _host_feeding_an_engine(model_config, task, rt_cfg, {engine_core}, {engine_core, train_core}) as rig:
+    with _host_feeding_an_engine(model_config, task, rt_cfg, {engine_core}, {engine_core, train_core},
+                                 weights) as rig:  # fmt: skip
         trainer.start()
         try:
             for _ in range(3):  # warm-up steps
@@ -385,16 +393,36 @@ def _busy_trainer(core: int, model_config, trainer_config: dict, pad_id: int, ba
 
 def draw_batch_lengths(task, sequences: int, group_size: int, rng: random.Random) -> list[tuple[int, int]]:
     """(prompt, response) tokens of `sequences` samples drawn as the workload draws them: groups of
-    `group_size` share a prompt and (the throughput task forces it) a response length."""
+    `group_size` share a prompt and (the throughput task forces it) a response length. An agent's episode
+    (workload kind `swe`) is one sequence, as the trainer gets it: its context (prompt and tool outputs) and the
+    tokens its turns generated, drawn as the simulator draws them (`sim.workload`)."""
     from sim.config import Dist
     from sim.workload import draw_int
 
     w = task.simulator_workload()
+    if w.get("kind") == "swe":
+        return [(n - g, g) for n, g in swe_episode_lengths(w, sequences, group_size, rng)]
     prompt, response = Dist(**w["prompt_tokens"]), Dist(**w["response_tokens"])
     out: list[tuple[int, int]] = []
     while len(out) < sequences:
         p, r = draw_int(prompt, rng), draw_int(response, rng)
         out += [(p, r)] * min(group_size, sequences - len(out))
+    return out
+
+
+def swe_episode_lengths(workload: dict, sequences: int, group_size: int, rng: random.Random) -> list[tuple[int, int]]:
+    """(tokens, generated tokens) of `sequences` agent episodes drawn from a `swe` workload's keys by the
+    simulator's own `sim.workload.Workload` (groups of `group_size`; its seed from `rng`)."""
+    from core import config as cfgio
+    from sim.config import DEFAULT_CONFIG, WorkloadConfig
+    from sim.workload import Workload
+
+    keys = {k: v for k, v in workload.items() if k in WorkloadConfig.__dataclass_fields__}
+    merged = {**cfgio.load_yaml(DEFAULT_CONFIG)["workload"], **keys, "group_size": group_size, "prompts_per_step": 1}
+    draw = Workload(cfgio.from_dict(WorkloadConfig, merged), rng.randrange(1 << 30))
+    out: list[tuple[int, int]] = []
+    while len(out) < sequences:
+        out += [(s.total_tokens, s.generated_tokens) for s in draw.new_group()][: sequences - len(out)]
     return out
 
 

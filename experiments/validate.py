@@ -71,6 +71,7 @@ import itertools
 import math
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -103,7 +104,18 @@ from experiments.runtime_parts import (
 )
 
 POLICIES = ("colocated", "disaggregated", "async", "tag", "streaming")
+WORKLOADS = ("math", "swe")
 DEFAULT_OUT = Path("experiments/out/validate")
+DEFAULT_OUTS = {"math": DEFAULT_OUT, "swe": Path("experiments/out/validate-swe")}
+DEFAULT_STEPS = {"math": 10, "swe": 3}
+SWE_CONFIG = Path("reference/configs/swe.yaml")  # make train-swe's recipe: what the SWE runs run
+# The SWE workload's parts: decode at its episodes' contexts (a prompt of about 770 tokens, episodes of 1,700-
+# 2,300), its turns' prefills, the trainer on a step's 32 episodes (and halves), a step's 8 groups (and halves)
+# feeding the host's parts.
+# A sync while generating every 5 s: an engine re-prefills its requests' contexts after each (a few seconds at 16
+# episodes of 2,000 tokens on one core), so syncs every 0.25 s, as for math, would leave it nothing but prefills.
+SWE_FULL = Grid((1, 8, 32), (256, 1024, 2048), 16, (64, 256, 1024, 2048), (16, 32), 2, 4, 16384, 1, 5.0)
+SWE_QUICK = Grid((1, 8), (256, 1024), 8, (64, 512), (4, 8), 1, 2, 4096, 1, 5.0)
 PHASES = ("rollout", "train", "sync", "idle")  # device time, per step, in both summaries' utilisation
 
 
@@ -125,14 +137,19 @@ METRICS = (
 # ---- what the runtime runs, and the simulator's mirror of it ----
 
 
-def runtime_setup(steps: int):
-    """(the runtime's train config for `--compare`, its task, its model's transformers config)."""
+def runtime_setup(steps: int, workload: str = "math"):
+    """(the runtime's train config for `--compare`, its task, its model's transformers config): the throughput
+    task, or (`workload` swe) `make train-swe`'s recipe without its evaluations."""
     from reference.control.config import load_train_config
     from reference.control.layout import task_context
     from reference.model import tiny_config
     from reference.tasks import make_task
 
-    cfg = load_train_config(None, ["task.name=throughput", f"policy.num_steps={steps}", "run.eval_every_steps=0"])
+    overrides = [f"policy.num_steps={steps}", "run.eval_every_steps=0"]
+    if workload == "swe":
+        cfg = load_train_config([SWE_CONFIG], [*overrides, "run.evaluate=false"])
+    else:
+        cfg = load_train_config(None, ["task.name=throughput", *overrides])
     task = make_task(cfg.task.name, **cfg.task.options)
     m = cfg.model
     model_config = tiny_config(task.tokenizer.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
@@ -143,11 +160,16 @@ def runtime_setup(steps: int):
 
 
 def mean_lengths(task) -> tuple[int, int]:
-    """(prompt, response) tokens of the workload's mean sequence, from its length distributions."""
+    """(prompt, response) tokens of the workload's mean sequence, from its length distributions (an agent's
+    episode: its context, and the tokens its turns generated)."""
+    from experiments.runtime_parts import draw_batch_lengths
     from sim.config import Dist
     from sim.workload import draw_int
 
     rng = random.Random(0)
+    if task.simulator_workload().get("kind") == "swe":
+        drawn = draw_batch_lengths(task, 4000, 1, rng)
+        return round(statistics.fmean(p for p, _ in drawn)), round(statistics.fmean(r for _, r in drawn))
     dists = {k: Dist(**v) for k, v in task.simulator_workload().items() if k in ("prompt_tokens", "response_tokens")}
     means = [
         statistics.fmean(draw_int(dists[k], rng) for _ in range(4000)) for k in ("prompt_tokens", "response_tokens")
@@ -168,13 +190,22 @@ def host_cores(rt) -> int:
     return max(0, len(os.sched_getaffinity(0)) - rt.resources.count * rt.resources.cores_per_resource)
 
 
-def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
-    """The simulator's config for the runtime's `--compare` run (see the module docstring)."""
+def sim_config_dict(rt, task, steps: int, out: Path, costs: dict, measured: dict | None = None) -> dict:
+    """The simulator's config for the runtime's `--compare` run (see the module docstring). `measured`: the
+    workload's keys measured for this round (the SWE runs' episodes and sandboxes), over the task's own."""
     from reference.manager.manager import ManagerConfig
     from reference.trainer.config import TrainerConfig
+    from sim.config import WorkloadConfig
 
     workload = {**task.simulator_workload(), "prompts_per_step": rt.rollout.prompts_per_step,
                 "group_size": rt.rollout.group_size}  # fmt: skip
+    if measured:
+        workload.update({k: v for k, v in measured.items() if k in WorkloadConfig.__dataclass_fields__})
+    if workload.get("kind") == "swe":
+        # the built-in engine keeps a finished request's whole KV (reference/engine/prefix_cache.py), and an
+        # agent's next turn starts with it (it is emptied on a weight update, which the simulator does not do)
+        workload["prefix_cache_hit"] = 1.0
+    trainer = TrainerConfig.from_dict(dict(rt.trainer))
     return {
         "seed": rt.run.seed,
         "num_steps": steps,
@@ -194,6 +225,8 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
             # the runtime's trajectory manager routes each request to the least loaded engine, a group (one
             # session) kept on its engine within this many requests of it (reference/train.py: the default)
             "affinity_slack": ManagerConfig().affinity_slack,
+            # the runtime's rollout manager runs at most this many samples, whole groups, at once
+            "max_concurrency": rt.rollout.max_concurrency,
         },  # fmt: skip
         "train": {
             "recompute_logprobs": False,
@@ -202,7 +235,8 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
             "grad_bytes_per_param": 4,
             "optimizer_bytes_per_param": 8,
             # the runtime's trainer pads micro-batches of this many sequences to their longest
-            "micro_batch_sequences": TrainerConfig.from_dict(dict(rt.trainer)).micro_batch_size,
+            "micro_batch_sequences": trainer.micro_batch_size,
+            "ppo_epochs": trainer.epochs,  # optimiser steps on a step's data
         },  # fmt: skip
         "workload": workload,
         "policy": {
@@ -226,17 +260,18 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict) -> dict:
 # ---- stages 2 and 3 ----
 
 
-def run_round(steps: int, policies: tuple[str, ...], out: Path, round_: int, repeats: int) -> tuple[dict, dict]:
-    """Round `round_` (from 0) of `repeats`: one `python -m reference train` per policy, as `train --compare`
-    runs them, into `out`/<policy> (one round) or `out`/<policy>-r<round> (several): each policy's summary,
-    and the CPU its processes used (`CpuSampler`)."""
+def run_round(steps: int, policies: tuple[str, ...], out: Path, round_: int, repeats: int,
+              task_args: tuple[str, ...] = ("--task", "throughput")) -> tuple[dict, dict]:  # fmt: skip
+    """Round `round_` (from 0) of `repeats`: one `python -m reference train` per policy (and `task_args`), as
+    `train --compare` runs them, into `out`/<policy> (one round) or `out`/<policy>-r<round> (several): each
+    policy's summary, and the CPU its processes used (`CpuSampler`)."""
     import json
 
     summaries, cpu = {}, {}
     for policy in policies:
         where = run_dir(out, policy, round_, repeats)
-        argv = [sys.executable, "-m", "reference", "train", "--task", "throughput", "--policy", policy, "--steps",
-                str(steps), "--set", "run.eval_every_steps=0", "--out", str(where), "--quiet"]  # fmt: skip
+        argv = [sys.executable, "-m", "reference", "train", *task_args, "--policy", policy, "--steps", str(steps),
+                "--set", "run.eval_every_steps=0", "--out", str(where), "--quiet"]  # fmt: skip
         print(f"runtime: {policy}, {steps} steps (round {round_ + 1} of {repeats}) ...", flush=True)
         with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
             sampler = CpuSampler(proc.pid)
@@ -260,17 +295,52 @@ def round_dir(out: Path, round_: int, repeats: int) -> Path:
     return out if repeats == 1 else out / f"round-{round_ + 1}"
 
 
+DOCKER_COMMANDS = ("dockerd", "containerd", "runc", "docker-init", "docker-proxy")
+
+
+def docker_processes(processes: dict[int, tuple[int, float, str]]) -> dict[int, float]:
+    """Of `processes` (pid -> (parent, CPU-seconds, command name)), the Docker daemon's (dockerd, containerd and
+    its shims, runc) and everything that descends from a shim (the containers' processes): pid -> CPU-seconds."""
+    out = {pid: cpu for pid, (_, cpu, comm) in processes.items() if comm.startswith(DOCKER_COMMANDS)}
+    shims = {pid for pid, (_, _, comm) in processes.items() if comm.startswith("containerd-shim")}
+    for pid in sorted(processes):  # parents have lower pids except after a wrap: walk up instead
+        parent, seen = processes[pid][0], 0
+        while parent in processes and parent not in shims and seen < 64:
+            parent, seen = processes[parent][0], seen + 1
+        if parent in shims:
+            out[pid] = processes[pid][1]
+    return out
+
+
+def docker_cpu_s() -> float:
+    """CPU-seconds the Docker daemon's processes and the containers' have used so far (`docker_processes`)."""
+    tick, processes = os.sysconf("SC_CLK_TCK"), {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            processes[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+                                     stat[stat.index("(") + 1 : stat.rindex(")")])  # fmt: skip
+    return sum(docker_processes(processes).values())
+
+
 class CpuSampler:
     """CPU-seconds of a run's processes by role, read from /proc every `every_s` while it runs (the
     reads cost about 1% of a core): the run's own process (the driver, with the trajectory and rollout
     managers), its engine processes, Ray's workers (the resources' trainers) and everything else it
-    started. A process that ends between two reads loses what it used since the last."""
+    started, and the Docker daemon's processes with the sandboxes' containers (`docker`: what the daemon used
+    before the run's first read is left out). A process that ends between two reads loses what it used since
+    the last."""
 
-    ROLES = ("driver", "engines", "ray workers", "other")
+    ROLES = ("driver", "engines", "ray workers", "other", "docker")
 
     def __init__(self, root: int, every_s: float = 0.25) -> None:
         self.root, self.every_s = root, every_s
         self._seen: dict[int, tuple[str, float]] = {}  # pid -> (role, CPU-seconds at the last read)
+        self._base: dict[int, float] = {}  # docker processes already running at the first read: their CPU then
         self._series: list[tuple[float, dict[str, float]]] = []  # (Unix time, CPU-seconds by role) of each read
         self._tick = os.sysconf("SC_CLK_TCK")
         self._wall_s = 0.0
@@ -291,6 +361,8 @@ class CpuSampler:
         return "".join(err)
 
     def _read(self) -> None:
+        first = not self._series
+        docker: dict[int, tuple[int, float, str]] = {}  # other processes: pid -> (parent, CPU-seconds, name)
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -301,13 +373,18 @@ class CpuSampler:
             except OSError:
                 continue
             fields = stat[stat.rindex(")") + 2 :].split()
-            if pid != self.root and pid not in self._seen and not self._descends(int(fields[1])):
-                continue
             cpu = (int(fields[11]) + int(fields[12])) / self._tick
+            if pid != self.root and pid not in self._seen and not self._descends(int(fields[1])):
+                docker[pid] = (int(fields[1]), cpu, stat[stat.index("(") + 1 : stat.rindex(")")])
+                continue
             role = self._role(pid, stat, cmdline)
             if pid in self._seen and role == "other":  # an ending process's cmdline reads empty: keep its role
                 role = self._seen[pid][0]
             self._seen[pid] = (role, cpu)
+        for pid, cpu in docker_processes(docker).items():
+            if first:
+                self._base[pid] = cpu
+            self._seen[pid] = ("docker", cpu - self._base.get(pid, 0.0))
         self._series.append((time.time(), self._by_role()))
 
     def _by_role(self) -> dict[str, float]:
@@ -595,8 +672,10 @@ def draw(rows: dict[str, dict], path: Path, note: str) -> None:
 # ---- main ----
 
 
-def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
-    """Stage 1: writes cpu-core.yaml, model/config.json and profile.yaml; returns the measured parts."""
+def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg, weights: str | None = None) -> dict:
+    """Stage 1: writes cpu-core.yaml, model/config.json and profile.yaml; returns the measured parts. `weights`:
+    the checkpoint the host's parts serve (the SWE runs' warm start: an agent's episodes need weights that act
+    as the runs' do); None: fresh weights."""
     import platform
 
     import torch
@@ -627,15 +706,16 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg) -> dict:
                                           grid, dict(rt_cfg.trainer), trainer_cores)  # fmt: skip
     print("measuring: the host's work a token (trajectory and rollout managers feeding an engine) ...", flush=True)
     host = measure_host(model_config, task, rt_cfg, {min(cores)}, (cores - {min(cores)}) or cores, grid.host_groups,
-                        grid.repeats)  # fmt: skip
+                        grid.repeats, weights)  # fmt: skip
     print("measuring: a weight sync as a run meets it (through the trajectory manager) ...", flush=True)
     sync["sync_in_place"] = measure_sync_in_place(model_config, task, rt_cfg, {min(cores)},
-                                                  (cores - {min(cores)}) or cores, 2 * grid.host_groups)  # fmt: skip
+                                                  (cores - {min(cores)}) or cores, 2 * grid.host_groups,
+                                                  grid.sync_every_s, weights)  # fmt: skip
     if len(cores) >= 2:
         print("measuring: where the host's work runs beside a busy engine and a busy trainer ...", flush=True)
         host["placement"] = measure_host_placement(model_config, task, rt_cfg, min(cores), max(cores),
                                                    2 * grid.host_groups, grid.placement_rounds,
-                                                   dict(rt_cfg.trainer))  # fmt: skip
+                                                   dict(rt_cfg.trainer), weights)  # fmt: skip
     model_name = config_path(out / "model" / "config.json")  # the profile's entry: named as the config names it
     info = DeviceInfo(name=platform.processor() or platform.machine(), dtype="float32", spec=DEVICE_NAME,
                       torch_device="cpu", torch=torch.__version__)  # fmt: skip
@@ -653,7 +733,8 @@ def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
     from core import specs
     from sim.config import DEFAULT_CONFIG, SimConfig
 
-    mirror = cfgio.merge(cfgio.load_yaml(DEFAULT_CONFIG), sim_config_dict(rt, task, steps, out, {}))
+    mirror = cfgio.merge(cfgio.load_yaml(DEFAULT_CONFIG),
+                         sim_config_dict(rt, task, steps, out, {}, parts.get("workload")))  # fmt: skip
     cfg = cfgio.from_dict(SimConfig, mirror)  # as load_config reads the file the mirror is written to
     model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
     fitted = fit_trainer(cfg, model, device, parts["trainer"]["points"])
@@ -685,9 +766,17 @@ def _yaml(data: dict) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=10, help="training steps of each run, runtime and simulator (10)")
+    ap.add_argument("--workload", default="math", choices=WORKLOADS,
+                    help="math: the throughput task (default); swe: make train-swe's recipe, in Docker sandboxes, "
+                         "from one warm start")  # fmt: skip
+    ap.add_argument("--steps", type=int, default=None,
+                    help="training steps of each run, runtime and simulator (10; swe: 3)")  # fmt: skip
     ap.add_argument("--policies", default="all", help=f"comma-separated, or all ({', '.join(POLICIES)})")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder ({DEFAULT_OUT})")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"output folder ({DEFAULT_OUT}; swe: {DEFAULT_OUTS['swe']})")  # fmt: skip
+    ap.add_argument("--warm", type=Path, default=None,
+                    help="swe: start every run from this checkpoint (a run's weights/v00000000) instead of warm "
+                         "starting once first")  # fmt: skip
     ap.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
     ap.add_argument("--quick", action="store_true", help="fewer points measured (a smoke test, not a result)")
     ap.add_argument("--repeats", type=int, default=3,
@@ -695,14 +784,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--resimulate", action="store_true",
                     help="measure nothing: the simulator side again, from the parts and runtime summaries already "
                          "in --out (after a change to the cost model)")  # fmt: skip
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.steps = DEFAULT_STEPS[args.workload] if args.steps is None else args.steps
+    args.out = DEFAULT_OUTS[args.workload] if args.out is None else args.out
+    return args
 
 
 def predict(where: Path, rt, task, steps: int, parts: dict, policies: tuple[str, ...]) -> dict:
     """Stage 3 for one round: the costs its parts give, the simulator's config (written as
     `where`/sim_config.yaml) and each policy's simulated summary, with the profile's calibration."""
     costs = costs_from_parts(parts, rt, task, steps, where)
-    (where / "sim_config.yaml").write_text(_yaml(sim_config_dict(rt, task, steps, where, costs)))
+    (where / "sim_config.yaml").write_text(_yaml(sim_config_dict(rt, task, steps, where, costs, parts.get("workload"))))
     predicted, calibration = run_sim(where / "sim_config.yaml", policies)
     return {"costs": costs, "calibration": calibration, "predicted": predicted}
 
@@ -784,7 +876,8 @@ def report(out: Path, data: dict, resources: int) -> None:
         first = {p: runs_of(r)[0] for p, r in data["runtime_cpu"].items()}  # the first round's
         print(cpu_table(first, os.cpu_count() or 1))
     repeats = max(len(runs_of(r)) for r in data["measured"].values())
-    note = f"{data['steps']} steps, {repeats} runs a policy, {resources} one-core resources, throughput workload"
+    kind = "SWE workload (Docker sandboxes)" if data.get("workload") == "swe" else "throughput workload"
+    note = f"{data['steps']} steps, {repeats} runs a policy, {resources} one-core resources, {kind}"
     draw(rows, out / "validate.png", note)
     save_json({**data, "comparison": rows, "agreement": agree, "sim_sources": source_fingerprint()},
               out / "validate.json")  # fmt: skip
@@ -796,15 +889,91 @@ def resimulate(out: Path) -> int:
     import json
 
     data = json.loads((out / "validate.json").read_text())
-    rt, task, _ = runtime_setup(data["steps"])
-    policies = tuple(p for p in POLICIES if p in data["measured"])
-    data.update(predict_rounds(out, rt, task, data["steps"], runs_of(data["parts"]), policies))
-    report(out, data, rt.resources.count)
+    rt, task, _ = runtime_setup(data["steps"], data.get("workload", "math"))
+    try:
+        policies = tuple(p for p in POLICIES if p in data["measured"])
+        data.update(predict_rounds(out, rt, task, data["steps"], runs_of(data["parts"]), policies))
+        report(out, data, rt.resources.count)
+    finally:
+        _close(task)
     return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _close(task) -> None:
+    if (close := getattr(task, "close", None)) is not None:  # the SWE task holds threads and sandboxes
+        close()
+
+
+# ---- the SWE workload: one warm start, the sandboxes' times, each round's episodes ----
+
+
+def warm_weights(rt, task, out: Path) -> str:
+    """The checkpoint every SWE run starts from: `make train-swe`'s warm start on the demonstrations, once,
+    under `out`/warm (its metrics.jsonl and weights)."""
+    from reference.control.layout import initial_weights
+    from reference.control.report import MetricsLog
+    from reference.control.warm_start import warm_start
+
+    where = out / "warm"
+    where.mkdir(parents=True, exist_ok=True)
+    print("warm start: fitting fresh weights on the demonstrations, as make train-swe does ...", flush=True)
+    fresh = initial_weights(rt, task, where / "fresh")
+    return warm_start(rt, task, where, fresh, MetricsLog(where / "metrics.jsonl"))
+
+
+def measure_sandboxes(task, starts: int = 8) -> dict:
+    """The SWE workload's sandbox times (`tool_latency_s`, `test_run_s`), a part measured alone: the train split's
+    demonstrations, one at a time, their commands timed in workspaces from a sandbox pool as the runs' (containers
+    started ahead), their patches graded in its graders (`swebench_env.sim_workload.time_episodes`). Beside them,
+    what the simulator does not model yet: the CPU-seconds an episode's sandboxes cost the Docker daemon and the
+    containers (`docker_cpu_s`, an episode's mean) and this process (`client_cpu_s`), and a workspace's start
+    alone (`start_s`: a pool without spares, from the lease to its first command's end; `starts` of them)."""
+    from swebench_env.pool import SandboxPool
+    from swebench_env.sim_workload import fit, time_episodes
+    from swebench_env.suite import load_suite_demonstrations
+
+    c = task.config
+    demos = {d.instance_id: d for d in load_suite_demonstrations("all")}
+    pairs = [(t, demos[t.instance_id]) for t in task.instances["train"] if t.instance_id in demos]
+    print(f"measuring: the sandboxes ({len(pairs)} demonstrations' commands and grading, in Docker) ...", flush=True)
+    with SandboxPool(c.concurrency, c.spare_sandboxes) as pool:
+
+        def environments():
+            sandboxes = pool.episode(c.image, c.test_timeout_s)
+            return sandboxes.workspace, sandboxes.grader
+
+        docker, own = docker_cpu_s(), time.process_time()
+        timed = time_episodes(pairs, timeout_s=c.command_timeout_s, environments=environments)
+        docker, own = docker_cpu_s() - docker, time.process_time() - own
+    seconds = []
+    with SandboxPool(1, 0) as pool:
+        for instance, _ in pairs[:starts]:
+            start = time.monotonic()
+            with pool.episode(c.image, c.test_timeout_s).workspace(instance) as runner:
+                runner.exec("true", c.command_timeout_s)
+                seconds.append(time.monotonic() - start)
+    return {**timed, "docker_cpu_s": docker / len(pairs), "client_cpu_s": own / len(pairs),
+            "start_s": fit(seconds, integer=False)}  # fmt: skip
+
+
+def round_workload(runtime: Path, policies: tuple[str, ...], round_: int, repeats: int, sandboxes: dict) -> dict:
+    """The SWE workload the simulator runs for a round: the lengths of the episodes the round's runs played
+    (their stores, every policy's together: turns, prompt, replies, tool outputs; `fit_stores`) and the
+    sandboxes' times measured alone (`measure_sandboxes`). The runs' lengths are an input, as the throughput
+    task's length distributions are: the policy's behaviour, not a cost."""
+    from swebench_env.sim_workload import fit_stores
+
+    stores = [run_dir(runtime, p, round_, repeats) / "trajectories.sqlite" for p in policies]
+    return {"kind": "swe", **fit_stores(stores), **sandboxes}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    swe = args.workload == "swe"
     try:
         policies = POLICIES if args.policies == "all" else tuple(args.policies.split(","))
         unknown = [p for p in policies if p not in POLICIES]
@@ -818,25 +987,57 @@ def main(argv: list[str] | None = None) -> int:
             if not (args.out / "validate.json").is_file():
                 raise UserError(f"--resimulate: no validate.json in {str(args.out)!r} (run without it first)")
             return resimulate(args.out)
+        if args.warm is not None and not (swe and args.warm.is_dir()):
+            raise UserError(f"--warm {str(args.warm)!r}: " + ("not a directory (a checkpoint)" if swe else
+                            "only with --workload swe"))  # fmt: skip
+        if swe:
+            from swebench_env.docker_util import docker_available
+
+            ok, why = docker_available()
+            if not ok:
+                raise UserError(f"--workload swe runs its episodes in Docker sandboxes: {why}")
         out = prepare_out(args.out, args.out, args.overwrite)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rt, task, model_config = runtime_setup(args.steps)
+    rt, task, model_config = runtime_setup(args.steps, args.workload)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a kill stops it as Ctrl-C does: sandboxes removed
+    try:
+        data = measure_all(args, policies, out, rt, task, model_config)
+    finally:
+        _close(task)
+        signal.signal(signal.SIGTERM, previous)
+    report(out, data, rt.resources.count)
+    return 0
+
+
+def measure_all(args: argparse.Namespace, policies: tuple[str, ...], out: Path, rt, task, model_config) -> dict:
+    """Stages 1-3, round by round (the SWE workload's warm start and sandboxes measured once first)."""
     started = time.time()
-    grid = QUICK if args.quick else FULL
+    swe = args.workload == "swe"
+    grid = (SWE_QUICK if args.quick else SWE_FULL) if swe else (QUICK if args.quick else FULL)
+    task_args: tuple[str, ...] = ("--task", "throughput")
+    warm, sandboxes = None, None
+    if swe:
+        warm = str(args.warm.resolve()) if args.warm else warm_weights(rt, task, out)
+        sandboxes = measure_sandboxes(task)
+        task_args = ("--config", str(SWE_CONFIG), "--model", warm, "--set", "warm_start.steps=0", "--set",
+                     "run.evaluate=false")  # fmt: skip
     parts: list[dict] = []
     measured: dict[str, list[dict]] = {p: [] for p in policies}
     cpu: dict[str, list[dict]] = {p: [] for p in policies}
     for round_ in range(args.repeats):  # each round's parts measured just before its runs: the machine drifts
         where = round_dir(out, round_, args.repeats)
         print(f"round {round_ + 1} of {args.repeats}: the parts, then every policy's run", flush=True)
-        parts.append(measure_parts(model_config, task, where, grid, rt))
-        summaries, usage = run_round(args.steps, policies, out / "runtime", round_, args.repeats)
+        parts.append(measure_parts(model_config, task, where, grid, rt, warm))
+        summaries, usage = run_round(args.steps, policies, out / "runtime", round_, args.repeats, task_args)
+        if swe:
+            parts[-1]["workload"] = round_workload(out / "runtime", policies, round_, args.repeats, sandboxes)
         for policy in policies:
             measured[policy].append(summaries[policy])
             cpu[policy].append(usage[policy])
     data = {
+        "workload": args.workload,
         "parts": parts,
         **predict_rounds(out, rt, task, args.steps, parts, policies),
         "measured": measured,
@@ -845,9 +1046,10 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "repeats": args.repeats,
     }
+    if swe:
+        data.update(warm=warm, sandboxes=sandboxes)
     data["seconds"] = round(time.time() - started, 1)
-    report(out, data, rt.resources.count)
-    return 0
+    return data
 
 
 if __name__ == "__main__":

@@ -121,12 +121,19 @@ def _shape(records: Sequence, exit_reason: str) -> EpisodeShape:
 def fit_store(path: str | Path) -> dict:
     """The token keys of the simulator's `workload` fitted to the store's episodes, with `episodes` (how many)
     and `exit_reasons` (their counts) beside them."""
+    return fit_stores([path])
+
+
+def fit_stores(paths: Sequence[str | Path]) -> dict:
+    """`fit_store` over the episodes of several stores together (runs of one workload)."""
     from reference.manager.store import TrajectoryStore
 
-    with TrajectoryStore(path) as store:
-        shapes = episode_shapes(store)
+    shapes: list[EpisodeShape] = []
+    for path in paths:
+        with TrajectoryStore(path) as store:
+            shapes += episode_shapes(store)
     if not shapes:
-        raise ValueError(f"no episode in the trajectory store {str(path)!r}")
+        raise ValueError(f"no episode in the trajectory store(s) {', '.join(repr(str(p)) for p in paths)}")
     tool = [t for s in shapes for t in s.tool_output_tokens]
     return {
         "turns": fit(s.turns for s in shapes),
@@ -142,15 +149,19 @@ def fit_store(path: str | Path) -> dict:
 
 
 def time_episodes(pairs: Sequence, sandbox: str = "local", image: str | None = None,
-                  timeout_s: float = 120.0) -> dict:  # fmt: skip
+                  timeout_s: float = 120.0, environments=None) -> dict:  # fmt: skip
     """`tool_latency_s` and `test_run_s` fitted to (task, demonstration) pairs: each demonstration's commands
-    timed in order in the task's workspace (its submit step left out), then its patch graded, timed."""
+    timed in order in the task's workspace (its submit step left out), then its patch graded, timed.
+    `environments`: a function giving each pair its (workspace, grader) (a pooled run's); else `sandbox`'s."""
     from swebench_env.demos import SUBMIT_COMMAND, SUBMIT_MARKER
     from swebench_env.rollout import environment
 
-    workspace, grader = environment(sandbox, image)
+    if environments is None:
+        pair = environment(sandbox, image)
+        environments = lambda: pair  # noqa: E731
     commands, grades = [], []
     for task, demo in pairs:
+        workspace, grader = environments()
         with workspace(task) as runner:
             for step in demo.steps[:-1]:
                 start = time.monotonic()

@@ -241,6 +241,62 @@ def test_only_pairs_the_runtimes_runs_tell_apart_have_an_order_to_agree_with():
     assert "orders 1 of them the same (not: async > colocated)" in text
 
 
+def test_the_swe_mirror_runs_the_rounds_measured_workload_in_the_runtimes_slots(tmp_path):
+    """--workload swe: the recipe's run (no evaluations), its trainer's epochs and micro-batches, its rollout
+    manager's slots, and the round's measured episode lengths and sandbox times over the task's own."""
+    from sim.config import load_config
+    from sim.workload import Workload
+
+    rt, task, model_config = v.runtime_setup(3, "swe")
+    try:
+        assert rt.task.name == "swe" and not rt.run.evaluate and rt.policy.num_steps == 3
+        assert model_config.max_position_embeddings == task.config.context_tokens
+        measured = {"kind": "swe", "turns": {"median": 6.0, "sigma": 0.3, "min": 2, "max": 10},
+                    "response_tokens": {"median": 90.0, "sigma": 0.4, "min": 4, "max": 512},
+                    "tool_latency_s": {"median": 0.2, "sigma": 0.5, "min": 0.05, "max": 3.0},
+                    "test_run_s": {"median": 1.5, "sigma": 0.2, "min": 0.9, "max": 4.0},
+                    "episodes": 64, "exit_reasons": {"submitted": 40, "turn_limit": 24}}  # fmt: skip
+        config = v.sim_config_dict(rt, task, 3, tmp_path, {}, measured)
+        w = config["workload"]
+        assert "episodes" not in w and "exit_reasons" not in w  # what the fit reports beside the simulator's keys
+        assert w["turns"] == measured["turns"] and w["test_run_s"] == measured["test_run_s"]
+        assert w["prompt_tokens"] == task.simulator_workload()["prompt_tokens"]  # not measured: the task's own
+        assert w["prefix_cache_hit"] == 1.0 and w["max_context_tokens"] == task.config.context_tokens
+        assert config["rollout"]["max_concurrency"] == rt.rollout.max_concurrency == 32
+        assert config["train"]["ppo_epochs"] == 2 and config["train"]["micro_batch_sequences"] == 1
+        assert config["policy"]["drain"] is True
+        # the simulator reads it (the files it names aside)
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump({k: config[k] for k in ("workload", "rollout", "train")}))
+        cfg = load_config(tmp_path / "c.yaml")
+        assert cfg.rollout.max_concurrency == 32 and cfg.train.ppo_epochs == 2
+        group = Workload(cfg.workload, 0).new_group()
+        assert len(group) == 4 and all(2 <= len(s.turns) <= 10 for s in group)
+        # the trainer's part draws whole episodes, as the trainer gets them
+        lengths = parts.draw_batch_lengths(task, 8, 4, random.Random(0))
+        assert len(lengths) == 8 and all(p > 500 and r > 0 for p, r in lengths)
+        context, generated = v.mean_lengths(task)
+        assert context > 700 and 0 < generated < context
+    finally:
+        v._close(task)
+
+
+def test_swe_arguments_are_one_line(capsys, tmp_path, monkeypatch):
+    import swebench_env.docker_util as du
+
+    assert v.main(["--warm", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "only with --workload swe" in capsys.readouterr().err
+    assert v.main(["--workload", "swe", "--warm", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    assert "not a directory (a checkpoint)" in capsys.readouterr().err
+    monkeypatch.setattr(du, "docker_available", lambda: (False, "no Docker daemon is reachable at X"))
+    assert v.main(["--workload", "swe", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --workload swe runs its episodes in Docker sandboxes: no Docker daemon") and \
+        err.count("\n") == 1  # fmt: skip
+    assert not (tmp_path / "o").exists()
+    args = v.parse_args(["--workload", "swe"])
+    assert args.steps == 3 and args.out == v.DEFAULT_OUTS["swe"]
+
+
 def test_bad_arguments_are_one_line(capsys, tmp_path):
     assert v.main(["--policies", "tag,teleport", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == (

@@ -13,7 +13,7 @@ import yaml
 from core import config as cfgio
 from reference.manager.store import TrajectoryStore
 from sim.config import CONFIG_DIR, DEFAULT_CONFIG, Dist, SimConfig
-from swebench_env.sim_workload import SUITE_WORKLOAD, episode_shapes, fit, fit_store, task_workload
+from swebench_env.sim_workload import SUITE_WORKLOAD, episode_shapes, fit, fit_store, fit_stores, task_workload
 from swebench_env.training import SweTask, SweTaskConfig
 
 
@@ -63,6 +63,17 @@ def test_lengths_are_read_off_the_episodes_the_group_records_name(run_store):
     assert fitted["turns"] == fit([3, 2])
     assert fitted["response_tokens"] == fit([10, 40, 5, 50, 8])
     assert fitted["exit_reasons"] == {"finished": 1, "turn_limit": 1}
+
+
+def test_several_stores_are_fitted_together(run_store, tmp_path):
+    other = tmp_path / "other.sqlite"
+    with TrajectoryStore(other) as s:
+        _turn(s, "g1-e0", "x", None, 0, 300, 30)
+    both = fit_stores([run_store, other])
+    assert both["episodes"] == 3 and both["exit_reasons"] == {"finished": 2, "turn_limit": 1}
+    assert both["prompt_tokens"] == fit([100, 120, 300])
+    with pytest.raises(ValueError, match="no episode"):
+        fit_stores([tmp_path / "empty.sqlite"])
 
 
 def test_a_store_without_group_records_is_one_episode_a_session(tmp_path):
