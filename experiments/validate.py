@@ -892,7 +892,11 @@ def resimulate(out: Path) -> int:
     rt, task, _ = runtime_setup(data["steps"], data.get("workload", "math"))
     try:
         policies = tuple(p for p in POLICIES if p in data["measured"])
-        data.update(predict_rounds(out, rt, task, data["steps"], runs_of(data["parts"]), policies))
+        parts = runs_of(data["parts"])
+        if data.get("workload") == "swe":  # the rounds' workloads again, from their runs' stores
+            for round_, part in enumerate(parts):
+                part["workload"] = round_workload(out / "runtime", policies, round_, len(parts), data["sandboxes"])
+        data.update(predict_rounds(out, rt, task, data["steps"], parts, policies))
         report(out, data, rt.resources.count)
     finally:
         _close(task)
@@ -930,8 +934,10 @@ def measure_sandboxes(task, starts: int = 8) -> dict:
     demonstrations, one at a time, their commands timed in workspaces from a sandbox pool as the runs' (containers
     started ahead), their patches graded in its graders (`swebench_env.sim_workload.time_episodes`). Beside them,
     what the simulator does not model yet: the CPU-seconds an episode's sandboxes cost the Docker daemon and the
-    containers (`docker_cpu_s`, an episode's mean) and this process (`client_cpu_s`), and a workspace's start
-    alone (`start_s`: a pool without spares, from the lease to its first command's end; `starts` of them)."""
+    containers (`docker_cpu_s`, an episode's mean) and this process (`client_cpu_s`); a workspace's start alone
+    (`start_s`: a pool without spares, from the lease to its first command's end; `starts` of them) and how many
+    start at once (`start_slots`: `starts` workspaces asked for together take `starts` x the median start over
+    this many lanes; `start_together_s`, their last one's seconds)."""
     from swebench_env.pool import SandboxPool
     from swebench_env.sim_workload import fit, time_episodes
     from swebench_env.suite import load_suite_demonstrations
@@ -949,15 +955,22 @@ def measure_sandboxes(task, starts: int = 8) -> dict:
         docker, own = docker_cpu_s(), time.process_time()
         timed = time_episodes(pairs, timeout_s=c.command_timeout_s, environments=environments)
         docker, own = docker_cpu_s() - docker, time.process_time() - own
-    seconds = []
+    from concurrent.futures import ThreadPoolExecutor
+
+    def started(pool, instance) -> float:
+        start = time.monotonic()
+        with pool.episode(c.image, c.test_timeout_s).workspace(instance) as runner:
+            runner.exec("true", c.command_timeout_s)
+            return time.monotonic() - start
+
+    instances = [instance for instance, _ in pairs[:starts]]
     with SandboxPool(1, 0) as pool:
-        for instance, _ in pairs[:starts]:
-            start = time.monotonic()
-            with pool.episode(c.image, c.test_timeout_s).workspace(instance) as runner:
-                runner.exec("true", c.command_timeout_s)
-                seconds.append(time.monotonic() - start)
+        seconds = [started(pool, instance) for instance in instances]
+    with SandboxPool(len(instances), 0) as pool, ThreadPoolExecutor(len(instances)) as threads:
+        together = max(threads.map(lambda instance: started(pool, instance), instances))
+    lanes = max(1, min(len(instances), round(len(instances) * statistics.median(seconds) / together)))
     return {**timed, "docker_cpu_s": docker / len(pairs), "client_cpu_s": own / len(pairs),
-            "start_s": fit(seconds, integer=False)}  # fmt: skip
+            "start_s": fit(seconds, integer=False), "start_slots": lanes, "start_together_s": together}  # fmt: skip
 
 
 def round_workload(runtime: Path, policies: tuple[str, ...], round_: int, repeats: int, sandboxes: dict) -> dict:
@@ -968,7 +981,11 @@ def round_workload(runtime: Path, policies: tuple[str, ...], round_: int, repeat
     from swebench_env.sim_workload import fit_stores
 
     stores = [run_dir(runtime, p, round_, repeats) / "trajectories.sqlite" for p in policies]
-    return {"kind": "swe", **fit_stores(stores), **sandboxes}
+    out = {"kind": "swe", **fit_stores(stores), "tool_latency_s": sandboxes["tool_latency_s"],
+           "test_run_s": sandboxes["test_run_s"]}  # fmt: skip
+    if "start_s" in sandboxes:  # a container's start, and how many start at once
+        out.update(sandbox_start_s=sandboxes["start_s"], sandbox_start_slots=sandboxes.get("start_slots", 1))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -190,6 +190,9 @@ class WorkloadConfig:
     max_context_tokens: int  # swe: an episode ends when its context would exceed this
     shared_response: bool = False  # math: a group's samples share one response length (the runtime's
     # `throughput` task forces one length per problem); a restarted sample keeps it
+    sandbox_start_s: Dist | None = None  # swe: a container's start (null: none modelled). Each episode starts its
+    # workspace when it starts (its first tool call waits for it) and a grader's before its test run
+    sandbox_start_slots: int = 1  # swe: container starts under way at once; the rest queue in order
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,8 @@ class SimConfig:
                 )
         for name in ("prompt_tokens", "response_tokens", "turns", "tool_output_tokens", "tool_latency_s", "test_run_s"):
             getattr(self.workload, name).validate(f"workload.{name}")
+        if self.workload.sandbox_start_s is not None:
+            self.workload.sandbox_start_s.validate("workload.sandbox_start_s")
         self.train.validate(dev.gpus_per_node, self.workload.prompts_per_step * self.workload.group_size)
         fractions = {
             "rollout.gpu_memory_utilization": self.rollout.gpu_memory_utilization,
@@ -368,6 +373,7 @@ class SimConfig:
             "workload.prompts_per_step": (self.workload.prompts_per_step, 1),
             "workload.group_size": (self.workload.group_size, 1),
             "workload.max_context_tokens": (self.workload.max_context_tokens, 2),
+            "workload.sandbox_start_slots": (self.workload.sandbox_start_slots, 1),
         }
         for key, (value, lowest) in checks.items():
             if value < lowest:

@@ -55,6 +55,27 @@ class _Call(simpy.Event):
         self.env, self.fn, self.args = env, fn, args
 
 
+class SandboxStarts:
+    """Container starts of a SWE workload (`workload.sandbox_start_s`): `sandbox_start_slots` of them under way at
+    once, the rest in the order asked (a Docker daemon starts containers largely one at a time); each one's
+    duration drawn from its own seeded stream, so the episodes' lengths are the same with or without it."""
+
+    def __init__(self, cfg, seed: int) -> None:
+        import random
+
+        self.dist = cfg.sandbox_start_s
+        self.free = [0.0] * cfg.sandbox_start_slots  # when each lane is next free
+        self.rng = random.Random(seed * 1_000_003 + 17)
+
+    def start(self, now: float) -> float:
+        """A container asked for at `now`: when it is ready."""
+        from sim.workload import draw
+
+        lane = min(range(len(self.free)), key=self.free.__getitem__)
+        self.free[lane] = max(now, self.free[lane]) + draw(self.dist, self.rng)
+        return self.free[lane]
+
+
 @dataclass
 class _TrainWork:
     """A training step under way while the host shares the devices' cores (`cluster.host_cores`): its work
@@ -125,6 +146,8 @@ class Simulation:
         self._slots = None if cap is None else max(1, cap // cfg.workload.group_size)
         self._running: set[int] = set()  # groups holding a slot
         self._waiting: deque[tuple[int, list[Sample]]] = deque()  # groups waiting for one, with their samples
+        # workload.sandbox_start_s: containers start in `sandbox_start_slots` lanes, in order (`_start_sandbox`)
+        self._sandboxes = SandboxStarts(cfg.workload, cfg.seed) if cfg.workload.sandbox_start_s is not None else None
         self.counters: Counter[str] = Counter()
         # Simulated durations come from the cost model and cannot hang: a stalled run is reported when
         # SimPy runs out of events (see `run`), so no decision needs a deadline.
@@ -311,7 +334,13 @@ class Simulation:
 
     def turn_done(self, engine: SimEngine, sample: Sample) -> None:
         wait = sample.current.wait_s
+        first = sample.turn == 0
         over = sample.finish_turn()
+        if self._sandboxes is not None:
+            if over:  # the grader's container starts before its test run
+                wait += self._sandboxes.start(self.env.now) - self.env.now
+            elif first:  # the first tool call waits for the workspace the episode started with
+                wait += max(0.0, sample.sandbox_ready - self.env.now)
         then = self._sample_done if over else self._enqueue
         if wait > 0:
             sample.where = "wait"
@@ -341,6 +370,8 @@ class Simulation:
                 return
             self._running.add(gid)
         for sample in samples:
+            if self._sandboxes is not None:  # its workspace starts with it (the first model call runs meanwhile)
+                sample.sandbox_ready = self._sandboxes.start(self.env.now)
             self._enqueue(sample)
 
     def _release(self, gid: int) -> None:

@@ -50,7 +50,8 @@ class Sample:
     version_tokens: dict[int, int] = field(default_factory=dict)
     engine: int | None = None  # affinity: engine that last served this sample (prefix cache)
     restarts: int = 0
-    where: str = "queue"  # queue | engine | held | wait | done (maintained by the simulator)
+    where: str = "queue"  # queue | engine | held | wait | done | pending (maintained by the simulator)
+    sandbox_ready: float = 0.0  # when its workspace container has started (workload.sandbox_start_s)
 
     @property
     def current(self) -> Turn:

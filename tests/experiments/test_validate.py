@@ -280,6 +280,25 @@ def test_the_swe_mirror_runs_the_rounds_measured_workload_in_the_runtimes_slots(
         v._close(task)
 
 
+def test_a_rounds_swe_workload_is_its_runs_episodes_with_the_sandboxes_measured_alone(tmp_path):
+    from reference.manager.store import TrajectoryStore
+
+    for policy, prompt in (("tag", 700), ("async", 900)):
+        with TrajectoryStore(tmp_path / "runtime" / policy / "trajectories.sqlite") as store:
+            store.append(f"{policy}-e0", "a", None, 0, [7] * prompt, [5] * 40, [-0.1] * 40, [0] * 40, "stop", "x")
+            store.append(f"{policy}-e0", "b", "a", prompt + 40, [7] * 25, [5] * 60, [-0.1] * 60, [0] * 60, "stop", "x")
+    sandboxes = {"tool_latency_s": {"median": 0.05, "sigma": 1.0, "min": 0.01, "max": 0.9},
+                 "test_run_s": {"median": 0.6, "sigma": 0.1, "min": 0.5, "max": 0.8},
+                 "start_s": {"median": 0.4, "sigma": 0.02, "min": 0.38, "max": 0.41}, "start_slots": 2,
+                 "docker_cpu_s": 0.2}  # fmt: skip
+    w = v.round_workload(tmp_path / "runtime", ("tag", "async"), 0, 1, sandboxes)
+    assert w["episodes"] == 2 and w["turns"]["median"] == 2.0
+    assert w["prompt_tokens"]["min"] == 700 and w["prompt_tokens"]["max"] == 900
+    assert w["tool_output_tokens"]["median"] == 25.0
+    assert w["sandbox_start_s"] == sandboxes["start_s"] and w["sandbox_start_slots"] == 2
+    assert w["test_run_s"] == sandboxes["test_run_s"] and "docker_cpu_s" not in w
+
+
 def test_swe_arguments_are_one_line(capsys, tmp_path, monkeypatch):
     import swebench_env.docker_util as du
 
