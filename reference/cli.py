@@ -99,6 +99,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--admin-token-file", default=None,
                    help=f"a file holding the token that everything but the agents' calls needs "
                         f"(default: ${ADMIN_TOKEN_ENV}; none). Required to bind a non-loopback --host")  # fmt: skip
+    s.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a host name clients may use in their Host header besides loopback names and IP addresses "
+                        "(repeatable; '*': any). Other names get 403: a web page that rebinds its domain to this "
+                        "machine still sends its own name")  # fmt: skip
+    s.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (scheme://host:port) whose pages may call the server (repeatable; '*': any); "
+                        "browsers' other cross-site requests get 403")  # fmt: skip
     s.add_argument("--max-in-flight", type=int, default=4096,
                    help="agent requests served at once; beyond it 429 (0: no cap; default 4096)")  # fmt: skip
     s.add_argument("--max-loop-lag-s", type=float, default=0.1,
@@ -183,7 +190,8 @@ def _config(args, model_name: str):
         model_name=model_name, default_max_tokens=args.default_max_tokens, admin_token=admin_token(args),
         max_in_flight_requests=args.max_in_flight, max_tokens_in_memory=args.max_tokens_in_memory,
         max_session_tokens_in_memory=args.max_session_tokens, max_pause_s=args.max_pause_s,
-        max_loop_lag_s=args.max_loop_lag_s,
+        max_loop_lag_s=args.max_loop_lag_s, allowed_hosts=tuple(args.allowed_host),
+        allowed_origins=tuple(args.allowed_origin),
     )  # fmt: skip
 
 
@@ -212,6 +220,10 @@ def _check_engine_flags(args) -> None:
 
 def _check_serve_flags(args) -> None:
     _check_flags(args, SERVE_FLAG_RANGES)
+    for flag in ("allowed_host", "allowed_origin"):
+        for value in getattr(args, flag):
+            if not value.strip():
+                raise UserError(f"--{flag.replace('_', '-')} must name a host or an origin, got {value!r}")
     if not args.store:  # SQLite would open a private temporary database, lost at exit
         raise UserError("--store must name a file (the SQLite trajectory store)")
     for url in args.engine_url:

@@ -73,6 +73,11 @@ class ManagerConfig:
     max_pause_s: float = 900.0  # a pause not resumed within this is resumed by the manager (0: never)
     engine_wait_s: float = 600.0  # a request waits this long for an engine while all are out of service
     admin_token: str | None = None  # when set, everything but the agents' /s/<session>/v1 calls needs it
+    # Web pages: a request's Host must be a loopback name or an IP address, or one of these (a page that rebinds
+    # its own name to this machine names itself); a browser's Origin must be this server's, or one of these.
+    # "*" allows any.
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("default_max_tokens", "max_engine_attempts", "max_sessions_in_memory", "max_tokens_in_memory",
@@ -84,6 +89,10 @@ class ManagerConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.admin_token is not None and not self.admin_token:
             raise ValueError("admin_token must not be empty (use None for no token)")
+        for name in ("allowed_hosts", "allowed_origins"):
+            values = getattr(self, name)
+            if isinstance(values, str) or not all(isinstance(v, str) and v.strip() for v in values):
+                raise ValueError(f"{name} must be a list of non-empty names, got {values!r}")
 
     def budget(self) -> MemoryBudget:
         return MemoryBudget(self.max_sessions_in_memory, self.max_tokens_in_memory, self.max_session_tokens_in_memory)

@@ -37,6 +37,7 @@ request.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import socket
@@ -77,6 +78,7 @@ LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (aiohttp's 
 @web.middleware
 async def openai_errors(request: web.Request, handler):
     try:
+        _check_web_origin(request)  # every endpoint, token or not: a web page must not drive the manager
         if isinstance(request.match_info.http_exception, web.HTTPNotFound):
             raise _no_such_endpoint(request)  # before the token check: an agent with a wrong base URL is told so
         if not (request.path.startswith("/s/") or request.path in OPEN_PATHS):
@@ -107,6 +109,52 @@ def _no_such_endpoint(request: web.Request) -> RequestError:
         f"episode), which serves POST chat/completions, POST completions and GET models",
         status=404, code="not_found",
     )  # fmt: skip
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+def host_name(authority: str) -> str:
+    """The host of a Host header or an origin's authority, lower case, without its port, brackets or final dot."""
+    host = authority.strip().lower()
+    if host.startswith("["):  # [v6]:port
+        return host[1 : host.find("]")] if "]" in host else host
+    if host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
+def host_allowed(authority: str, allowed: tuple[str, ...] = ()) -> bool:
+    """Whether a request naming this Host may be served: an IP address or a loopback name (a page that rebinds
+    its domain to this machine still names its domain), or a name in `allowed` ("*": any)."""
+    name = host_name(authority)
+    if not name or "*" in allowed or name in LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return name in {host_name(a) for a in allowed}
+
+
+def _check_web_origin(request: web.Request) -> None:
+    """403 for what a web page in the user's browser sends: a Host that is not this machine's (DNS rebinding), an
+    Origin other than this server's own, or a request the browser marks cross-site. Agents and other clients
+    that are not browsers send no Origin."""
+    config = request.app[MANAGER_KEY].config
+    host = request.headers.get("Host", "")
+    if not host_allowed(host, config.allowed_hosts):
+        raise RequestError(f"Host {host[:100]!r} is not served here: a loopback name or an IP address, or a name "
+                           f"given with --allowed-host", status=403, code="forbidden_host")  # fmt: skip
+    origin = request.headers.get("Origin")
+    own = origin is not None and origin.partition("://")[2].lower() == host.lower()
+    if origin is not None and not own and "*" not in config.allowed_origins and origin not in config.allowed_origins:
+        raise RequestError(f"Origin {origin[:100]!r} may not call this server: browsers' cross-site requests are "
+                           f"refused unless the origin is given with --allowed-origin", status=403,
+                           code="forbidden_origin")  # fmt: skip
+    if origin is None and request.headers.get("Sec-Fetch-Site") == "cross-site" and "*" not in config.allowed_origins:
+        raise RequestError("a cross-site request from a browser may not call this server", status=403,
+                           code="forbidden_origin")  # fmt: skip
 
 
 def _check_token(request: web.Request) -> None:
