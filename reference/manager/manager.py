@@ -28,6 +28,7 @@ import secrets
 import time
 from array import array
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 
@@ -69,6 +70,10 @@ class ManagerConfig:
     max_tokens_in_memory: int = 16_000_000  # tokens all sessions in memory may hold together
     max_session_tokens_in_memory: int = 2_000_000  # an idle session holding more leaves memory
     max_in_flight_requests: int = 4096  # agent requests at once; beyond it 429 (0: no cap)
+    body_timeout_s: float = 30.0  # an agent request's body must arrive within this (408 after); until it has, the
+    # request holds no in-flight slot, so connections that never send theirs do not lock agents out
+    max_body_bytes_in_flight: int = 64 << 20  # request bodies being read, parsed or tokenised at once (their
+    # Content-Length; all connections); a body beyond it gets 429 before anything of it is read
     max_loop_lag_s: float = 0.1  # the in-flight limit falls while the event loop lags more than this (0: fixed)
     max_pause_s: float = 900.0  # a pause not resumed within this is resumed by the manager (0: never)
     engine_wait_s: float = 600.0  # a request waits this long for an engine while all are out of service
@@ -84,6 +89,9 @@ class ManagerConfig:
                      "max_session_tokens_in_memory"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.body_timeout_s > 0 or self.max_body_bytes_in_flight < 1:
+            raise ValueError(f"body_timeout_s must be > 0 and max_body_bytes_in_flight >= 1, got "
+                             f"{self.body_timeout_s} and {self.max_body_bytes_in_flight}")  # fmt: skip
         for name in ("max_in_flight_requests", "max_pause_s", "engine_cooldown_s", "max_loop_lag_s", "engine_wait_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -159,7 +167,12 @@ class TrajectoryManager:
         self.recorder = Recorder(store)
         self.max_context = max_context
         self.in_flight = 0
+        self.body_bytes = 0  # request bodies being read, parsed or tokenised (max_body_bytes_in_flight)
         self.shed = 0  # requests answered 429
+        # Bodies over a MiB are parsed and tokenised one at a time in a thread of their own, the rest over 64 KiB in
+        # two more: neither holds the threads session reloads and the store use, nor do many huge ones share memory.
+        self.body_threads = {"large": ThreadPoolExecutor(2, thread_name_prefix="manager-body"),
+                             "huge": ThreadPoolExecutor(1, thread_name_prefix="manager-huge-body")}  # fmt: skip
         self.watchdog_resumes = 0
         self._watchdogs: set[asyncio.Task] = set()
         self._migrating: set[str] = set()  # engine request ids aborted by `preempt`, to continue elsewhere
@@ -198,15 +211,33 @@ class TrajectoryManager:
         await self.supervisor.close()
         await self.loop_lag.close()
         await asyncio.to_thread(self.recorder.close)
+        for pool in self.body_threads.values():
+            pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- admission ----
+
+    def check_admission(self) -> None:
+        """A 429 the agent should retry after a while when the in-flight cap is reached (nothing is held)."""
+        if self.in_flight >= self.admission.limit:
+            self._shed(f"the manager is at its limit of {self.admission.limit} requests in flight (event loop "
+                       f"{self.loop_lag.lag_s * 1e3:.0f} ms behind); retry shortly")  # fmt: skip
+
+    def hold_body(self, size: int) -> None:
+        """Count `size` bytes of a request body about to be read; 429 when that would pass
+        `max_body_bytes_in_flight` (a body is always let in when none is held)."""
+        cap = self.config.max_body_bytes_in_flight
+        if self.body_bytes and self.body_bytes + size > cap:
+            self._shed(f"request bodies of {self.body_bytes:,} bytes are being read or tokenised, and this one of "
+                       f"{size:,} would pass the limit of {cap:,}; retry shortly")  # fmt: skip
+        self.body_bytes += size
+
+    def release_body(self, size: int) -> None:
+        self.body_bytes -= size
 
     @contextmanager
     def admit(self) -> Iterator[None]:
         """Count an agent request in flight; beyond the cap, a 429 the agent should retry after a while."""
-        if self.in_flight >= self.admission.limit:
-            self._shed(f"the manager is at its limit of {self.admission.limit} requests in flight (event loop "
-                       f"{self.loop_lag.lag_s * 1e3:.0f} ms behind); retry shortly")  # fmt: skip
+        self.check_admission()
         self.in_flight += 1
         try:
             yield

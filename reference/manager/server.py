@@ -37,13 +37,15 @@ request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
 import socket
 import time
 import uuid
-from contextlib import aclosing
+from collections.abc import Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import replace
 from http import HTTPStatus
 
@@ -211,6 +213,65 @@ async def _body(request: web.Request):
     return (_parse_json(raw) if len(raw) <= OFF_LOOP_BYTES else await asyncio.to_thread(_parse_json, raw)), len(raw)
 
 
+HUGE_BYTES = 1 << 20  # bodies over this are parsed and tokenised one at a time (TrajectoryManager.body_threads)
+
+
+async def _agent_body(request: web.Request, manager: TrajectoryManager) -> tuple[bytes, int]:
+    """An agent request's body, and the bytes it holds of `max_body_bytes_in_flight` (to release once it is
+    tokenised). Before anything is read: 429 when the in-flight cap is reached or the bytes announced would pass
+    that limit, 413 beyond `max_body_bytes`. The body must arrive within `body_timeout_s` (else 408); while it
+    arrives the request holds no in-flight slot."""
+    manager.check_admission()
+    size = request.content_length
+    limit = manager.config.max_body_bytes
+    if size is not None and size > limit:
+        raise RequestError(f"the request body of {size:,} bytes is over the limit of {limit:,}", status=413,
+                           code="request_too_large")  # fmt: skip
+    held = limit if size is None else size  # a chunked body may be as large as the limit
+    manager.hold_body(held)
+    try:
+        async with asyncio.timeout(manager.config.body_timeout_s):
+            raw = await request.read()  # aiohttp answers 413 here for a chunked body over client_max_size
+    except TimeoutError:
+        manager.release_body(held)
+        raise RequestError(f"the request body did not arrive within {manager.config.body_timeout_s:g} s",
+                           status=408, code="request_timeout") from None  # fmt: skip
+    except BaseException:
+        manager.release_body(held)
+        raise
+    return raw, held
+
+
+@contextmanager
+def _admitted(manager: TrajectoryManager, held: int) -> Iterator[None]:
+    """`manager.admit()` for a request whose body holds `held` bytes, released if it is not admitted (the limit
+    may have fallen while its body arrived)."""
+    try:
+        manager.check_admission()
+    except RequestError:
+        manager.release_body(held)
+        raise
+    with manager.admit():
+        yield
+
+
+def _chat_body(raw: bytes):
+    return parse_chat(_parse_json(raw))
+
+
+def _completion_body(raw: bytes):
+    return parse_completion(_parse_json(raw))
+
+
+async def _off_loop(manager: TrajectoryManager, size: int, fn, *args):
+    """`fn(*args)` for a body of `size` bytes: on the event loop when it is small, else in the manager's body
+    threads (one at a time for a huge one)."""
+    if size <= OFF_LOOP_BYTES:
+        return fn(*args)
+    pool = manager.body_threads["huge" if size > HUGE_BYTES else "large"]
+    return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args))
+
+
 def _trajectory_info(o: Outcome) -> dict:
     """Non-standard fields (OpenAI clients ignore them): where this completion lives in the session."""
     return {
@@ -225,16 +286,17 @@ def _trajectory_info(o: Outcome) -> dict:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
     sid = check_session_id(request.match_info["session_id"])
-    with manager.admit():
-        body, size = await _body(request)
-        small = size <= OFF_LOOP_BYTES
-        chat = parse_chat(body) if small else await asyncio.to_thread(parse_chat, body)
-        manager.check_model(chat.model)
-        session = await manager.session(sid)
-        render = session.renderer.render_pending
-        prompt, fresh = (
-            render(chat.messages, chat.tools) if small else await asyncio.to_thread(render, chat.messages, chat.tools)
-        )
+    raw, held = await _agent_body(request, manager)
+    with _admitted(manager, held):
+        try:
+            size = len(raw)
+            chat = await _off_loop(manager, size, _chat_body, raw)
+            del raw
+            manager.check_model(chat.model)
+            session = await manager.session(sid)
+            prompt, fresh = await _off_loop(manager, size, session.renderer.render_pending, chat.messages, chat.tools)
+        finally:
+            manager.release_body(held)
         manager.budget(len(prompt), chat.sampling)  # a rejected request leaves nothing behind
         with manager.accepted(session, fresh) as session:
             if chat.sampling.stream:
@@ -289,19 +351,19 @@ def _assistant_message(o: Outcome, tools: bool) -> tuple[dict, str]:
 async def completions(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
     sid = check_session_id(request.match_info["session_id"])
-    with manager.admit():
-        body, size = await _body(request)
-        req = parse_completion(body)
-        manager.check_model(req.model)
-        session = await manager.session(sid)
-        prompt = req.prompt
-        if isinstance(prompt, str):
-            tok = manager.tok
-            prompt = (
-                encode_text(tok, prompt)
-                if size <= OFF_LOOP_BYTES
-                else await asyncio.to_thread(encode_text, tok, prompt)
-            )
+    raw, held = await _agent_body(request, manager)
+    with _admitted(manager, held):
+        try:
+            size = len(raw)
+            req = await _off_loop(manager, size, _completion_body, raw)
+            del raw
+            manager.check_model(req.model)
+            session = await manager.session(sid)
+            prompt = req.prompt
+            if isinstance(prompt, str):
+                prompt = await _off_loop(manager, size, encode_text, manager.tok, prompt)
+        finally:
+            manager.release_body(held)
         manager.budget(len(prompt), req.sampling)
         with manager.accepted(session) as session:
             if req.sampling.stream:

@@ -350,6 +350,59 @@ def test_requests_beyond_the_in_flight_cap_get_429(wait_for, fake_manager, http)
     assert http("POST", f"{m.base_url('third')}/chat/completions", say("hi"))[0] == 200
 
 
+def _slow_bodies(url: str, n: int, announced: int) -> list:
+    """`n` connections that send a chat request's headers announcing `announced` body bytes, and never the body."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    out = []
+    for i in range(n):
+        sock = socket.create_connection((where.hostname, where.port), timeout=30)
+        sock.sendall(f"POST /s/slow{i}/v1/chat/completions HTTP/1.1\r\nHost: {where.netloc}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {announced}\r\n\r\n".encode())  # fmt: skip
+        out.append(sock)
+    return out
+
+
+def test_connections_that_never_send_their_body_do_not_lock_agents_out(wait_for, fake_manager, http):
+    """Slowloris: clients that send headers and then nothing held an in-flight slot each, so a few of them (4,200 at
+    the default cap) left every agent with 429. A body now holds no slot until it has arrived, and must arrive
+    within body_timeout_s."""
+    config = ManagerConfig(default_max_tokens=8, max_in_flight_requests=4, max_loop_lag_s=0, body_timeout_s=3.0)
+    m, _ = fake_manager(config=config, reply_tokens=4)
+    slow = _slow_bodies(m.url, 20, 1000)
+    try:
+        wait_for(lambda: m.manager.body_bytes == 20_000, what="20 bodies being read")
+        status, body = http("POST", f"{m.base_url('agent')}/chat/completions", say("hi"))
+        assert status == 200, body
+        answer = slow[0].recv(4096)  # the server gives up on a body that does not come
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 3 s" in answer, answer[:300]
+        wait_for(lambda: m.manager.body_bytes == 0, what="every slow body given up")
+    finally:
+        for sock in slow:
+            sock.close()
+    assert http("GET", f"{m.url}/health")[0] == 200
+
+
+def test_request_bodies_in_flight_are_capped_before_they_are_read(wait_for, fake_manager, http):
+    config = ManagerConfig(default_max_tokens=8, max_body_bytes_in_flight=10_000, body_timeout_s=30)
+    m, _ = fake_manager(config=config, reply_tokens=4)
+    slow = _slow_bodies(m.url, 1, 8_000)
+    try:
+        wait_for(lambda: m.manager.body_bytes == 8_000, what="a body being read")
+        big = json.dumps(say("x" * 3000)).encode()
+        status, err, headers = raw("POST", f"{m.base_url('big')}/chat/completions", big,
+                                   {"Content-Type": "application/json"})  # fmt: skip
+        assert status == 429 and headers["Retry-After"] == "1", err
+        assert "would pass the limit of 10,000" in err["error"]["message"]
+        assert http("POST", f"{m.base_url('small')}/chat/completions", say("hi"))[0] == 200  # room for a small one
+    finally:
+        slow[0].close()
+    wait_for(lambda: m.manager.body_bytes == 0, what="the slow body dropped with its connection")
+    assert http("POST", f"{m.base_url('big')}/chat/completions", say("x" * 3000))[0] == 200
+
+
 def test_a_pause_that_is_never_resumed_ends(fake_manager, http):
     m, _ = fake_manager(config=ManagerConfig(max_pause_s=0.5, default_max_tokens=8), reply_tokens=4)
     m.call(m.manager.pause())
