@@ -44,7 +44,7 @@ SERVE_FLAG_RANGES = {
     "--engines": (1, None), "--default-max-tokens": (1, None), "--max-in-flight": (0, None),
     "--max-loop-lag-s": (0, None), "--max-tokens-in-memory": (1, None), "--max-session-tokens": (1, None),
     "--max-pause-s": (0, None), "--gc-young": (0, None), "--body-timeout-s": (0.001, 3600),
-    "--max-body-bytes-in-flight": (1, None),
+    "--max-body-bytes-in-flight": (1, None), "--idle-timeout-s": (0.001, 86400),
 }  # fmt: skip
 CHECK_FLAG_RANGES = {"--seed": (0, MAX_SEED), "--version": (0, None)}
 
@@ -112,6 +112,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--body-timeout-s", type=float, default=30.0,
                    help="an agent request's body must arrive within this, else 408; until it has, it holds no "
                         "in-flight slot (default 30)")  # fmt: skip
+    s.add_argument("--idle-timeout-s", type=float, default=75.0,
+                   help="a connection with no request under way (or its headers not all in) closes after this "
+                        "(default 75)")  # fmt: skip
     s.add_argument("--max-body-bytes-in-flight", type=int, default=64 << 20,
                    help="request bodies read, parsed or tokenised at once, all connections; beyond it 429 before a "
                         "body is read (default 64 MiB)")  # fmt: skip
@@ -199,6 +202,7 @@ def _config(args, model_name: str):
         max_session_tokens_in_memory=args.max_session_tokens, max_pause_s=args.max_pause_s,
         max_loop_lag_s=args.max_loop_lag_s, allowed_hosts=tuple(args.allowed_host),
         body_timeout_s=args.body_timeout_s, max_body_bytes_in_flight=args.max_body_bytes_in_flight,
+        idle_timeout_s=args.idle_timeout_s,
         allowed_origins=tuple(args.allowed_origin),
     )  # fmt: skip
 

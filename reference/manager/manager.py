@@ -74,6 +74,8 @@ class ManagerConfig:
     # request holds no in-flight slot, so connections that never send theirs do not lock agents out
     max_body_bytes_in_flight: int = 64 << 20  # request bodies being read, parsed or tokenised at once (their
     # Content-Length; all connections); a body beyond it gets 429 before anything of it is read
+    idle_timeout_s: float = 75.0  # a connection with no request under way (its headers not all in) closes after
+    # this (nginx's keep-alive timeout); aiohttp's default was an hour, so idle and half-sent requests piled up
     max_loop_lag_s: float = 0.1  # the in-flight limit falls while the event loop lags more than this (0: fixed)
     max_pause_s: float = 900.0  # a pause not resumed within this is resumed by the manager (0: never)
     engine_wait_s: float = 600.0  # a request waits this long for an engine while all are out of service
@@ -89,6 +91,8 @@ class ManagerConfig:
                      "max_session_tokens_in_memory"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
         if not self.body_timeout_s > 0 or self.max_body_bytes_in_flight < 1:
             raise ValueError(f"body_timeout_s must be > 0 and max_body_bytes_in_flight >= 1, got "
                              f"{self.body_timeout_s} and {self.max_body_bytes_in_flight}")  # fmt: skip
@@ -184,6 +188,9 @@ class TrajectoryManager:
         self.control = asyncio.Lock()  # serialises fleet state changes (pause, weights, resume, engine syncs)
         self._stop_ids = (tokenizer.im_end_id, tokenizer.eos_token_id)
         self.supervisor = Supervisor(self, processes, supervisor)
+        self.connections = 0  # open HTTP connections (the server keeps it; `health` reports the cap reached)
+        self.max_connections: int | None = None  # what the open-file limit leaves (`start_manager_server`)
+        self.connections_closed = 0  # idle connections closed to make room for new ones
         self.admission = AdaptiveLimit(config.max_in_flight_requests, config.max_loop_lag_s)
         self.loop_lag = LoopLag(on_sample=lambda lag: self.admission.update(lag, self.in_flight))
 
@@ -674,6 +681,14 @@ class TrajectoryManager:
         now = time.monotonic()
         if long := [s.name for s in self.router.slots if s.paused_since is not None and now - s.paused_since > 60]:
             reasons.append(f"engines paused for over a minute: {', '.join(long)}")
+            status = "degraded" if status == "ok" else status
+        saturated = []
+        if self.in_flight >= self.admission.limit:
+            saturated.append(f"{self.in_flight} requests in flight at a limit of {self.admission.limit}")
+        if self.max_connections is not None and self.connections >= self.max_connections:
+            saturated.append(f"{self.connections} connections open at a limit of {self.max_connections}")
+        if saturated:  # agents get 429s or lose idle connections: the server works but sheds
+            reasons.append("admission saturated: " + "; ".join(saturated))
             status = "degraded" if status == "ok" else status
         return {"ok": status != "unhealthy", "status": status, "reasons": reasons}
 

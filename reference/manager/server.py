@@ -41,6 +41,7 @@ import functools
 import ipaddress
 import json
 import logging
+import math
 import socket
 import time
 import uuid
@@ -73,7 +74,10 @@ MANAGER_KEY = web.AppKey("manager", TrajectoryManager)
 OPEN_PATHS = ("/health", "/v1/models")  # needing no token (besides the agents' /s/<session>/v1/*)
 MAX_JSON_DEPTH = 64  # nesting of objects and arrays in a request body
 OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are parsed and tokenised in a worker thread
-MAX_LINE_BYTES = 64 << 10  # request line and header lines
+MAX_LINE_BYTES = 16 << 10  # the request line, and each header
+MAX_HEADERS = 64  # header lines a request: with MAX_LINE_BYTES, at most 1 MiB of headers buffered a connection
+FD_RESERVE = 128  # open files kept free beyond the connections: the store, engines' sockets, /health's connection
+ACCEPT_BATCH = 32  # connections asyncio accepts in one go (its `backlog`): room is made for them before the next
 LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (aiohttp's default of 128 drops bursts)
 
 
@@ -631,7 +635,24 @@ def build_app(manager: TrajectoryManager) -> web.Application:
 
 class _JSONErrors(RequestHandler):
     """What aiohttp rejects before any handler runs (an over-long request line, a malformed header or
-    method) is answered with the same OpenAI-style JSON error as everything else."""
+    method) is answered with the same OpenAI-style JSON error as everything else. Connections are counted;
+    past the manager's `max_connections` the oldest with no request under way (idle, or its headers not all
+    in) is closed to make room, else the new one."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        manager = self._manager.manager
+        manager.connections += 1
+        cap = manager.max_connections
+        if cap is not None and manager.connections > cap:
+            idle = next((h for h in self._manager.connections
+                         if h is not self and h.transport is not None and not h._request_in_progress), self)  # fmt: skip
+            manager.connections_closed += 1
+            idle.force_close()
+
+    def connection_lost(self, exc) -> None:
+        self._manager.manager.connections -= 1
+        super().connection_lost(exc)
 
     def handle_error(self, request, status: int = 500, exc=None, message=None) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs; raises if a response was already sent
@@ -642,6 +663,8 @@ class _JSONErrors(RequestHandler):
 
 
 class _Server(web.Server):
+    manager: TrajectoryManager
+
     def __call__(self) -> RequestHandler:
         return _JSONErrors(self, loop=self._loop, **self._kwargs)
 
@@ -653,7 +676,25 @@ class _Runner(web.AppRunner):
         server = await super()._make_server()
         if type(server) is web.Server:
             server.__class__ = _Server
+            server.manager = self.app[MANAGER_KEY]
         return server
+
+
+def open_file_limit() -> int:
+    """This process's soft limit on open files, raised to its hard limit first (vLLM raises its own the same
+    way): at the usual soft limit of 1,024, a thousand idle connections left no descriptor for /health or the
+    store."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):  # not allowed here: keep what there is
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 async def start_manager_server(
@@ -669,6 +710,35 @@ async def start_manager_server(
         for sock in sockets:
             sock.close()
         raise
-    runner = _Runner(build_app(manager), handler_cancellation=True, access_log=None,
-                     max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES)  # fmt: skip
-    return await serve_on(runner, sockets, LISTEN_BACKLOG)
+    manager.max_connections = max(16, open_file_limit() - FD_RESERVE - ACCEPT_BATCH)
+    _quiet_accept_errors(asyncio.get_running_loop())
+    runner = _Runner(build_app(manager), handler_cancellation=True, access_log=None, max_line_size=MAX_LINE_BYTES,
+                     max_field_size=MAX_LINE_BYTES, max_headers=MAX_HEADERS,
+                     keepalive_timeout=manager.config.idle_timeout_s)  # fmt: skip
+    # asyncio accepts as many connections in one go as its backlog, before any of them runs: a small batch lets
+    # `_JSONErrors` close idle connections between batches; the kernel's queue stays long for bursts.
+    runner = await serve_on(runner, sockets, ACCEPT_BATCH)
+    for sock in sockets:
+        sock.listen(LISTEN_BACKLOG)
+    return runner
+
+
+def _quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """Log asyncio's "socket.accept() out of system resource" (out of file descriptors) once every 10 s, not once
+    for every connection it could not accept (113 MB of tracebacks in 30 s at a 1,024-file limit)."""
+    previous = loop.get_exception_handler()
+    last = [-math.inf]
+
+    def handler(loop, context: dict) -> None:
+        if context.get("message") == "socket.accept() out of system resource":
+            if time.monotonic() - last[0] < 10:
+                return
+            last[0] = time.monotonic()
+            log.error("out of file descriptors: connections wait in the kernel's queue (%s)", context.get("exception"))
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
