@@ -645,8 +645,8 @@ class _JSONErrors(RequestHandler):
         manager.connections += 1
         cap = manager.max_connections
         if cap is not None and manager.connections > cap:
-            idle = next((h for h in self._manager.connections
-                         if h is not self and h.transport is not None and not h._request_in_progress), self)  # fmt: skip
+            open_ = (h for h in self._manager.connections if h is not self and h.transport is not None)
+            idle = next((h for h in open_ if not h._request_in_progress), self)
             manager.connections_closed += 1
             idle.force_close()
 
