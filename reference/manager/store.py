@@ -560,8 +560,7 @@ class TrajectoryStore:
             if self._gone is not None or time.monotonic() - self._files_checked_s > CHECK_FILES_S:
                 self._refuse_if_gone("store a finished request")
                 if self._segment is not None and not self._segment.intact():
-                    log.warning("the journal file %s was removed: records go to a new one", self._segment.path)
-                    self._seal()  # its records still fold from memory; new ones are durable again
+                    self._rewrite_lost_segment()  # its records durable again in a new file, before new ones
             segment = self._segment or self._open_segment()
             try:
                 written = os.write(segment.fd, frames)
@@ -648,6 +647,32 @@ class TrajectoryStore:
             except OSError:
                 pass
             os.close(fd)
+
+    def _rewrite_lost_segment(self) -> None:
+        """The current journal file was removed (an operator's cleanup): its records, answered and not yet folded,
+        had their only copy in memory, and a crash would lose them. Write them to a new file at once (under
+        _journal_lock); if that fails, they still fold from memory (StoreError for the write that found it)."""
+        lost, self._segment = self._segment, None
+        log.warning("the journal file %s was removed: its %d records are written to a new one", lost.path,
+                    len(lost.rows))  # fmt: skip
+        frames = b"".join(_frame(row) for row in lost.rows)
+        try:
+            segment = self._open_segment()
+            written = os.write(segment.fd, frames) if frames else 0
+            if written != len(frames):
+                raise OSError(errno.ENOSPC, f"wrote {written} of {len(frames)} bytes")
+        except (OSError, StoreError) as e:
+            if self._segment is not None:  # the new file, emptied: folded (and removed) with nothing in it
+                with suppress(OSError):
+                    os.ftruncate(self._segment.fd, 0)
+                self._seal()
+            self._sealed.append(lost)  # its records fold from memory
+            raise StoreError(
+                f"the trajectory store {self.path} lost its journal file and could not write its records again: {e}"
+            ) from e
+        with suppress(OSError):
+            os.close(lost.fd)
+        segment.size, segment.rows = len(frames), list(lost.rows)
 
     def _seal(self) -> None:
         """The current segment takes no more records and waits to be folded (under _journal_lock)."""
