@@ -74,6 +74,8 @@ class ManagerConfig:
     # request holds no in-flight slot, so connections that never send theirs do not lock agents out
     max_body_bytes_in_flight: int = 64 << 20  # request bodies being read, parsed or tokenised at once (their
     # Content-Length; all connections); a body beyond it gets 429 before anything of it is read
+    durable_within_s: float = 10.0  # a request whose record is not durable in the store within this gets 503 (a
+    # stalled disk); the record is kept when the write completes
     idle_timeout_s: float = 75.0  # a connection with no request under way (its headers not all in) closes after
     # this (nginx's keep-alive timeout); aiohttp's default was an hour, so idle and half-sent requests piled up
     max_loop_lag_s: float = 0.1  # the in-flight limit falls while the event loop lags more than this (0: fixed)
@@ -91,6 +93,9 @@ class ManagerConfig:
                      "max_session_tokens_in_memory"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.idle_timeout_s > 0 or not self.durable_within_s > 0:
+            raise ValueError(f"idle_timeout_s and durable_within_s must be > 0, got {self.idle_timeout_s} and "
+                             f"{self.durable_within_s}")  # fmt: skip
         if not self.idle_timeout_s > 0:
             raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
         if not self.body_timeout_s > 0 or self.max_body_bytes_in_flight < 1:
@@ -168,7 +173,7 @@ class TrajectoryManager:
         self.config = config = config or ManagerConfig()
         self.router = Router(engines, config.affinity_slack, config.engine_cooldown_s, config.engine_max_cooldown_s)
         self.sessions = SessionTable(store, tokenizer, config.budget())
-        self.recorder = Recorder(store)
+        self.recorder = Recorder(store, config.durable_within_s)
         self.max_context = max_context
         self.in_flight = 0
         self.body_bytes = 0  # request bodies being read, parsed or tokenised (max_body_bytes_in_flight)

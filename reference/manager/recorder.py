@@ -8,13 +8,15 @@ which stays a valid anchor however many inserts land before it, since the tree o
 
 Group commit: records that finish in the same turn of the event loop, or while a write is under way,
 are written together, in the order they finished, and inserted into their trees in that same order (the
-order in which the store replays them). A small batch is journaled on the loop itself
-(`TrajectoryStore.journal`: one `write` to the store's journal, tens of microseconds, never a wait: a
-lone agent's request then costs no thread hand-off and no SQLite transaction of its own); one writer thread
-folds the journal into SQLite when a segment fills or `FOLD_AFTER_S` after a record was journaled, so a
-transaction carries hundreds of records. Anything the journal declines (a large batch, a store under a
-size cap, a fold that is failing, a malformed record to sort out) goes to the writer thread, which stores
-it with `append_many`. The event loop never waits on SQLite.
+order in which the store replays them). A small batch is journaled by the journal thread
+(`TrajectoryStore.journal`: one `write` to the store's journal, tens of microseconds, never a wait for
+SQLite: a lone agent's request then costs one thread hand-off and no SQLite transaction of its own); the
+writer thread folds the journal into SQLite when a segment fills or `FOLD_AFTER_S` after a record was
+journaled, so a transaction carries hundreds of records. Anything the journal declines (a large batch, a
+store under a size cap, a fold that is failing, a malformed record to sort out) goes to the writer thread,
+which stores it with `append_many`. The event loop never touches the disk: a stalled file system stalls
+the records, not `/health` or the sessions' other work, and a request whose record is not durable within
+`durable_within_s` is answered 503 (its record lands when the disk wakes, and is kept).
 """
 
 from __future__ import annotations
@@ -33,10 +35,9 @@ from reference.manager.store import NewTurn, StoreError, TrajectoryStore
 
 log = logging.getLogger(__name__)
 
-INLINE_MAX_TOKENS = 8192  # a batch of at most this many tokens may be journaled on the loop
-INLINE_SLOW_S = 0.01  # a journal write slower than this (a slow disk) sends the next batches to the thread
-INLINE_PAUSE_S = 10.0  # for this long
-STALLED_WRITE_S = 0.5  # a journal write slower than this is logged as a warning (faster slow ones: debug)
+INLINE_MAX_TOKENS = 8192  # a batch of at most this many tokens is journaled (larger ones: SQLite directly)
+STALLED_WRITE_S = 0.5  # a journal write slower than this is logged as a warning
+DURABLE_WITHIN_S = 10.0  # a request whose record is not durable within this is answered 503
 FOLD_AFTER_S = 0.1  # a journaled record is folded into SQLite within about this long
 FOLD_RETRY_S = 1.0  # after a failed fold, the writer thread tries again this often
 _FOLD = "fold"  # the writer thread's job besides batches
@@ -54,18 +55,21 @@ class Recorder:
     """Group commit through one writer thread: the loop hands it a batch, the thread writes it and hands the
     outcome back with `call_soon_threadsafe`, and the loop inserts the batch into its trees."""
 
-    def __init__(self, store: TrajectoryStore) -> None:
-        self.store = store
+    def __init__(self, store: TrajectoryStore, durable_within_s: float = DURABLE_WITHIN_S) -> None:
+        self.store, self.durable_within_s = store, durable_within_s
         self._pending: list[_Pending] = []  # records waiting for the writer
         self._writing = False  # a batch is with the writer thread
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._journal_inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._journal_thread: threading.Thread | None = None
+        self._write_started: float | None = None  # monotonic start of the journal write under way, if any
+        self.timed_out = 0  # requests answered 503 because their record was not durable in time
         self.committed = 0
         self.failed = 0
         self.last_failure: str | None = None  # the last write's error, until a write succeeds again
         self.last_failure_s: float | None = None
-        self.journaled = 0  # of `committed`, the records journaled on the event loop
-        self._inline_paused_until = 0.0  # monotonic time before which every batch goes to the thread
+        self.journaled = 0  # of `committed`, the records journaled (the rest stored by the writer thread)
         self._fold_timer: asyncio.TimerHandle | None = None
         self._fold_queued = False
         self._fold_failed = False  # the last fold failed (and set last_failure)
@@ -81,29 +85,65 @@ class Recorder:
         if not self._writing:
             self._writing = True
             loop.call_soon(self._hand_over, loop)  # after the records that finish in this turn of the loop
-        return await done
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), self.durable_within_s)
+        except TimeoutError:
+            self.timed_out += 1
+            done.add_done_callback(_retrieve)  # it lands later (and is kept); nobody reads its outcome
+            raise StoreError(f"the trajectory store did not make the request durable within "
+                             f"{self.durable_within_s:g} s (a stalled disk?); it is kept if the write completes, "
+                             f"so a retry may add a second branch") from None  # fmt: skip
 
     def problem(self) -> str | None:
         """Why writes are failing now, or None."""
+        started = self._write_started
+        if started is not None and (waited := time.monotonic() - started) > STALLED_WRITE_S:
+            return f"a journal write has been under way for {waited:.1f} s (a stalled disk?)"
         return self.store.problem() or self.last_failure
 
     def close(self) -> None:
-        """Stop the writer thread (the store's own `close` folds what is still journaled)."""
+        """Stop the journal and writer threads (the store's own `close` folds what is still journaled)."""
         self._closed = True
-        if self._thread is not None:
-            self._inbox.put(None)
-            self._thread.join(timeout=30)
-            self._thread = None
+        for attr, inbox in (("_journal_thread", self._journal_inbox), ("_thread", self._inbox)):
+            thread = getattr(self, attr)
+            if thread is not None:
+                inbox.put(None)
+                thread.join(timeout=30)
+                setattr(self, attr, None)
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
         batch, self._pending, self._writing = self._pending, [], True
         small = sum(len(p.turn.token_ids) + len(p.turn.new_prompt_token_ids) for p in batch) <= INLINE_MAX_TOKENS
-        if small and time.monotonic() >= self._inline_paused_until:
-            errors = self._journal(loop, batch)
-            if errors is not None:
-                self._landed(loop, batch, errors)
-                return
+        if small and not self._closed:
+            if self._journal_thread is None:
+                self._journal_thread = threading.Thread(target=self._journaler, name="trajectory-store-journal",
+                                                        daemon=True)  # fmt: skip
+                self._journal_thread.start()
+            self._journal_inbox.put((loop, batch))
+            return
         self._to_writer((loop, batch))
+
+    def _journaler(self) -> None:
+        """The journal thread: each batch journaled, its outcome handed back to the loop (`_journaled`)."""
+        while (item := self._journal_inbox.get()) is not None:
+            loop, batch = item
+            outcome = self._journal(batch)
+            try:
+                loop.call_soon_threadsafe(self._journaled, loop, batch, outcome)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+
+    def _journaled(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending], outcome) -> None:
+        """On the loop: a batch's journal outcome: (errors, fold due), or None when the writer thread must take it."""
+        if outcome is None:
+            self._to_writer((loop, batch))
+            return
+        errors, fold_due = outcome
+        if fold_due:
+            self._fold_soon()
+        elif fold_due is not None and self._fold_timer is None:
+            self._fold_timer = loop.call_later(FOLD_AFTER_S, self._fold_soon)
+        self._landed(loop, batch, errors)
 
     def _to_writer(self, item: tuple | str) -> None:
         if self._closed:  # shutting down: a batch fails (its requests get 503), a fold is left to store.close
@@ -116,35 +156,27 @@ class Recorder:
             self._thread.start()
         self._inbox.put(item)
 
-    def _journal(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> list[Exception | None] | None:
-        """Journal `batch` on the loop; None: the writer thread must take it. A journal write that took
-        longer than INLINE_SLOW_S (a slow or throttled disk) sends the batches of the next INLINE_PAUSE_S
-        to the writer thread."""
-        started = time.monotonic()
+    def _journal(self, batch: list[_Pending]) -> tuple[list[Exception | None], bool | None] | None:
+        """Journal `batch` (journal thread): (each record's error or None, whether a fold is due; None when the
+        batch failed), or None when the writer thread must take it."""
+        started = self._write_started = time.monotonic()
         try:
             fold_due = self.store.journal([p.turn for p in batch])
         except StoreError as e:
-            return [e] * len(batch)
+            return [e] * len(batch), None
         except ValueError:
             return None  # a malformed record: the writer thread stores the others one by one
         except Exception as e:  # noqa: BLE001 - as in _write
             log.exception("the trajectory store's journal failed")
-            return [_unexpected(e)] * len(batch)
+            return [_unexpected(e)] * len(batch), None
         finally:
-            if (took := time.monotonic() - started) > INLINE_SLOW_S:
-                self._inline_paused_until = time.monotonic() + INLINE_PAUSE_S
-                # tens of milliseconds is routine on a busy machine, and the pause handles it: not worth a warning
-                log.log(logging.WARNING if took > STALLED_WRITE_S else logging.DEBUG,
-                        "a journal write on the event loop took %.0f ms: records go to the writer thread for %.0f s",
-                        took * 1e3, INLINE_PAUSE_S)  # fmt: skip
+            self._write_started = None
+            if (took := time.monotonic() - started) > STALLED_WRITE_S:
+                log.warning("a journal write took %.0f ms (a slow disk?)", took * 1e3)
         if fold_due is None:
             return None
         self.journaled += len(batch)
-        if fold_due:
-            self._fold_soon()
-        elif self._fold_timer is None:
-            self._fold_timer = loop.call_later(FOLD_AFTER_S, self._fold_soon)
-        return [None] * len(batch)
+        return [None] * len(batch), fold_due
 
     def _fold_soon(self) -> None:
         """Have the writer thread fold the journal into SQLite (on the loop)."""
@@ -247,6 +279,12 @@ class Recorder:
             log.error("the trajectory store failed to record %d request(s): %s", len(failures), failures[-1])
         elif ok:
             self.last_failure = None
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark a future's exception as read (its caller has gone: asyncio would log it as never retrieved)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _unexpected(e: Exception) -> StoreError:

@@ -534,12 +534,9 @@ def test_the_store_writer_survives_an_unexpected_error(fake_manager, http, monke
     assert tree["num_branches"] == 1 and len(tree["branches"][0]["request_ids"]) == 1
 
 
-def test_small_records_are_journaled_on_the_loop_and_large_ones_stored_by_the_writer_thread(
-    fake_manager, http, monkeypatch
-):
+def test_small_records_are_journaled_and_large_ones_stored_by_the_writer_thread(fake_manager, http, monkeypatch):
     from reference.manager import recorder
 
-    monkeypatch.setattr(recorder, "INLINE_SLOW_S", 60.0)  # a busy machine's slow write must not matter here
     m, _ = fake_manager(reply_tokens=3)
     rec = m.manager.recorder
     assert http("POST", f"{m.base_url('small')}/chat/completions", say("one"))[0] == 200
@@ -551,19 +548,37 @@ def test_small_records_are_journaled_on_the_loop_and_large_ones_stored_by_the_wr
     assert tree["num_branches"] == 1
 
 
-def test_a_slow_journal_write_sends_the_next_records_to_the_writer_thread(fake_manager, http, monkeypatch):
-    m, _ = fake_manager(reply_tokens=3)
-    real = m.store.journal
+def test_a_stalled_disk_stalls_neither_health_nor_the_server_and_an_answer_waits_at_most_its_bound(
+    fake_manager, http, monkeypatch, wait_for
+):
+    """The audit's frozen file system: the journal's write ran on the event loop, so a 20 s freeze froze /health
+    and every session. Writes now run in a thread; /health says the store is stalled, a request waits at most
+    durable_within_s for its record (then 503), and the record is kept when the disk thaws."""
+    import threading
 
-    def slow_disk(turns):
-        time.sleep(0.05)  # a throttled disk: the loop's write takes 50 ms
+    m, _ = fake_manager(config=ManagerConfig(default_max_tokens=8, durable_within_s=1.0), reply_tokens=3)
+    real, thaw = m.store.journal, threading.Event()
+
+    def frozen(turns):
+        thaw.wait(60)  # a frozen file system: the write returns at the thaw
         return real(turns)
 
-    monkeypatch.setattr(m.store, "journal", slow_disk)
-    for i in range(3):
-        assert http("POST", f"{m.base_url('slow')}/chat/completions", say(f"turn {i}"))[0] == 200
-    rec = m.manager.recorder
-    assert (rec.committed, rec.journaled) == (3, 1)  # after the slow one, the thread writes
+    monkeypatch.setattr(m.store, "journal", frozen)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            stuck = pool.submit(http, "POST", f"{m.base_url('frozen')}/chat/completions", say("one"))
+            report = wait_for(lambda: (r := http("GET", f"{m.url}/health", timeout_s=5)[1])["status"] == "unhealthy"
+                              and r, what="/health to say the store is stalled")  # fmt: skip
+            assert any("journal write has been under way" in reason for reason in report["reasons"]), report
+            assert http("GET", f"{m.url}/v1/models", timeout_s=5)[0] == 200  # the loop serves
+            status, err = stuck.result(timeout=30)
+        assert status == 503 and "durable within 1 s" in err["error"]["message"], err
+    finally:
+        thaw.set()
+    wait_for(lambda: http("GET", f"{m.url}/trajectories/frozen")[0] == 200, what="the record to land after the thaw")
+    assert m.manager.recorder.timed_out == 1
+    assert http("POST", f"{m.base_url('after')}/chat/completions", say("two"))[0] == 200
+    assert http("GET", f"{m.url}/health")[0] == 200
 
 
 def test_the_writer_thread_folds_the_journal_soon_after_and_when_a_segment_fills(
@@ -571,7 +586,6 @@ def test_the_writer_thread_folds_the_journal_soon_after_and_when_a_segment_fills
 ):
     from reference.manager import recorder, store
 
-    monkeypatch.setattr(recorder, "INLINE_SLOW_S", 60.0)
     monkeypatch.setattr(recorder, "FOLD_AFTER_S", 3600.0)  # only a full segment triggers a fold
     monkeypatch.setattr(store, "FOLD_RECORDS", 3)
     path = tmp_path / "t.sqlite"
