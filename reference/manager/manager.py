@@ -299,13 +299,16 @@ class TrajectoryManager:
         except StoreError as e:  # rebuilding it from the store needs the journal folded, and that failed
             raise _store_unavailable(e) from None
 
-    def accepted(self, session: Session, fresh_segments: dict | None = None) -> _Held:
-        """Hold `session` in memory for an accepted request (and cache the segments its prompt needed), until
-        the `with` block this is used in ends: `with manager.accepted(session) as session: ...`."""
-        held = self.sessions.attach(session)
+    def accepted(self, session: Session, fresh_segments: dict | None = None, prompt_tokens: int = 0) -> _Held:
+        """Hold `session` in memory for an accepted request of `prompt_tokens` (and cache the segments its prompt
+        needed), until the `with` block this is used in ends: `with manager.accepted(session) as session: ...`.
+        A 429 when the session's requests in flight would hold more than its budget (`SessionTable.admit_prompt`)."""
+        if (why := self.sessions.admit_prompt(session, prompt_tokens)) is not None:
+            self._shed(f"{why}; retry when some have finished")
+        held = self.sessions.attach(session, prompt_tokens=prompt_tokens)
         if fresh_segments:
             held.renderer.commit(fresh_segments)
-        return _Held(self.sessions, held)
+        return _Held(self.sessions, held, prompt_tokens)
 
     async def session_ids(self) -> list[str]:
         try:
@@ -722,16 +725,16 @@ class TrajectoryManager:
 class _Held:
     """The context manager of `TrajectoryManager.accepted` (a class: it runs on every request)."""
 
-    __slots__ = ("table", "session")
+    __slots__ = ("table", "session", "prompt_tokens")
 
-    def __init__(self, table: SessionTable, session: Session) -> None:
-        self.table, self.session = table, session
+    def __init__(self, table: SessionTable, session: Session, prompt_tokens: int = 0) -> None:
+        self.table, self.session, self.prompt_tokens = table, session, prompt_tokens
 
     def __enter__(self) -> Session:
         return self.session
 
     def __exit__(self, *exc: object) -> None:
-        self.table.release(self.session)
+        self.table.release(self.session, self.prompt_tokens)
 
 
 def _store_unavailable(e: StoreError, wrote: bool = True) -> RequestError:

@@ -302,7 +302,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         finally:
             manager.release_body(held)
         manager.budget(len(prompt), chat.sampling)  # a rejected request leaves nothing behind
-        with manager.accepted(session, fresh) as session:
+        with manager.accepted(session, fresh, len(prompt)) as session:
             if chat.sampling.stream:
                 return await _stream(request, manager, session, prompt, chat.sampling, chat=True,
                                      tools=bool(chat.tools))  # fmt: skip
@@ -369,7 +369,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         finally:
             manager.release_body(held)
         manager.budget(len(prompt), req.sampling)
-        with manager.accepted(session) as session:
+        with manager.accepted(session, None, len(prompt)) as session:
             if req.sampling.stream:
                 return await _stream(request, manager, session, prompt, req.sampling, chat=False)
             outcomes = await _run_n(manager, session, prompt, req.sampling)

@@ -9,7 +9,11 @@ holds more than `max_session_tokens` (a long episode is then rebuilt from the st
 A session with a request in flight (including one whose record is being written) never leaves.
 
 "Tokens held" counts what grows with use: the tree's tokens plus the renderer's cached segments and
-remembered completions (each token costs about 17 bytes in the tree and 4 in the renderer).
+remembered completions (each token costs about 17 bytes in the tree and 4 in the renderer), and the prompts
+of the session's requests in flight. A session's requests in flight may hold at most `max_session_tokens`
+of prompts together: beyond it a new one is refused (`admit_prompt`), so one busy session cannot grow
+past its budget while it can never leave; nor does what a busy session holds beyond its budget push the
+other sessions out (`evict` counts at most `max_session_tokens` of it).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class Session:
     renderer: ChatRenderer
     in_flight: int = 0  # requests accepted and not yet recorded or abandoned: the session stays in memory
     counted: int = 0  # tokens held, as last added to the table's total
+    pending: int = 0  # prompt tokens of its requests in flight
 
     @property
     def session_id(self) -> str:
@@ -36,7 +41,7 @@ class Session:
 
     @property
     def tokens_held(self) -> int:
-        return self.tree.num_tokens + self.renderer.tokens_held
+        return self.tree.num_tokens + self.renderer.tokens_held + self.pending
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class SessionTable:
         self._live: OrderedDict[str, Session] = OrderedDict()
         self._loading: dict[str, asyncio.Future] = {}
         self.tokens_held = 0  # sum of `counted` over live sessions
+        self.excess = 0  # what busy sessions hold beyond max_session_tokens (not counted against the others)
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -100,22 +106,35 @@ class SessionTable:
             renderer.remember(r.text, r.token_ids)
         return Session(self.store.load_tree(session_id), renderer)
 
-    def attach(self, session: Session, pin: bool = True) -> Session:
+    def admit_prompt(self, session: Session, prompt_tokens: int) -> str | None:
+        """Why a request of `prompt_tokens` must wait (its session's requests in flight would hold more than
+        `max_session_tokens` of prompts), or None. A session with nothing in flight always takes one."""
+        held = self._live.get(session.session_id, session).pending
+        cap = self.budget.max_session_tokens
+        if held and held + prompt_tokens > cap:
+            return (f"session {session.session_id[:64]!r} has requests in flight holding {held:,} prompt tokens; "
+                    f"this one's {prompt_tokens:,} would pass the per-session budget of {cap:,}")  # fmt: skip
+        return None
+
+    def attach(self, session: Session, pin: bool = True, prompt_tokens: int = 0) -> Session:
         """Hold `session` in memory (or the one already held under its id, which then wins); with `pin`,
-        count a request in flight on it."""
+        count a request in flight on it, holding `prompt_tokens` of prompt."""
         held = self._live.get(session.session_id)
         if held is None:
             held = self._live[session.session_id] = session
-            self.update(held)
         else:
             self._live.move_to_end(session.session_id)
         if pin:
             held.in_flight += 1
+            held.pending += prompt_tokens
+        self.update(held)
         return held
 
-    def release(self, session: Session) -> None:
-        """A request of `session` ended (recorded or abandoned): update the accounting and evict."""
+    def release(self, session: Session, prompt_tokens: int = 0) -> None:
+        """A request of `session` holding `prompt_tokens` of prompt ended (recorded or abandoned): update the
+        accounting and evict."""
         session.in_flight -= 1
+        session.pending -= prompt_tokens
         if self._live.get(session.session_id) is not session:
             return
         if session.in_flight == 0 and not session.tree.request_ids():
@@ -128,26 +147,28 @@ class SessionTable:
 
     def update(self, session: Session) -> None:
         """Bring the table's total up to date with what `session` holds now."""
-        held = session.tokens_held
+        held, cap = session.tokens_held, self.budget.max_session_tokens
         self.tokens_held += held - session.counted
+        self.excess += max(0, held - cap) - max(0, session.counted - cap)
         session.counted = held
 
     def evict(self) -> None:
         """Drop idle sessions, least recently used first, while over the session count or token budget."""
         b = self.budget
-        count, tokens = len(self._live), self.tokens_held
+        count, tokens = len(self._live), self.tokens_held - self.excess
         victims = []
         for sid, s in self._live.items():  # stops as soon as enough is found: O(evicted), not O(sessions)
             if count <= b.max_sessions and tokens <= b.max_tokens:
                 break
             if s.in_flight == 0:
                 victims.append(sid)
-                count, tokens = count - 1, tokens - s.counted
+                count, tokens = count - 1, tokens - min(s.counted, b.max_session_tokens)
         for sid in victims:
             self._drop(sid)
 
     def _drop(self, session_id: str) -> None:
         session = self._live.pop(session_id)
         self.tokens_held -= session.counted
+        self.excess -= max(0, session.counted - self.budget.max_session_tokens)
         session.counted = 0
         self.evictions += 1

@@ -224,6 +224,34 @@ def test_sessions_stay_within_the_memory_budget(fake_manager, openai_client, htt
     assert tree["num_branches"] == 1 and tree["num_tokens"] > 200
 
 
+def test_one_busy_session_is_held_within_its_budget_and_pushes_no_other_out(fake_manager, http, wait_for):
+    """The audit's case: 32 fresh 4,000-token prompts at once in one session took the manager to 990 MB while
+    /stats said 0 tokens, and in a mixed run pushed 10,000 other sessions out of memory. Prompts in flight now
+    count, a session's requests in flight hold at most its budget (429 beyond), and a busy session's excess
+    does not evict the others."""
+    config = ManagerConfig(default_max_tokens=8, max_tokens_in_memory=30_000, max_session_tokens_in_memory=10_000)
+    m, _ = fake_manager(config=config, reply_tokens=4)
+    for i in range(20):
+        assert http("POST", f"{m.base_url(f'small{i}')}/chat/completions", say(f"hello {i}"))[0] == 200
+    m.call(m.manager.pause())  # the busy session's requests stay in flight
+    prompt = " ".join(f"w{i}" for i in range(1500))  # about 3,000 tokens each, no two alike
+    with ThreadPoolExecutor(32) as pool:
+        calls = [pool.submit(http, "POST", f"{m.base_url('busy')}/chat/completions", say(f"{k} {prompt}"))
+                 for k in range(32)]  # fmt: skip
+        wait_for(lambda: sum(f.done() for f in calls) >= 28, what="the requests beyond the budget refused")
+        stats = http("GET", f"{m.url}/stats")[1]
+        busy = m.manager.sessions._live["busy"]
+        assert 1 <= busy.in_flight <= 4 and busy.pending <= 10_000
+        assert stats["tokens_in_memory"] >= busy.pending > 0  # what is in flight is counted
+        assert stats["sessions_in_memory"] == 21  # nobody was pushed out
+        m.call(m.manager.resume())
+        results = [f.result(timeout=60) for f in calls]
+    refused = [body for status, body in results if status == 429]
+    assert len(refused) >= 28 and "per-session budget of 10,000" in refused[0]["error"]["message"]
+    assert sum(status == 200 for status, _ in results) == 32 - len(refused)
+    assert http("GET", f"{m.url}/stats")[1]["sessions_in_memory"] >= 20
+
+
 # ---- access ----
 
 
