@@ -234,7 +234,7 @@ def test_one_busy_session_is_held_within_its_budget_and_pushes_no_other_out(fake
     for i in range(20):
         assert http("POST", f"{m.base_url(f'small{i}')}/chat/completions", say(f"hello {i}"))[0] == 200
     m.call(m.manager.pause())  # the busy session's requests stay in flight
-    prompt = " ".join(f"w{i}" for i in range(1500))  # about 3,000 tokens each, no two alike
+    prompt = " ".join(f"w{i}" for i in range(1500))  # about 6,400 tokens each, no two alike
     with ThreadPoolExecutor(32) as pool:
         calls = [pool.submit(http, "POST", f"{m.base_url('busy')}/chat/completions", say(f"{k} {prompt}"))
                  for k in range(32)]  # fmt: skip
