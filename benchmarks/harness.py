@@ -209,8 +209,10 @@ def start_manager(
     """`python -m reference serve --engine-url ...` with a fresh store in `workdir`."""
     port = free_port()
     tag = f"manager-{port}"
+    # the benchmarks read /stats: no control token (a version that generates one by default can be told not to)
+    quiet = ["--no-admin-token"] if serve_has_flag("--no-admin-token") else []
     argv = [*_python(profile), "-m", "reference", "serve", "--engine-url", engine_url, "--port", str(port),
-            "--store", str(workdir / f"{tag}.sqlite"), *extra]  # fmt: skip
+            "--store", str(workdir / f"{tag}.sqlite"), *quiet, *extra]  # fmt: skip
     return ServerProcess("the trajectory manager", argv, port, _env(token), workdir / f"{tag}.log")
 
 

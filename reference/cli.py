@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -97,6 +98,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--model-name", default=None, help="the name agents pass as `model` (default: from --model)")
     s.add_argument("--default-max-tokens", type=int, default=1024)
     s.add_argument("--admin-token", default=None, help=argparse.SUPPRESS)  # refused with a message, see admin_token
+    s.add_argument("--no-admin-token", action="store_true",
+                   help="loopback only: no control token (without this and without a token given, one is "
+                        "generated and written to STORE.admin-token, readable by this user alone)")  # fmt: skip
     s.add_argument("--admin-token-file", default=None,
                    help=f"a file holding the token that everything but the agents' calls needs "
                         f"(default: ${ADMIN_TOKEN_ENV}; none). Required to bind a non-loopback --host")  # fmt: skip
@@ -184,6 +188,8 @@ def admin_token(args) -> str | None:
             raise ValueError(f"cannot read --admin-token-file {args.admin_token_file}: {e}") from None
         if not token:
             raise ValueError(f"--admin-token-file {args.admin_token_file} is empty")
+    if token is not None and getattr(args, "no_admin_token", False):
+        raise ValueError(f"--no-admin-token with a token given (--admin-token-file or ${ADMIN_TOKEN_ENV}): choose one")
     if token is None and not is_loopback(args.host):
         raise ValueError(
             f"refusing to serve on non-loopback host {args.host!r} without a token: anyone who can reach the "
@@ -193,11 +199,34 @@ def admin_token(args) -> str | None:
     return token
 
 
-def _config(args, model_name: str):
+GENERATED_TOKEN_SUFFIX = ".admin-token"  # beside the store: `serve`'s control token when none is given
+
+
+def generated_token_path(store: str) -> Path:
+    return Path(f"{store}{GENERATED_TOKEN_SUFFIX}")
+
+
+def write_generated_token(path: Path) -> str:
+    """A fresh control token, written to `path` readable and writable by this user alone (replacing a file a
+    previous run left; refusing anything but a regular file there)."""
+    import secrets
+    import stat
+
+    token = secrets.token_urlsafe(32)
+    if path.is_symlink() or (path.exists() and not stat.S_ISREG(path.lstat().st_mode)):
+        raise ValueError(f"cannot write the control token to {str(path)!r}: it is not a regular file")
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def _config(args, model_name: str, token: str | None):
     from reference.manager.manager import ManagerConfig
 
     return ManagerConfig(
-        model_name=model_name, default_max_tokens=args.default_max_tokens, admin_token=admin_token(args),
+        model_name=model_name, default_max_tokens=args.default_max_tokens, admin_token=token,
         max_in_flight_requests=args.max_in_flight, max_tokens_in_memory=args.max_tokens_in_memory,
         max_session_tokens_in_memory=args.max_session_tokens, max_pause_s=args.max_pause_s,
         max_loop_lag_s=args.max_loop_lag_s, allowed_hosts=tuple(args.allowed_host),
@@ -256,9 +285,22 @@ def serve(args) -> int:
     _check_serve_flags(args)
     spec = _spec(args)
     model_name = args.model_name or ("seamlessflow-tiny" if args.model == "default" else Path(args.model).name)
-    config = _config(args, model_name)
+    token = admin_token(args)
+    config = _config(args, model_name, token)  # every setting checked before anything is bound or written
     tokenizer = _load_tokenizer(args.model)
     sockets = listen_sockets(args.host, args.port, LISTEN_BACKLOG)
+    generated = None
+    if token is None and not args.no_admin_token:
+        generated = generated_token_path(args.store)
+        try:
+            token = write_generated_token(generated)
+        except BaseException:
+            for sock in sockets:
+                sock.close()
+            raise
+        print(f"control token: {generated} (trajectories, rewards, stats and the control endpoints need "
+              f"'Authorization: Bearer <its content>'; --no-admin-token for none)", file=sys.stderr)  # fmt: skip
+        config = dataclasses.replace(config, admin_token=token)
     tune_gc(args.gc_young)
     procs: dict[str, EngineProcess] = {}
     store = None
@@ -276,6 +318,8 @@ def serve(args) -> int:
             store.close()
         for sock in sockets:  # the server closed them already if it started
             sock.close()
+        if generated is not None:
+            generated.unlink(missing_ok=True)
 
 
 async def _serve_manager(args, model_name: str, sockets, procs, tokenizer, store, config) -> int:

@@ -44,10 +44,12 @@ def fake_manager(tok, tmp_path):
         m.close()
 
 
-def _http(method: str, url: str, body: bytes | dict | None = None, timeout_s: float = 30.0) -> tuple[int, dict]:
+def _http(method: str, url: str, body: bytes | dict | None = None, timeout_s: float = 30.0,
+          headers: dict | None = None) -> tuple[int, dict]:  # fmt: skip
     """(status, JSON body) of a raw HTTP call; error statuses are returned, not raised."""
     data = json.dumps(body).encode() if isinstance(body, dict) else body
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})})  # fmt: skip
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, json.loads(response.read() or b"null")

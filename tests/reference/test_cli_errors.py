@@ -118,6 +118,18 @@ def test_a_bad_serve_flag_names_the_flag(flags, named, capsys, tmp_path):
     assert not store.exists()
 
 
+def test_the_control_token_settings_are_checked_before_anything_starts(capsys, tmp_path, monkeypatch):
+    store = tmp_path / "t.sqlite"
+    base = ["serve", "--backend", "fake", "--port", "0", "--store", str(store)]
+    monkeypatch.setenv("SEAMLESSFLOW_ADMIN_TOKEN", "secret")
+    assert "--no-admin-token with a token given" in _refused(capsys, [*base, "--no-admin-token"])
+    monkeypatch.delenv("SEAMLESSFLOW_ADMIN_TOKEN")
+    target = tmp_path / "elsewhere"
+    (tmp_path / "t.sqlite.admin-token").symlink_to(target)  # a link planted where the token goes
+    assert "is not a regular file" in _refused(capsys, base)
+    assert not target.exists() and not store.exists()
+
+
 def test_a_bad_engine_flag_names_the_flag(capsys):
     assert "--token-delay-s must be >= 0" in _refused(capsys, ["engine", "--backend", "fake", "--token-delay-s", "-1"])
 

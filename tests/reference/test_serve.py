@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +46,14 @@ def served(tmp_path, http):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    assert not Path(f"{store}.admin-token").exists()  # the generated control token goes with the server
+
+
+def _control(store) -> dict:
+    """The control token `serve` generated (none was given), as a header."""
+    token = Path(f"{store}.admin-token")
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600  # this user's alone
+    return {"Authorization": f"Bearer {token.read_text().strip()}"}
 
 
 @pytest.mark.slow
@@ -79,15 +89,17 @@ def test_serve_weight_update_mid_generation_then_check(served, http, openai_clie
     long = threading.Thread(target=long_episode)
     long.start()
     assert underway.wait(120), "the long generation did not start"
-    assert http("POST", f"{url}/admin/pause", {})[0] == 200
-    assert http("POST", f"{url}/admin/update_weights", {"version": 1})[0] == 200
-    assert http("POST", f"{url}/admin/resume", {})[0] == 200
+    assert http("POST", f"{url}/admin/pause", {})[0] == 401  # without the generated token: refused
+    control = _control(store)
+    assert http("POST", f"{url}/admin/pause", {}, headers=control)[0] == 200
+    assert http("POST", f"{url}/admin/update_weights", {"version": 1}, headers=control)[0] == 200
+    assert http("POST", f"{url}/admin/resume", {}, headers=control)[0] == 200
     episode("multi", 3, 24)  # sessions keep working after the update
     long.join(120)
 
     versions = results["long"]["versions"]
     assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
-    _, tree = http("GET", f"{url}/trajectories/multi")
+    _, tree = http("GET", f"{url}/trajectories/multi", headers=control)
     assert tree["num_branches"] == 1 and len(tree["branches"][0]["request_ids"]) == 3
 
     check = subprocess.run(
