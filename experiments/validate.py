@@ -864,6 +864,54 @@ def trainer_in_run_text(in_run: dict[str, dict]) -> str:
         "prediction, median and range): " + ", ".join(cells)  # fmt: skip
 
 
+def _dist_mean(d: dict) -> float:
+    """The mean of a `sim.config.Dist` mapping (a log-normal's, its clipping left out)."""
+    return d["median"] * math.exp(d["sigma"] ** 2 / 2)
+
+
+def sandboxes_in_run(out: Path, data: dict) -> dict[str, dict]:
+    """The SWE runs' sandbox time an episode against the parts measured alone: each policy's mean over its runs'
+    episodes (their metrics.jsonl's sums) of the seconds in tool calls, in the grader's test run and waiting
+    for a workspace to start; beside them, what the sandbox part measured alone (a command's mean times the
+    round's mean turns less the final submit, a test run's mean, a start's median)."""
+    import json
+
+    sandboxes, parts = data.get("sandboxes"), runs_of(data["parts"])
+    if not sandboxes:
+        return {}
+    turns = statistics.fmean(_dist_mean(p["workload"]["turns"]) for p in parts if "workload" in p)
+    alone = {"tool_s": _dist_mean(sandboxes["tool_latency_s"]) * max(0.0, turns - 1),
+             "test_s": _dist_mean(sandboxes["test_run_s"]),
+             "wait_s": sandboxes.get("start_s", {}).get("median", 0.0)}  # fmt: skip
+    keys = {"tool_s": "tool_latency_s_sum", "test_s": "test_run_s_sum", "wait_s": "sandbox_wait_s_sum"}
+    out_rows: dict[str, dict] = {}
+    for policy in data["measured"]:
+        sums, episodes = dict.fromkeys(keys, 0.0), 0
+        for round_ in range(len(parts)):
+            metrics = run_dir(out / "runtime", policy, round_, len(parts)) / "metrics.jsonl"
+            if not metrics.is_file():
+                continue
+            for line in metrics.read_text().splitlines():
+                record = json.loads(line)
+                if record.get("kind") == "step":
+                    e = record["episodes"]
+                    episodes += sum(e["exit_reasons"].values())
+                    for k, name in keys.items():
+                        sums[k] += e.get(name, 0.0)
+        if episodes:
+            out_rows[policy] = {"episodes": episodes, **{k: v / episodes for k, v in sums.items()},
+                                "alone": alone}  # fmt: skip
+    return out_rows
+
+
+def sandboxes_in_run_text(rows: dict[str, dict]) -> str:
+    alone = next(iter(rows.values()))["alone"]
+    cells = [f"{p} {r['tool_s']:.1f} / {r['test_s']:.1f} / {r['wait_s']:.1f}" for p, r in rows.items()]
+    return ("an episode's seconds in tool calls / the test run / waiting for its workspace, in the runs: "
+            + ", ".join(cells) + f"; the parts alone: {alone['tool_s']:.2f} / {alone['test_s']:.2f} / "
+            f"{alone['wait_s']:.2f} (a start)")  # fmt: skip
+
+
 def report(out: Path, data: dict, resources: int) -> None:
     """The comparison of `data` (measured against predicted): printed, drawn, and saved with `data`."""
     rows = compare(data["measured"], data["predicted"])
@@ -872,6 +920,9 @@ def report(out: Path, data: dict, resources: int) -> None:
     print(agreement_text(agree))
     if data.get("trainer_in_run"):
         print(trainer_in_run_text(data["trainer_in_run"]))
+    if data.get("workload") == "swe" and (rows := sandboxes_in_run(out, data)):
+        data["sandboxes_in_run"] = rows
+        print(sandboxes_in_run_text(rows))
     if data.get("runtime_cpu"):
         first = {p: runs_of(r)[0] for p, r in data["runtime_cpu"].items()}  # the first round's
         print(cpu_table(first, os.cpu_count() or 1))

@@ -299,6 +299,26 @@ def test_a_rounds_swe_workload_is_its_runs_episodes_with_the_sandboxes_measured_
     assert w["test_run_s"] == sandboxes["test_run_s"] and "docker_cpu_s" not in w
 
 
+def test_the_sandboxes_in_the_runs_are_set_beside_the_part_alone(tmp_path):
+    step = {"kind": "step", "episodes": {"exit_reasons": {"submitted": 3, "turn_limit": 1}, "tool_latency_s_sum": 8.0,
+                                         "test_run_s_sum": 4.0, "sandbox_wait_s_sum": 2.0}}  # fmt: skip
+    for r in (1, 2):
+        run = tmp_path / "runtime" / f"tag-r{r}"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps(step) + "\n" + json.dumps({"kind": "held_out"}) + "\n")
+    flat = {"sigma": 0.0, "min": 0.1, "max": 9.0}
+    data = {"measured": {"tag": [{}, {}]},
+            "parts": [{"workload": {"turns": {**flat, "median": 5.0}}}, {"workload": {"turns": {**flat, "median": 7.0}}}],
+            "sandboxes": {"tool_latency_s": {**flat, "median": 0.1}, "test_run_s": {**flat, "median": 0.5},
+                          "start_s": {**flat, "median": 0.4}}}  # fmt: skip
+    rows = v.sandboxes_in_run(tmp_path, data)
+    assert rows["tag"]["episodes"] == 8
+    assert (rows["tag"]["tool_s"], rows["tag"]["test_s"], rows["tag"]["wait_s"]) == (2.0, 1.0, 0.5)
+    alone = rows["tag"]["alone"]
+    assert alone["tool_s"] == pytest.approx(0.5) and alone["test_s"] == 0.5 and alone["wait_s"] == 0.4  # 6 turns
+    assert "tag 2.0 / 1.0 / 0.5" in v.sandboxes_in_run_text(rows)
+
+
 def test_swe_arguments_are_one_line(capsys, tmp_path, monkeypatch):
     import swebench_env.docker_util as du
 
