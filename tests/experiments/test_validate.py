@@ -308,7 +308,7 @@ def test_the_sandboxes_in_the_runs_are_set_beside_the_part_alone(tmp_path):
         (run / "metrics.jsonl").write_text(json.dumps(step) + "\n" + json.dumps({"kind": "held_out"}) + "\n")
     flat = {"sigma": 0.0, "min": 0.1, "max": 9.0}
     data = {"measured": {"tag": [{}, {}]},
-            "parts": [{"workload": {"turns": {**flat, "median": 5.0}}}, {"workload": {"turns": {**flat, "median": 7.0}}}],
+            "parts": [{"workload": {"turns": {**flat, "median": n}}} for n in (5.0, 7.0)],
             "sandboxes": {"tool_latency_s": {**flat, "median": 0.1}, "test_run_s": {**flat, "median": 0.5},
                           "start_s": {**flat, "median": 0.4}}}  # fmt: skip
     rows = v.sandboxes_in_run(tmp_path, data)
