@@ -127,7 +127,7 @@ class Outcome:
     versions: tuple[int, ...]
     text: str
     finish_reason: str
-    cached_tokens: int  # prompt tokens already in the session's tree
+    cached_tokens: int  # prompt tokens already in the session's tree, up to the end of a generated run
     branch_id: int
     engines: tuple[str, ...]
 
@@ -523,6 +523,7 @@ class TrajectoryManager:
     ) -> Outcome:
         ids = array("I", prompt)  # converted once for the plan, the store and the tree
         match_len, anchor = session.tree.plan(ids)
+        cached = session.tree.planned_generated_prefix()  # (not the whole match: see its docstring)
         meta = {"engines": p.engines, "model": self.config.model_name}
         # arrays once, for the store's blobs and the tree alike
         generated = (array("I", p.token_ids), array("d", p.logprobs), array("i", p.versions))
@@ -535,7 +536,7 @@ class TrajectoryManager:
         session.renderer.remember(text, p.token_ids)
         return Outcome(
             session.session_id, request_id, prompt, tuple(p.token_ids), tuple(p.logprobs),
-            tuple(p.versions), text, reason, result.match_len, result.branch_id, tuple(p.engines),
+            tuple(p.versions), text, reason, cached, result.branch_id, tuple(p.engines),
         )  # fmt: skip
 
     # ---- partial rollout and placement: the control plane's hooks ----

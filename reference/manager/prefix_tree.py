@@ -277,6 +277,30 @@ class PrefixTree:
         match_len = node.start + off
         return match_len, (node.cover if match_len else None)
 
+    def planned_generated_prefix(self) -> int:
+        """Of the prompt the last `plan` matched, the longest matched prefix that is a whole history: it ends where
+        a stored sequence ends after a reply, or where a run of generated tokens is followed by prompt tokens
+        (0 if there is none). That is what an agent's next turn finds cached. Reported instead of the whole
+        match, so that someone who knows a session's id cannot read its prompts or replies a token at a time by
+        probing which guesses come back cached: a guess counts only once it holds everything up to a reply's end."""
+        if self._planned is None:
+            return 0
+        _, _, node, off = self._planned
+        if node is not self._root and off == len(node) and not node.children and node.mask and node.mask[-1] == 1:
+            return node.end  # a stored sequence ends here, with a reply
+        after = None  # the mask of the matched token after this node's part of the match (None: none matched)
+        while node is not self._root:
+            seg = node.mask[:off]
+            if seg and seg[-1] == 1 and after == 0:
+                return node.start + off
+            last = seg.rfind(b"\x01\x00")
+            if last >= 0:
+                return node.start + last + 1
+            after = seg[0] if seg else after
+            node = self._parent(node)
+            off = len(node)
+        return 0
+
     def sequence(self, request_id: str) -> tuple[int, ...]:
         """A request's full token sequence: prompt + generated. O(length)."""
         return tuple(self.sequence_array(request_id))

@@ -95,3 +95,21 @@ def test_names_and_origins_can_be_allowed(fake_manager):
     assert call(f"{m.url}/trajectories", headers={"Origin": "http://dash.example:3001"})[0] == 403
     with pytest.raises(ValueError, match="allowed_hosts must be a list of non-empty names"):
         ManagerConfig(allowed_hosts=("",))
+
+
+def test_cached_tokens_do_not_let_a_session_id_read_the_sessions_prompt(fake_manager, http, tok):
+    """Someone who knows a session's id (not its token) used to read its prompt a token at a time: a guessed
+    prefix came back counted in `cached_tokens`. Only a whole history counts now (up to a model reply's end),
+    as an agent's next turn has."""
+    m, _ = fake_manager(reply_tokens=4)
+    url = f"{m.base_url('victim')}/completions"
+    secret = tok.encode("the launch code is 7 3 9 1")
+    status, first = http("POST", url, {"model": MODEL, "prompt": secret, "max_tokens": 4})
+    assert status == 200
+    reply = first["trajectory"]["token_ids"]
+    for n in (2, len(secret) // 2, len(secret), len(secret) + 2):  # prefixes of the prompt, then into the reply
+        _, probe = http("POST", url, {"model": MODEL, "prompt": (secret + reply)[:n] + [5], "max_tokens": 1})
+        assert probe["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, n
+    # the agent's own next turn (its prompt, the model's reply, more) is credited with all of it
+    _, again = http("POST", url, {"model": MODEL, "prompt": secret + reply + [5, 6], "max_tokens": 1})
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == len(secret) + len(reply)
