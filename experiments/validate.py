@@ -380,7 +380,7 @@ class CpuSampler:
             role = self._role(pid, stat, cmdline)
             if pid in self._seen and role == "other":  # an ending process's cmdline reads empty: keep its role
                 role = self._seen[pid][0]
-            self._seen[pid] = (role, cpu)
+            self._seen[pid] = (role, cpu - self._base.get(pid, 0.0))  # (a docker process's CPU before the run out)
         for pid, cpu in docker_processes(docker).items():
             if first:
                 self._base[pid] = cpu
@@ -920,14 +920,14 @@ def report(out: Path, data: dict, resources: int) -> None:
     print(agreement_text(agree))
     if data.get("trainer_in_run"):
         print(trainer_in_run_text(data["trainer_in_run"]))
-    if data.get("workload") == "swe" and (rows := sandboxes_in_run(out, data)):
-        data["sandboxes_in_run"] = rows
-        print(sandboxes_in_run_text(rows))
+    if data.get("workload") == "swe" and (in_run := sandboxes_in_run(out, data)):
+        data["sandboxes_in_run"] = in_run
+        print(sandboxes_in_run_text(in_run))
     if data.get("runtime_cpu"):
         first = {p: runs_of(r)[0] for p, r in data["runtime_cpu"].items()}  # the first round's
         print(cpu_table(first, os.cpu_count() or 1))
     repeats = max(len(runs_of(r)) for r in data["measured"].values())
-    kind = "SWE workload (Docker sandboxes)" if data.get("workload") == "swe" else "throughput workload"
+    kind = "SWE workload in Docker sandboxes" if data.get("workload") == "swe" else "throughput workload"
     note = f"{data['steps']} steps, {repeats} runs a policy, {resources} one-core resources, {kind}"
     draw(rows, out / "validate.png", note)
     save_json({**data, "comparison": rows, "agreement": agree, "sim_sources": source_fingerprint()},
