@@ -324,7 +324,8 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
             for _ in range(3):  # warm-up steps
                 records.append(_next_step(steps, trainer))
             alone_from = time.perf_counter()
-            time.sleep(1.0)  # a second of the trainer alone (its baseline share)
+            # the trainer alone (its baseline share), for a second or three of its steps, whichever is longer
+            time.sleep(max(1.0, 3 * max(end - start for start, end, _ in records[-2:])))
             alone_to = time.perf_counter()
             rounds = rig.rounds(groups, repeats)
         finally:
