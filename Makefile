@@ -114,10 +114,11 @@ bench: bench-sim bench-runtime bench-train bench-swe  ## every benchmark (prints
 bench-sim: $(SIM_STAMP)  ## speed of the simulator
 	$(PY) -m benchmarks.sim_speed
 
-bench-runtime: $(FULL_STAMP)  ## trajectory manager overhead (against an anchor proxy), overload, memory budget, prefix-tree append cost, built-in engine throughput
+bench-runtime: $(FULL_STAMP)  ## trajectory manager overhead (against an anchor proxy), overload, memory budget, big bodies' memory, prefix-tree append cost, built-in engine throughput
 	$(PY) -m benchmarks.proxy_overhead
 	$(PY) -m benchmarks.overload
 	$(PY) -m benchmarks.manager_memory
+	$(PY) -m benchmarks.big_bodies
 	$(PY) -m benchmarks.prefix_tree
 	$(PY) -m benchmarks.engine_throughput
 

@@ -12,6 +12,7 @@ downloaded or trained at run time. Departure from Qwen: no NFC normalizer, so `d
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from functools import cache
@@ -83,6 +84,12 @@ class Tokenizer:
         # encode_batch_fast gives the same ids as encode, faster, and releases the GIL while it works, so
         # tokenising a large message in a worker thread does not stall the caller's event loop.
         return self.backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for (special tokens included): a text of n characters is at
+        least n / this many tokens, which bounds a prompt's length before it is tokenised."""
+        return max(1, max(len(self.backend.decode([i], skip_special_tokens=False)) for i in range(self.vocab_size)))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

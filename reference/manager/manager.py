@@ -269,6 +269,18 @@ class TrajectoryManager:
                 code="model_not_found",
             )
 
+    def check_text_length(self, chars: int) -> None:
+        """A 400 for a prompt text of `chars` characters that cannot fit the context whatever its tokens (each
+        token stands for at most `Tokenizer.max_token_chars` of them), before it is tokenised: tokenising a 7 MiB
+        message took seconds and a gigabyte only to learn it was too long."""
+        limit, per_token = self.max_context or 0, self.tok.max_token_chars
+        if chars // per_token >= limit:
+            raise RequestError(
+                f"the prompt's {chars:,} characters are at least {chars // per_token:,} tokens (a token is at most "
+                f"{per_token} characters); this model's context is {limit} tokens",
+                param="messages", code="context_length_exceeded",
+            )  # fmt: skip
+
     def budget(self, prompt_len: int, sampling: Sampling) -> int:
         """max_tokens for a prompt, or a 400 if the prompt and request do not fit the context."""
         limit = self.max_context or 0

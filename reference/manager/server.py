@@ -60,6 +60,7 @@ from reference.manager.chat import (
     RequestError,
     chat_logprobs,
     encode_text,
+    message_text,
     now_s,
     parse_chat,
     parse_completion,
@@ -297,6 +298,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             chat = await _off_loop(manager, size, _chat_body, raw)
             del raw
             manager.check_model(chat.model)
+            if size > OFF_LOOP_BYTES:  # a text far over the context is refused before it is tokenised
+                manager.check_text_length(sum(len(message_text(m, i)) for i, m in enumerate(chat.messages)))
             session = await manager.session(sid)
             prompt, fresh = await _off_loop(manager, size, session.renderer.render_pending, chat.messages, chat.tools)
         finally:
@@ -365,6 +368,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             session = await manager.session(sid)
             prompt = req.prompt
             if isinstance(prompt, str):
+                manager.check_text_length(len(prompt))  # before tokenising a text far over the context
                 prompt = await _off_loop(manager, size, encode_text, manager.tok, prompt)
         finally:
             manager.release_body(held)

@@ -208,6 +208,26 @@ def test_rejected_requests_keep_nothing(fake_manager, http):
     assert http("GET", f"{m.url}/trajectories")[1]["sessions"] == []
 
 
+def test_a_text_far_over_the_context_is_refused_before_it_is_tokenised(fake_manager, http, monkeypatch):
+    """Six 7 MiB messages at once took the manager to 6 GB: each was tokenised (seconds, a gigabyte) only to
+    learn it was too long. A text with more characters than the context can hold tokens of the longest kind is
+    now refused unread."""
+    from reference.manager.chat import ChatRenderer
+
+    m, _ = fake_manager(reply_tokens=3)
+    tokenised = []
+    real = ChatRenderer.render_pending
+    monkeypatch.setattr(ChatRenderer, "render_pending", lambda self, *a: tokenised.append(1) or real(self, *a))
+    huge = "word " * (7 * 2**20 // 5)  # 7 MiB
+    status, err = http("POST", f"{m.base_url('huge')}/chat/completions", say(huge))
+    assert status == 400 and err["error"]["code"] == "context_length_exceeded", err
+    assert "characters are at least" in err["error"]["message"] and tokenised == []
+    status, err = http("POST", f"{m.base_url('huge')}/completions", {"model": MODEL, "prompt": huge})
+    assert status == 400 and "characters are at least" in err["error"]["message"]
+    assert http("POST", f"{m.base_url('fine')}/chat/completions", say("word " * 20_000))[0] in (200, 400)
+    assert tokenised == [1]  # a body that may fit is tokenised as before
+
+
 def test_sessions_stay_within_the_memory_budget(fake_manager, openai_client, http):
     config = ManagerConfig(default_max_tokens=8, max_tokens_in_memory=400, max_session_tokens_in_memory=150)
     m, _ = fake_manager(config=config, reply_tokens=8)
