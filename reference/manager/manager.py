@@ -214,6 +214,7 @@ class TrajectoryManager:
             if isinstance(s, BaseException):
                 self.router.hold_down(slot, f"no answer at start-up: {s}")
                 slot.stale = True
+        await asyncio.to_thread(lambda: self.tok.max_token_chars)  # (decodes the whole vocabulary once)
         self.supervisor.start()
         self.loop_lag.start()
 
