@@ -127,10 +127,7 @@ class Recorder:
         """The journal thread: each batch journaled, its outcome handed back to the loop (`_journaled`)."""
         while (item := self._journal_inbox.get()) is not None:
             loop, batch = item
-            outcome = self._journal(batch)
-            try:
-                loop.call_soon_threadsafe(self._journaled, loop, batch, outcome)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
+            if not _hand_back(loop, self._journaled, loop, batch, self._journal(batch)):
                 return
 
     def _journaled(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending], outcome) -> None:
@@ -201,10 +198,7 @@ class Recorder:
                 self._fold()
                 continue
             loop, batch = item
-            errors = self._write(batch)
-            try:
-                loop.call_soon_threadsafe(self._landed, loop, batch, errors)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
+            if not _hand_back(loop, self._landed, loop, batch, self._write(batch)):
                 return
 
     def _fold(self) -> None:
@@ -279,6 +273,15 @@ class Recorder:
             log.error("the trajectory store failed to record %d request(s): %s", len(failures), failures[-1])
         elif ok:
             self.last_failure = None
+
+
+def _hand_back(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
+    """`fn(*args)` on `loop`, from a thread; False when the loop is closed (nobody is waiting any more)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _retrieve(future: asyncio.Future) -> None:

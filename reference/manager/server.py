@@ -45,8 +45,7 @@ import math
 import socket
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import aclosing, contextmanager
+from contextlib import aclosing
 from dataclasses import replace
 from http import HTTPStatus
 
@@ -225,7 +224,8 @@ async def _agent_body(request: web.Request, manager: TrajectoryManager) -> tuple
     """An agent request's body, and the bytes it holds of `max_body_bytes_in_flight` (to release once it is
     tokenised). Before anything is read: 429 when the in-flight cap is reached or the bytes announced would pass
     that limit, 413 beyond `max_body_bytes`. The body must arrive within `body_timeout_s` (else 408); while it
-    arrives the request holds no in-flight slot."""
+    arrives the request holds no in-flight slot, and once it is in, the in-flight limit is checked again (the
+    bytes released on any refusal)."""
     manager.check_admission()
     size = request.content_length
     limit = manager.config.max_body_bytes
@@ -244,20 +244,12 @@ async def _agent_body(request: web.Request, manager: TrajectoryManager) -> tuple
     except BaseException:
         manager.release_body(held)
         raise
-    return raw, held
-
-
-@contextmanager
-def _admitted(manager: TrajectoryManager, held: int) -> Iterator[None]:
-    """`manager.admit()` for a request whose body holds `held` bytes, released if it is not admitted (the limit
-    may have fallen while its body arrived)."""
     try:
-        manager.check_admission()
+        manager.check_admission()  # the limit may have fallen while the body arrived
     except RequestError:
         manager.release_body(held)
         raise
-    with manager.admit():
-        yield
+    return raw, held
 
 
 def _chat_body(raw: bytes):
@@ -292,7 +284,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
     sid = check_session_id(request.match_info["session_id"])
     raw, held = await _agent_body(request, manager)
-    with _admitted(manager, held):
+    with manager.admit():  # (no await since `_agent_body` checked the limit)
         try:
             size = len(raw)
             chat = await _off_loop(manager, size, _chat_body, raw)
@@ -359,7 +351,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
     sid = check_session_id(request.match_info["session_id"])
     raw, held = await _agent_body(request, manager)
-    with _admitted(manager, held):
+    with manager.admit():  # (no await since `_agent_body` checked the limit)
         try:
             size = len(raw)
             req = await _off_loop(manager, size, _completion_body, raw)
