@@ -277,6 +277,7 @@ class Sandbox:
             ended = _pump(sock, out, lambda: not api.exec_inspect(exec_id)["Running"], start + timeout_s, self.config)
             status = _exit_status(api, exec_id) if ended else None
         except Exception as e:
+            self._require()  # closed under the command (its status went with the container): "not running"
             raise SandboxError(f"sandbox {self.name}: lost a command's stream or status: {e}") from e
         finally:
             _close_socket(sock)

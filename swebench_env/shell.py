@@ -125,6 +125,9 @@ class Shell:
         self._close_socket = _close_socket
         self.lock = threading.Lock()  # held while a command runs
         self.alive = False
+        self._state = threading.Lock()  # guards `alive`, `_busy` and the descriptor's release
+        self._busy = False  # a thread is in `run`: it releases the descriptor, not `close`
+        self._released = False
         try:
             exec_id = api.exec_create(container_id, ["python3", "-c", RUNNER, wrapper], stdin=True, workdir=workdir,
                                       environment=dict(env))["Id"]  # fmt: skip
@@ -151,6 +154,19 @@ class Shell:
         ended, the runner is closed (`alive` False) and the answer's `status` is None."""
         request = {"cmd": cmd, "timeout": f"{timeout_s:.3f}", "workdir": workdir, "env": dict(env), "limit": limit}
         deadline = time.monotonic() + timeout_s + grace_s
+        with self._state:
+            if not self.alive:
+                return Answer(None, RUNNER_DIED.encode(), b"", 0, died=True)
+            self._busy = True
+        try:
+            return self._run(request, deadline, limit)
+        finally:
+            with self._state:
+                self._busy = False
+                if not self.alive:
+                    self._release()
+
+    def _run(self, request: dict, deadline: float, limit: int) -> Answer:
         try:
             self._raw.sendall(json.dumps(request).encode() + b"\n")
             answer = json.loads(self._read_line(deadline))
@@ -170,14 +186,23 @@ class Shell:
 
     def close(self) -> None:
         """End the stream. A thread waiting in `run` (the sandbox closed under a running command, as a
-        stopping run closes them) wakes at once: shutting the socket down wakes its `select`, which closing
-        the descriptor alone does not, and the command's wait would last until its deadline."""
-        self.alive = False
-        try:
-            self._raw.shutdown(socket.SHUT_RDWR)
-        except OSError:  # already closed, or never connected
-            pass
-        self._close_socket(self._sock)
+        stopping run closes them) wakes at once: shutting the socket down wakes its `select`. The descriptor
+        itself is released by that thread on its way out, never under it: a descriptor closed while another
+        thread selects on it can be reused at once (the client's next connection to the daemon), and the
+        woken `select` then waits on that connection until the command's deadline."""
+        with self._state:
+            self.alive = False
+            try:
+                self._raw.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed, or never connected
+                pass
+            if not self._busy:
+                self._release()
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._close_socket(self._sock)
 
     # -- the stream: Docker frames its stdout (1) and stderr (2) as 8-byte headers and payloads --------------
 
