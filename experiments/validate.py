@@ -784,6 +784,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--resimulate", action="store_true",
                     help="measure nothing: the simulator side again, from the parts and runtime summaries already "
                          "in --out (after a change to the cost model)")  # fmt: skip
+    ap.add_argument("--measure-busy-sandboxes", action="store_true",
+                    help="swe, with --resimulate: first measure the sandboxes' work with every core busy (a part "
+                         "runs made before it lack; Docker, about 5 minutes)")  # fmt: skip
     args = ap.parse_args(argv)
     args.steps = DEFAULT_STEPS[args.workload] if args.steps is None else args.steps
     args.out = DEFAULT_OUTS[args.workload] if args.out is None else args.out
@@ -935,13 +938,17 @@ def report(out: Path, data: dict, resources: int) -> None:
     print(f"outputs: {out}/")
 
 
-def resimulate(out: Path) -> int:
-    """The simulator side of an earlier run again (same parts, same runtime summaries), rewritten in place."""
+def resimulate(out: Path, busy: bool = False) -> int:
+    """The simulator side of an earlier run again (same parts, same runtime summaries), rewritten in place.
+    `busy` (SWE): the sandboxes' work with every core busy measured now first (`busy_stretch`), for a run made
+    before that part existed."""
     import json
 
     data = json.loads((out / "validate.json").read_text())
     rt, task, _ = runtime_setup(data["steps"], data.get("workload", "math"))
     try:
+        if busy:
+            data["sandboxes"].update(busy_stretch(task), busy_measured_later=True)
         policies = tuple(p for p in POLICIES if p in data["measured"])
         parts = runs_of(data["parts"])
         if data.get("workload") == "swe":  # the rounds' workloads again, from their runs' stores
@@ -988,14 +995,13 @@ def measure_sandboxes(task, starts: int = 8) -> dict:
     containers (`docker_cpu_s`, an episode's mean) and this process (`client_cpu_s`); a workspace's start alone
     (`start_s`: a pool without spares, from the lease to its first command's end; `starts` of them) and how many
     start at once (`start_slots`: `starts` workspaces asked for together take `starts` x the median start over
-    this many lanes; `start_together_s`, their last one's seconds)."""
+    this many lanes; `start_together_s`, their last one's seconds); and how many times longer `starts` of the
+    episodes' sandbox work takes while every core is busy (`busy_stretch`, from `busy_seconds`)."""
     from swebench_env.pool import SandboxPool
     from swebench_env.sim_workload import fit, time_episodes
-    from swebench_env.suite import load_suite_demonstrations
 
     c = task.config
-    demos = {d.instance_id: d for d in load_suite_demonstrations("all")}
-    pairs = [(t, demos[t.instance_id]) for t in task.instances["train"] if t.instance_id in demos]
+    pairs = _demonstrations(task)
     print(f"measuring: the sandboxes ({len(pairs)} demonstrations' commands and grading, in Docker) ...", flush=True)
     with SandboxPool(c.concurrency, c.spare_sandboxes) as pool:
 
@@ -1021,7 +1027,66 @@ def measure_sandboxes(task, starts: int = 8) -> dict:
         together = max(threads.map(lambda instance: started(pool, instance), instances))
     lanes = max(1, min(len(instances), round(len(instances) * statistics.median(seconds) / together)))
     return {**timed, "docker_cpu_s": docker / len(pairs), "client_cpu_s": own / len(pairs),
-            "start_s": fit(seconds, integer=False), "start_slots": lanes, "start_together_s": together}  # fmt: skip
+            "start_s": fit(seconds, integer=False), "start_slots": lanes, "start_together_s": together,
+            **busy_stretch(task, starts)}  # fmt: skip
+
+
+def _demonstrations(task) -> list:
+    """The train split's (task, demonstration) pairs."""
+    from swebench_env.suite import load_suite_demonstrations
+
+    demos = {d.instance_id: d for d in load_suite_demonstrations("all")}
+    return [(t, demos[t.instance_id]) for t in task.instances["train"] if t.instance_id in demos]
+
+
+def busy_stretch(task, episodes: int = 8, repeats: int = 3) -> dict:
+    """How many times longer a sandbox's work takes while every core is busy (`busy_stretch`, the simulator's
+    `workload.sandbox_busy_stretch`): `episodes` demonstrations, each a workspace started from an empty pool,
+    its commands and its grading, timed alone and then with one CPU-bound process pinned to each core (as the
+    runtime's engines and trainers are), `repeats` times in turn (`alone_s`, `busy_s`: each time's seconds). The
+    daemon, the containers and this process's threads then get the cores only in their turns."""
+    from swebench_env.pool import SandboxPool
+    from swebench_env.sim_workload import time_episodes
+
+    c = task.config
+    pairs = _demonstrations(task)[:episodes]
+    print(f"measuring: {len(pairs)} episodes' sandbox work alone and with every core busy ...", flush=True)
+
+    def once() -> float:
+        start = time.monotonic()
+        with SandboxPool(1, 0) as pool:
+
+            def environments():
+                sandboxes = pool.episode(c.image, c.test_timeout_s)
+                return sandboxes.workspace, sandboxes.grader
+
+            time_episodes(pairs, timeout_s=c.command_timeout_s, environments=environments)
+        return time.monotonic() - start
+
+    alone, busy = [], []
+    for _ in range(repeats):
+        alone.append(once())
+        with spinning(sorted(os.sched_getaffinity(0))):
+            busy.append(once())
+    stretch = max(1.0, statistics.median(busy) / statistics.median(alone))
+    return {"alone_s": alone, "busy_s": busy, "busy_stretch": stretch}
+
+
+class spinning:
+    """One CPU-bound process pinned to each of `cores` while the block runs."""
+
+    def __init__(self, cores: list[int]) -> None:
+        self.cores = cores
+
+    def __enter__(self):
+        code = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", code, str(core)]) for core in self.cores]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
 
 
 def round_workload(runtime: Path, policies: tuple[str, ...], round_: int, repeats: int, sandboxes: dict) -> dict:
@@ -1036,6 +1101,8 @@ def round_workload(runtime: Path, policies: tuple[str, ...], round_: int, repeat
            "test_run_s": sandboxes["test_run_s"]}  # fmt: skip
     if "start_s" in sandboxes:  # a container's start, and how many start at once
         out.update(sandbox_start_s=sandboxes["start_s"], sandbox_start_slots=sandboxes.get("start_slots", 1))
+    if "busy_stretch" in sandboxes:  # the sandboxes' work slowed by busy cores
+        out["sandbox_busy_stretch"] = sandboxes["busy_stretch"]
     return out
 
 
@@ -1054,7 +1121,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.resimulate:
             if not (args.out / "validate.json").is_file():
                 raise UserError(f"--resimulate: no validate.json in {str(args.out)!r} (run without it first)")
-            return resimulate(args.out)
+            if args.measure_busy_sandboxes and not swe:
+                raise UserError("--measure-busy-sandboxes: only with --workload swe")
+            return resimulate(args.out, args.measure_busy_sandboxes)
+        if args.measure_busy_sandboxes:
+            raise UserError("--measure-busy-sandboxes: only with --resimulate (a new run measures it anyway)")
         if args.warm is not None and not (swe and args.warm.is_dir()):
             raise UserError(f"--warm {str(args.warm)!r}: " + ("not a directory (a checkpoint)" if swe else
                             "only with --workload swe"))  # fmt: skip

@@ -193,6 +193,10 @@ class WorkloadConfig:
     sandbox_start_s: Dist | None = None  # swe: a container's start (null: none modelled). Each episode starts its
     # workspace when it starts (its first tool call waits for it) and a grader's before its test run
     sandbox_start_slots: int = 1  # swe: container starts under way at once; the rest queue in order
+    sandbox_busy_stretch: float = 1.0  # swe, with cluster.host_cores set (devices that are the host's own cores):
+    # how many times longer a sandbox's work (a tool call, a test run, a container's start) takes while every core
+    # is busy, the daemon and the containers then sharing the cores with the devices' processes; with B of C cores
+    # busy, 1 + (stretch - 1) x B / C. 1: no such effect (a GPU cluster's sandboxes run on CPUs of their own)
 
 
 @dataclass(frozen=True)
@@ -288,6 +292,10 @@ class SimConfig:
             getattr(self.workload, name).validate(f"workload.{name}")
         if self.workload.sandbox_start_s is not None:
             self.workload.sandbox_start_s.validate("workload.sandbox_start_s")
+        stretch = self.workload.sandbox_busy_stretch
+        number = isinstance(stretch, int | float) and not isinstance(stretch, bool)
+        if not (number and math.isfinite(stretch) and stretch >= 1.0):
+            raise UserError(f"workload.sandbox_busy_stretch must be a finite number >= 1, got {stretch!r}")
         self.train.validate(dev.gpus_per_node, self.workload.prompts_per_step * self.workload.group_size)
         fractions = {
             "rollout.gpu_memory_utilization": self.rollout.gpu_memory_utilization,

@@ -67,12 +67,12 @@ class SandboxStarts:
         self.free = [0.0] * cfg.sandbox_start_slots  # when each lane is next free
         self.rng = random.Random(seed * 1_000_003 + 17)
 
-    def start(self, now: float) -> float:
-        """A container asked for at `now`: when it is ready."""
+    def start(self, now: float, stretch: float = 1.0) -> float:
+        """A container asked for at `now`, its start taking `stretch` times its drawn duration: when it is ready."""
         from sim.workload import draw
 
         lane = min(range(len(self.free)), key=self.free.__getitem__)
-        self.free[lane] = max(now, self.free[lane]) + draw(self.dist, self.rng)
+        self.free[lane] = max(now, self.free[lane]) + draw(self.dist, self.rng) * stretch
         return self.free[lane]
 
 
@@ -332,13 +332,28 @@ class Simulation:
             reserve += final
         return taken
 
+    def sandbox_stretch(self) -> float:
+        """How many times longer a sandbox's work started now takes (`workload.sandbox_busy_stretch`): on a
+        cluster whose devices are the host's own cores (`cluster.host_cores` set), 1 + (stretch - 1) x the share
+        of the cores busy (training, generating or syncing); 1 otherwise. Timed at its start, as an engine's
+        stretch is."""
+        stretch = self.cfg.workload.sandbox_busy_stretch
+        if stretch == 1.0 or self.cfg.cluster.host_cores is None:
+            return 1.0
+        busy = sum(self.resources[name].devices for name in self._training)
+        busy += sum(self.resources[e.name].devices for e in self._by_index
+                    if e.state in (EngineState.RUNNING, EngineState.SYNCING))  # fmt: skip
+        cores = self.cfg.cluster.host_cores + self.cfg.total_gpus
+        return 1.0 + (stretch - 1.0) * min(1.0, busy / cores) if cores else stretch
+
     def turn_done(self, engine: SimEngine, sample: Sample) -> None:
-        wait = sample.current.wait_s
+        stretch = self.sandbox_stretch()
+        wait = sample.current.wait_s * stretch
         first = sample.turn == 0
         over = sample.finish_turn()
         if self._sandboxes is not None:
             if over:  # the grader's container starts before its test run
-                wait += self._sandboxes.start(self.env.now) - self.env.now
+                wait += self._sandboxes.start(self.env.now, stretch) - self.env.now
             elif first:  # the first tool call waits for the workspace the episode started with
                 wait += max(0.0, sample.sandbox_ready - self.env.now)
         then = self._sample_done if over else self._enqueue
@@ -371,7 +386,7 @@ class Simulation:
             self._running.add(gid)
         for sample in samples:
             if self._sandboxes is not None:  # its workspace starts with it (the first model call runs meanwhile)
-                sample.sandbox_ready = self._sandboxes.start(self.env.now)
+                sample.sandbox_ready = self._sandboxes.start(self.env.now, self.sandbox_stretch())
             self._enqueue(sample)
 
     def _release(self, gid: int) -> None:

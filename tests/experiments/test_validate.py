@@ -297,6 +297,9 @@ def test_a_rounds_swe_workload_is_its_runs_episodes_with_the_sandboxes_measured_
     assert w["tool_output_tokens"]["median"] == 25.0
     assert w["sandbox_start_s"] == sandboxes["start_s"] and w["sandbox_start_slots"] == 2
     assert w["test_run_s"] == sandboxes["test_run_s"] and "docker_cpu_s" not in w
+    assert "sandbox_busy_stretch" not in w  # a run made before the busy part: the simulator's default (1)
+    busy = v.round_workload(tmp_path / "runtime", ("tag", "async"), 0, 1, {**sandboxes, "busy_stretch": 3.5})
+    assert busy["sandbox_busy_stretch"] == 3.5
 
 
 def test_the_sandboxes_in_the_runs_are_set_beside_the_part_alone(tmp_path):
@@ -348,6 +351,12 @@ def test_bad_arguments_are_one_line(capsys, tmp_path):
     assert "--repeats must be >= 1, got 0" in capsys.readouterr().err
     assert v.main(["--resimulate", "--out", str(tmp_path / "o")]) == 2
     assert "--resimulate: no validate.json in" in capsys.readouterr().err
+    assert v.main(["--measure-busy-sandboxes", "--out", str(tmp_path / "o")]) == 2
+    assert "--measure-busy-sandboxes: only with --resimulate" in capsys.readouterr().err
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "validate.json").write_text("{}")
+    assert v.main(["--resimulate", "--measure-busy-sandboxes", "--out", str(tmp_path / "m")]) == 2
+    assert "--measure-busy-sandboxes: only with --workload swe" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

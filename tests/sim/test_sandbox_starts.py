@@ -48,3 +48,27 @@ def test_bad_sandbox_settings_name_themselves():
         load_config(SWE, [*SMALL, "workload.sandbox_start_s={median: 0, sigma: 0, min: 0, max: 0}"]).validate()
     with pytest.raises(UserError, match="workload.sandbox_start_slots must be >= 1, got 0"):
         load_config(SWE, [*SMALL, "workload.sandbox_start_slots=0"]).validate()
+
+
+# ---- workload.sandbox_busy_stretch: sandboxes slowed by busy cores where the devices are the host's cores ----
+
+
+def test_busy_cores_stretch_sandbox_work_only_where_the_devices_are_the_hosts_cores():
+    start = "workload.sandbox_start_s={median: 1.0, sigma: 0.0, min: 1.0, max: 1.0}"
+    ends = {}
+    for cores in ("null", "0"):
+        for stretch in (1.0, 2.0, 4.0):
+            run = _run("colocated", start, f"cluster.host_cores={cores}", f"workload.sandbox_busy_stretch={stretch}")
+            ends[cores, stretch] = (run.steps[-1].end_s, [s.tokens for s in run.steps])
+    # a GPU cluster's sandboxes run on CPUs of their own: no effect at all
+    assert ends["null", 1.0] == ends["null", 2.0] == ends["null", 4.0]
+    # devices that are the host's cores: the same episodes, longer the more a busy core slows a sandbox
+    assert ends["0", 1.0] == ends["null", 1.0]
+    assert ends["0", 1.0][1] == ends["0", 2.0][1] == ends["0", 4.0][1]
+    assert ends["0", 1.0][0] < ends["0", 2.0][0] < ends["0", 4.0][0]
+
+
+@pytest.mark.parametrize("bad", ["0.5", ".nan", ".inf", "true", "fast"])
+def test_a_bad_busy_stretch_names_itself(bad):
+    with pytest.raises(UserError, match=r"workload.sandbox_busy_stretch'? must be a"):
+        load_config(SWE, [*SMALL, f"workload.sandbox_busy_stretch={bad}"]).validate()
