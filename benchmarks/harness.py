@@ -77,15 +77,21 @@ def pct(values: Sequence[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-def conversation(session: int, turn: int) -> list[dict]:
-    """Turn `turn` of an agent session: a system prompt, `turn` earlier exchanges, a new user message."""
+def conversation(session: int, turn: int, output_words: int = 0) -> list[dict]:
+    """Turn `turn` of an agent session: a system prompt, `turn` earlier exchanges, a new user message. With
+    `output_words`, every user message also carries that many words (a task's files, a tool's output, as an
+    agent's observations do), different in every session and step."""
     messages = [{"role": "system", "content": "You are a coding agent."}]
+
+    def user(k: int, text: str) -> dict:
+        if output_words:
+            text += "\n" + " ".join(f"w{(session * 7919 + k * 104729 + j * 31) % 4093}" for j in range(output_words))
+        return {"role": "user", "content": text}
+
     for k in range(turn):
-        messages += [
-            {"role": "user", "content": f"session {session} step {k}: run the tests and report"},
-            {"role": "assistant", "content": f"ran step {k}"},
-        ]
-    return [*messages, {"role": "user", "content": f"session {session} step {turn}: what next?"}]
+        messages += [user(k, f"session {session} step {k}: run the tests and report"),
+                     {"role": "assistant", "content": f"ran step {k}"}]  # fmt: skip
+    return [*messages, user(turn, f"session {session} step {turn}: what next?")]
 
 
 def listen_drops() -> int:

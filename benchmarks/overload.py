@@ -1,7 +1,7 @@
 """Offered more than it can serve, does the trajectory manager shed load or collapse? (overload benchmark)
 
     python -m benchmarks.overload [--rates 400,800,...,4000] [--level-s 5] [--timeout-s 2] [--caps 0,32,default]
-                                  [--anchor] [--quick] [--json FILE]
+                                  [--turns 4] [--output-words 0] [--anchor] [--quick] [--json FILE]
 
 A fake engine that answers at once (`token_delay_s=0`) and the trajectory manager each get one core
 (on a 2-core machine the engine shares its core with the load generator). The load generator is open
@@ -25,6 +25,13 @@ loop was ready to run but waited for its core (other work took it: CPU + wait ne
 that could not keep up, well under 100% one that had nothing to do). `SYN drops`: connection attempts
 the kernel dropped at a full listen queue during the level (machine-wide), each retried a second
 later. Shedding: goodput holds near its peak (the knee) as the offered rate grows; collapse: it falls.
+
+The requests: by default short messages with 16 tokens out, the cheapest a manager serves (its knee is
+then thousands a second, and the generator on a shared core reaches only about 1.4 times it).
+`--output-words N` puts N words (a task's files, a tool's output) in every user message, as agents'
+requests carry: at 300, with `--turns 1` (each request a new session, tokenised whole), a request costs
+the manager about 5 ms, its knee is about 200 a second, and the rates can go many times past it. How
+well shedding holds depends on that ratio: a 429 costs the manager about 0.1 ms whatever the request.
 """
 
 from __future__ import annotations
@@ -92,11 +99,12 @@ class LevelResult:
         }
 
 
-def requests(client: LeanClient, n: int, turns: int, tag: str) -> list[bytes]:
+def requests(client: LeanClient, n: int, turns: int, tag: str, output_words: int = 0) -> list[bytes]:
     """Request i is turn i % turns of session `tag`-(i // turns), as bytes (built before the level starts)."""
     out = []
     for i in range(n):
-        body = json.dumps({"model": MODEL, "messages": conversation(i // turns, i % turns), "max_tokens": 16})
+        messages = conversation(i // turns, i % turns, output_words)
+        body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 16})
         path = f"/s/{tag}-{i // turns}/v1/chat/completions"
         out.append(request_bytes("POST", client.host, client.port, path, body.encode()))
     return out
@@ -105,7 +113,7 @@ def requests(client: LeanClient, n: int, turns: int, tag: str) -> list[bytes]:
 async def offer(client: LeanClient, rate: int, args, tag: str, pids: dict[str, int]) -> LevelResult:
     """Send `rate` requests a second for `args.level_s`, open loop; wait for every answer or timeout."""
     duration_s = args.level_s
-    payloads = requests(client, int(rate * duration_s), args.turns, tag)
+    payloads = requests(client, int(rate * duration_s), args.turns, tag, args.output_words)
     result = LevelResult(rate, duration_s)
     tasks: set[asyncio.Task] = set()
 
@@ -208,6 +216,9 @@ def parse_args() -> argparse.Namespace:
                     help="runs of the manager: N is --max-in-flight N with lag shedding off (0: no shedding at "
                          "all); lagX: --max-loop-lag-s X; 'default': the manager's defaults")  # fmt: skip
     ap.add_argument("--turns", type=int, default=4, help="requests per session (turn k resends k exchanges)")
+    ap.add_argument("--output-words", type=int, default=0,
+                    help="words of a task's files or a tool's output in every user message (an agent's "
+                         "observations; 0: short messages, the cheapest requests to serve)")  # fmt: skip
     ap.add_argument("--anchor", action="store_true", help="also a run of the anchor proxy (no cap), for reference")
     ap.add_argument("--quick", action="store_true", help="three short levels a run (under a minute in all)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
