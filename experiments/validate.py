@@ -1039,7 +1039,10 @@ def _demonstrations(task) -> list:
     return [(t, demos[t.instance_id]) for t in task.instances["train"] if t.instance_id in demos]
 
 
-def busy_stretch(task, episodes: int = 8, repeats: int = 3) -> dict:
+BUSY_EPISODES = 8  # episodes `busy_stretch` times (alone and with every core busy)
+
+
+def busy_stretch(task, episodes: int = BUSY_EPISODES, repeats: int = 3) -> dict:
     """How many times longer a sandbox's work takes while every core is busy (`busy_stretch`, the simulator's
     `workload.sandbox_busy_stretch`): `episodes` demonstrations, each a workspace started from an empty pool,
     its commands and its grading, timed alone and then with one CPU-bound process pinned to each core (as the
@@ -1069,7 +1072,18 @@ def busy_stretch(task, episodes: int = 8, repeats: int = 3) -> dict:
         with spinning(sorted(os.sched_getaffinity(0))):
             busy.append(once())
     stretch = max(1.0, statistics.median(busy) / statistics.median(alone))
-    return {"alone_s": alone, "busy_s": busy, "busy_stretch": stretch}
+    return {"alone_s": alone, "busy_s": busy, "busy_stretch": stretch, "busy_episodes": len(pairs)}
+
+
+def sandbox_cpu_cores(sandboxes: dict) -> float | None:
+    """The cores a sandbox's work uses while it runs alone (the simulator's `workload.sandbox_cpu_cores`): an
+    episode's sandboxes' CPU-seconds alone (the daemon and the containers, and the client) over the seconds
+    an episode's sandbox work takes alone (`busy_stretch`'s runs: a workspace's start, its commands, its
+    grading). None without those measurements."""
+    if "alone_s" not in sandboxes or "docker_cpu_s" not in sandboxes:
+        return None
+    episode_s = statistics.median(sandboxes["alone_s"]) / sandboxes.get("busy_episodes", BUSY_EPISODES)
+    return (sandboxes["docker_cpu_s"] + sandboxes.get("client_cpu_s", 0.0)) / episode_s
 
 
 class spinning:
@@ -1103,6 +1117,8 @@ def round_workload(runtime: Path, policies: tuple[str, ...], round_: int, repeat
         out.update(sandbox_start_s=sandboxes["start_s"], sandbox_start_slots=sandboxes.get("start_slots", 1))
     if "busy_stretch" in sandboxes:  # the sandboxes' work slowed by busy cores
         out["sandbox_busy_stretch"] = sandboxes["busy_stretch"]
+    if (cpu := sandbox_cpu_cores(sandboxes)) is not None:  # and sharing the cores when many work at once
+        out["sandbox_cpu_cores"] = cpu
     return out
 
 

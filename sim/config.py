@@ -193,6 +193,9 @@ class WorkloadConfig:
     sandbox_start_s: Dist | None = None  # swe: a container's start (null: none modelled). Each episode starts its
     # workspace when it starts (its first tool call waits for it) and a grader's before its test run
     sandbox_start_slots: int = 1  # swe: container starts under way at once; the rest queue in order
+    sandbox_cpu_cores: float | None = None  # swe, with cluster.host_cores set: cores of CPU a sandbox's work uses
+    # while it runs alone (the Docker daemon, the container's processes and the client); the sandboxes at work
+    # share what the host's cores have left (sim/host.py), so many at once each take longer. null: not modelled
     sandbox_busy_stretch: float = 1.0  # swe, with cluster.host_cores set (devices that are the host's own cores):
     # how many times longer a sandbox's work (a tool call, a test run, a container's start) takes while every core
     # is busy, the daemon and the containers then sharing the cores with the devices' processes; with B of C cores
@@ -292,6 +295,10 @@ class SimConfig:
             getattr(self.workload, name).validate(f"workload.{name}")
         if self.workload.sandbox_start_s is not None:
             self.workload.sandbox_start_s.validate("workload.sandbox_start_s")
+        cpu = self.workload.sandbox_cpu_cores
+        if cpu is not None and not (isinstance(cpu, int | float) and not isinstance(cpu, bool)
+                                    and math.isfinite(cpu) and cpu > 0):  # fmt: skip
+            raise UserError(f"workload.sandbox_cpu_cores must be null or a finite number > 0, got {cpu!r}")
         stretch = self.workload.sandbox_busy_stretch
         number = isinstance(stretch, int | float) and not isinstance(stretch, bool)
         if not (number and math.isfinite(stretch) and stretch >= 1.0):

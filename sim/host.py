@@ -17,6 +17,13 @@ or syncing core takes; 0.5 is an even spread). A busy core carrying h cores of t
 device 1 - h of itself (the scheduler shares the core in time), so the device's work takes 1 / (1 - h) times
 as long; h is capped at one half (a device's process keeps at least its fair share of two runnable ones).
 
+A SWE workload's sandboxes are host work too (`workload.sandbox_cpu_cores`: the cores one uses while it runs
+alone, the Docker daemon, its container and the client together): the sandboxes at work add their demand to
+H, and when the host's work asks more than it can have (the idle cores and half of each busy one) its parts
+share that in proportion, so each sandbox runs at that share of its speed alone (`sandbox_rate`): 32
+episodes' tool calls at once on two busy cores each take several times as long as one alone. A sandbox's
+work is timed with the share at its start, as an engine's stretch is.
+
 The engines' rates are taken at full speed, so H is what the host would need if it kept up; a slowed engine
 makes its tokens more slowly and needs less (a bound, not a fixed point). An engine's stretch between two
 events and a sync are timed with the share at their start (a change meanwhile takes effect at the next one;
@@ -47,6 +54,16 @@ def slowdowns(training: int, other: int, host_demand_cores: float, total_cores: 
     else:
         per_train, per_other = spill * train_placement / weights, spill * (1.0 - train_placement) / weights
     return _stretch(per_train), _stretch(per_other)
+
+
+def sandbox_rate(busy_devices: int, total_cores: int, token_demand: float, sandbox_demand: float) -> float:
+    """The speed, as a share of running alone, of the sandboxes' work when it asks `sandbox_demand` cores in all
+    (`workload.sandbox_cpu_cores` for each sandbox at work) beside `token_demand` cores of the host's other work,
+    with `busy_devices` of `total_cores` cores busy: the host's work has the idle cores and at most
+    `MAX_HOST_SHARE` of each busy one, and its parts share that in proportion to what they ask."""
+    capacity = (total_cores - busy_devices) + MAX_HOST_SHARE * busy_devices
+    demand = token_demand + sandbox_demand
+    return 1.0 if demand <= capacity else max(0.0, capacity) / demand
 
 
 def _stretch(host_cores: float) -> float:

@@ -32,7 +32,7 @@ from core.timeline import StepRecord, Timeline, TimelineRecorder
 from sim.config import SimConfig
 from sim.cost import CostModel
 from sim.engine import EngineState, SimEngine
-from sim.host import HostShare
+from sim.host import HostShare, sandbox_rate
 from sim.workload import Sample, Workload
 
 
@@ -156,7 +156,9 @@ class Simulation:
         self._bar: tqdm | None = None
         # cluster.host_cores set: the host's work shares the devices' cores (sim/host.py); else it costs nothing.
         self.host: HostShare | None = None
-        if cfg.cluster.host_cores is not None and cfg.costs.host_token_s > 0:
+        self._sandbox_cpu = cfg.workload.sandbox_cpu_cores if cfg.cluster.host_cores is not None else None
+        self._sandbox_ops = 0  # with workload.sandbox_cpu_cores: sandboxes at work now (tool calls, tests, starts)
+        if cfg.cluster.host_cores is not None and (cfg.costs.host_token_s > 0 or self._sandbox_cpu is not None):
             self.host = HostShare(
                 cfg.cluster.host_cores, cfg.total_gpus, cfg.costs.host_token_s, cfg.costs.host_train_placement
             )
@@ -269,14 +271,41 @@ class Simulation:
         `cluster.host_cores`."""
         if self.host is None:
             return 1.0
+        busy = self._busy()
+        if self._sandbox_ops:  # the sandboxes' CPU, at the speed they get
+            busy.append((0, self._sandbox_cpu * self._sandbox_ops * self._sandbox_rate(busy, 0), False))
+        train, other = self.host.slowdowns(busy)
+        return train if training else other
+
+    def _busy(self) -> list[tuple[int, float, bool]]:
+        """(devices, host demand in cores, whether it trains) of every resource at work now."""
         busy = [(self.resources[name].devices, 0.0, True) for name in self._training]
         for engine in self._by_index:
             if engine.state is EngineState.RUNNING:
                 busy.append((self.resources[engine.name].devices, engine.host_demand, False))
             elif engine.state is EngineState.SYNCING:
                 busy.append((self.resources[engine.name].devices, 0.0, False))
-        train, other = self.host.slowdowns(busy)
-        return train if training else other
+        return busy
+
+    def _sandbox_rate(self, busy: list[tuple[int, float, bool]], starting: int) -> float:
+        """The share of its speed alone a sandbox's work gets with `starting` more sandboxes at work than now
+        (`workload.sandbox_cpu_cores`; `sim.host.sandbox_rate`)."""
+        cores = self.cfg.cluster.host_cores + self.cfg.total_gpus
+        devices = sum(n for n, _, _ in busy)
+        tokens = sum(cores_ for _, cores_, _ in busy)
+        return sandbox_rate(devices, cores, tokens, self._sandbox_cpu * (self._sandbox_ops + starting))
+
+    def _sandbox_work(self, seconds: float) -> None:
+        """A sandbox at work for `seconds` from now (its share of the host's cores counted meanwhile)."""
+        if self._sandbox_cpu is None or seconds <= 0:
+            return
+        self._sandbox_ops += 1
+        self.host_share_changed()
+        self.wake(seconds, self._sandbox_done)
+
+    def _sandbox_done(self) -> None:
+        self._sandbox_ops -= 1
+        self.host_share_changed()
 
     def host_share_changed(self) -> None:
         """The cores' share may have changed (an engine started a stretch, went idle, paused, synced): re-time
@@ -338,24 +367,30 @@ class Simulation:
         of the cores busy (training, generating or syncing); 1 otherwise. Timed at its start, as an engine's
         stretch is."""
         stretch = self.cfg.workload.sandbox_busy_stretch
-        if stretch == 1.0 or self.cfg.cluster.host_cores is None:
+        if (stretch == 1.0 and self._sandbox_cpu is None) or self.cfg.cluster.host_cores is None:
             return 1.0
-        busy = sum(self.resources[name].devices for name in self._training)
-        busy += sum(self.resources[e.name].devices for e in self._by_index
-                    if e.state in (EngineState.RUNNING, EngineState.SYNCING))  # fmt: skip
+        running = self._busy()
+        busy = sum(n for n, _, _ in running)
         cores = self.cfg.cluster.host_cores + self.cfg.total_gpus
-        return 1.0 + (stretch - 1.0) * min(1.0, busy / cores) if cores else stretch
+        factor = 1.0 + (stretch - 1.0) * min(1.0, busy / cores) if cores else stretch
+        if self._sandbox_cpu is not None:  # its CPU shares the host's cores with the sandboxes already at work
+            cpu = min(1.0, self._sandbox_cpu)  # the share of its time alone a sandbox computes (the rest waits)
+            factor *= (1.0 - cpu) + cpu / max(1e-9, self._sandbox_rate(running, 1))
+        return factor
 
     def turn_done(self, engine: SimEngine, sample: Sample) -> None:
         stretch = self.sandbox_stretch()
-        wait = sample.current.wait_s * stretch
+        work = wait = sample.current.wait_s * stretch  # the tool call or the test run itself
         first = sample.turn == 0
         over = sample.finish_turn()
         if self._sandboxes is not None:
             if over:  # the grader's container starts before its test run
-                wait += self._sandboxes.start(self.env.now, stretch) - self.env.now
+                ready = self._sandboxes.start(self.env.now, stretch)
+                self._sandbox_work(ready - self.env.now)
+                wait += ready - self.env.now
             elif first:  # the first tool call waits for the workspace the episode started with
                 wait += max(0.0, sample.sandbox_ready - self.env.now)
+        self._sandbox_work(work)  # (counted from now: a test run's from its grader's start would be later)
         then = self._sample_done if over else self._enqueue
         if wait > 0:
             sample.where = "wait"
@@ -387,6 +422,7 @@ class Simulation:
         for sample in samples:
             if self._sandboxes is not None:  # its workspace starts with it (the first model call runs meanwhile)
                 sample.sandbox_ready = self._sandboxes.start(self.env.now, self.sandbox_stretch())
+                self._sandbox_work(sample.sandbox_ready - self.env.now)
             self._enqueue(sample)
 
     def _release(self, gid: int) -> None:

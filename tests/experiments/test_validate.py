@@ -299,7 +299,10 @@ def test_a_rounds_swe_workload_is_its_runs_episodes_with_the_sandboxes_measured_
     assert w["test_run_s"] == sandboxes["test_run_s"] and "docker_cpu_s" not in w
     assert "sandbox_busy_stretch" not in w  # a run made before the busy part: the simulator's default (1)
     busy = v.round_workload(tmp_path / "runtime", ("tag", "async"), 0, 1, {**sandboxes, "busy_stretch": 3.5})
-    assert busy["sandbox_busy_stretch"] == 3.5
+    assert busy["sandbox_busy_stretch"] == 3.5 and "sandbox_cpu_cores" not in busy  # no episode seconds alone
+    timed = {**sandboxes, "client_cpu_s": 0.1, "alone_s": [9.0, 8.0, 10.0], "busy_episodes": 4}
+    cpu = v.round_workload(tmp_path / "runtime", ("tag", "async"), 0, 1, timed)["sandbox_cpu_cores"]
+    assert cpu == pytest.approx((0.2 + 0.1) / (9.0 / 4))  # an episode's CPU-seconds over its seconds alone
 
 
 def test_the_sandboxes_in_the_runs_are_set_beside_the_part_alone(tmp_path):

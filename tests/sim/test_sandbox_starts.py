@@ -72,3 +72,35 @@ def test_busy_cores_stretch_sandbox_work_only_where_the_devices_are_the_hosts_co
 def test_a_bad_busy_stretch_names_itself(bad):
     with pytest.raises(UserError, match=r"workload.sandbox_busy_stretch'? must be a"):
         load_config(SWE, [*SMALL, f"workload.sandbox_busy_stretch={bad}"]).validate()
+
+
+# ---- workload.sandbox_cpu_cores: the sandboxes at work share what the host's cores have left ----
+
+
+def test_the_sandboxes_share_the_idle_cores_and_half_of_each_busy_one():
+    from sim.host import sandbox_rate
+
+    assert sandbox_rate(0, 2, 0.0, 1.5) == 1.0  # two idle cores: room for it all
+    assert sandbox_rate(2, 2, 0.0, 1.0) == 1.0  # two busy cores give the host at most one
+    assert sandbox_rate(2, 2, 0.0, 4.0) == 0.25  # 20 sandboxes of 0.2 cores share that one
+    assert sandbox_rate(1, 2, 0.5, 2.5) == 0.5  # 1.5 cores for 3 asked, the host's other work included
+    assert sandbox_rate(0, 8, 0.0, 0.0) == 1.0
+
+
+def test_many_sandboxes_at_once_slow_each_other_where_the_devices_are_the_hosts_cores():
+    start = "workload.sandbox_start_s={median: 1.0, sigma: 0.0, min: 1.0, max: 1.0}"
+    base = _run("colocated", start, "cluster.host_cores=0")
+    assert _run("colocated", start, "workload.sandbox_cpu_cores=0.5").steps == _run("colocated", start).steps
+    light = _run("colocated", start, "cluster.host_cores=0", "workload.sandbox_cpu_cores=0.01")
+    heavy = _run("colocated", start, "cluster.host_cores=0", "workload.sandbox_cpu_cores=0.5")
+    assert [s.tokens for s in light.steps] == [s.tokens for s in base.steps] == [s.tokens for s in heavy.steps]
+    # 16 episodes' sandboxes on 8 cores: at 0.01 cores each they fit beside busy devices (whose work their CPU
+    # slows a little when every core is busy); at 0.5 they do not, and each runs slower
+    assert base.steps[-1].end_s <= light.steps[-1].end_s < 1.01 * base.steps[-1].end_s
+    assert heavy.steps[-1].end_s > 1.05 * light.steps[-1].end_s
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", ".nan", "true", "many"])
+def test_a_bad_sandbox_cpu_names_itself(bad):
+    with pytest.raises(UserError, match=r"workload.sandbox_cpu_cores'? must be"):
+        load_config(SWE, [*SMALL, f"workload.sandbox_cpu_cores={bad}"]).validate()
