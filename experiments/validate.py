@@ -237,6 +237,8 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict, measured: dict
             # the runtime's trainer pads micro-batches of this many sequences to their longest
             "micro_batch_sequences": trainer.micro_batch_size,
             "ppo_epochs": trainer.epochs,  # optimiser steps on a step's data
+            # the runs' samples whose advantage is 0, which the runtime's trainer runs forward only (round_workload)
+            "zero_advantage_share": (measured or {}).get("zero_advantage_share", 0.0),
         },  # fmt: skip
         "workload": workload,
         "policy": {
@@ -953,7 +955,8 @@ def resimulate(out: Path, busy: bool = False) -> int:
         parts = runs_of(data["parts"])
         if data.get("workload") == "swe":  # the rounds' workloads again, from their runs' stores
             for round_, part in enumerate(parts):
-                part["workload"] = round_workload(out / "runtime", policies, round_, len(parts), data["sandboxes"])
+                part["workload"] = round_workload(out / "runtime", policies, round_, len(parts), data["sandboxes"],
+                                                  dict(rt.trainer))  # fmt: skip
         data.update(predict_rounds(out, rt, task, data["steps"], parts, policies))
         report(out, data, rt.resources.count)
     finally:
@@ -1103,11 +1106,41 @@ class spinning:
             proc.wait()
 
 
-def round_workload(runtime: Path, policies: tuple[str, ...], round_: int, repeats: int, sandboxes: dict) -> dict:
+def zero_advantage_share(stores, negative_weight: float, normalize_std: bool) -> float | None:
+    """The share of the runs' episodes whose advantage is 0 (the trainer's `_without_gradient`): each finished
+    group's newest record in the stores (its episodes' rewards), advantages as the trainer computes them. None
+    when the stores hold no group."""
+    from reference.manager.store import TrajectoryStore
+    from reference.trainer.advantages import group_advantages
+
+    zero = total = 0
+    for path in stores:
+        with TrajectoryStore(path) as store:
+            newest: dict[str, tuple[int, list[float]]] = {}
+            for sid in store.sessions():
+                meta = store.annotations(sid).get("meta", {})
+                if "group" in meta and "episodes" in meta:
+                    revision = meta.get("revision", 0)
+                    if meta["group"] not in newest or revision > newest[meta["group"]][0]:
+                        newest[meta["group"]] = (revision, [float(e["reward"]) for e in meta["episodes"]])
+        for key, (_, rewards) in newest.items():
+            advantages = group_advantages(rewards, [key] * len(rewards), normalize_std,
+                                          negative_weight=negative_weight)  # fmt: skip
+            zero += sum(a == 0 for a in advantages)
+            total += len(advantages)
+    return zero / total if total else None
+
+
+def round_workload(runtime: Path, policies: tuple[str, ...], round_: int, repeats: int, sandboxes: dict,
+                   trainer: dict | None = None) -> dict:  # fmt: skip
     """The SWE workload the simulator runs for a round: the lengths of the episodes the round's runs played
     (their stores, every policy's together: turns, prompt, replies, tool outputs; `fit_stores`) and the
     sandboxes' times measured alone (`measure_sandboxes`). The runs' lengths are an input, as the throughput
-    task's length distributions are: the policy's behaviour, not a cost."""
+    task's length distributions are: the policy's behaviour, not a cost. With the runs' `trainer` settings,
+    when that trainer skips the gradient of samples whose advantage is 0 (no KL or entropy term), their share
+    of the runs' episodes (`zero_advantage_share`, for the simulator's train section): the rewards are the
+    policy's behaviour too."""
+    from reference.trainer.config import TrainerConfig
     from swebench_env.sim_workload import fit_stores
 
     stores = [run_dir(runtime, p, round_, repeats) / "trajectories.sqlite" for p in policies]
@@ -1119,6 +1152,12 @@ def round_workload(runtime: Path, policies: tuple[str, ...], round_: int, repeat
         out["sandbox_busy_stretch"] = sandboxes["busy_stretch"]
     if (cpu := sandbox_cpu_cores(sandboxes)) is not None:  # and sharing the cores when many work at once
         out["sandbox_cpu_cores"] = cpu
+    if trainer is not None:
+        t = TrainerConfig.from_dict(dict(trainer))
+        if t.kl_coef == 0 and t.entropy_coef == 0:  # the trainer's `_drops_inert` (the runtime runs no FSDP)
+            share = zero_advantage_share(stores, t.negative_weight, t.normalize_std)
+            if share is not None:
+                out["zero_advantage_share"] = share
     return out
 
 
@@ -1187,7 +1226,8 @@ def measure_all(args: argparse.Namespace, policies: tuple[str, ...], out: Path, 
         parts.append(measure_parts(model_config, task, where, grid, rt, warm))
         summaries, usage = run_round(args.steps, policies, out / "runtime", round_, args.repeats, task_args)
         if swe:
-            parts[-1]["workload"] = round_workload(out / "runtime", policies, round_, args.repeats, sandboxes)
+            parts[-1]["workload"] = round_workload(out / "runtime", policies, round_, args.repeats, sandboxes,
+                                                   dict(rt.trainer))  # fmt: skip
         for policy in policies:
             measured[policy].append(summaries[policy])
             cpu[policy].append(usage[policy])

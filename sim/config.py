@@ -140,6 +140,8 @@ class TrainConfig:
     # over the rest), tokens sent to them by all-to-all; must divide data parallel (sim/train_layout.py)
     micro_batch_sequences: int | None = None  # padded micro-batches of this many sequences, each padded to
     # its longest (null: sequences packed into micro_batch_tokens, no padding); sim/train_layout.py
+    zero_advantage_share: float = 0.0  # samples with no gradient (advantage 0), run forward only in the first
+    # pass and skipped in later ones, as a trainer without KL or entropy terms does; 0: every sample trained
 
     def validate(self, gpus_per_node: int, samples_per_step: int) -> None:
         keys = (
@@ -158,6 +160,9 @@ class TrainConfig:
             raise UserError(f"unknown train.activation_recompute {mode!r}; valid choices: {choices}")
         if self.activation_gb is not None and self.activation_gb < 0:
             raise UserError(f"train.activation_gb must be >= 0 or null, got {self.activation_gb}")
+        share = self.zero_advantage_share
+        if not (isinstance(share, int | float) and not isinstance(share, bool) and 0.0 <= share <= 1.0):
+            raise UserError(f"train.zero_advantage_share must be a fraction in [0, 1], got {share!r}")
         n = self.micro_batch_sequences
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise UserError(f"train.micro_batch_sequences must be null (packed micro-batches) or an integer >= 1, "

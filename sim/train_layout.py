@@ -39,7 +39,7 @@ so a sequence longer than `micro_batch_tokens` is a micro-batch on its own.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from core.errors import UserError
 from core.specs import BF16_BYTES, DeviceSpec, ModelSpec
@@ -189,6 +189,12 @@ class _Pass:
     host_exposed: float = 0.0
 
 
+def _scaled(p: _Pass, share: float) -> _Pass:
+    """A pass doing `share` of its samples' work (the gradients' reduction over the replicas stays whole)."""
+    return replace(p, compute=p.compute * share, tp_comm=p.tp_comm * share, ep_comm=p.ep_comm * share,
+                   p2p=p.p2p * share, bubble=p.bubble * share, host_exposed=p.host_exposed * share)  # fmt: skip
+
+
 def _run_pass(
     lay: Layout, model: ModelSpec, *, tokens: float, flops: float, flops_per_s: float, micro_tokens: int,
     allreduces: int, sends: int, dp_bytes_per_param: float, alltoalls: int, layer_host_s: float = 0.0,
@@ -314,6 +320,12 @@ def step(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, seq_lens: list[in
         alltoalls=2 * (2 if recompute == "full" else 1) + 2,  # dispatch + combine: forward (again), backward
         layer_host_s=c.train_layer_host_s, micro_batches=micro_batches and -(-micro_batches // t.mini_batches),
     )  # fmt: skip
+    # Samples with no gradient (train.zero_advantage_share, z): forward only (a third of a training pass) in
+    # the first pass, skipped in the later ones; their share of every pass's time goes with them.
+    z, epochs = t.zero_advantage_share, t.ppo_epochs
+    kept = ((1.0 - z) + z / 3.0 + (epochs - 1) * (1.0 - z)) / epochs
+    if kept != 1.0:
+        train = _scaled(train, kept)
     forwards = int(t.recompute_logprobs) + int(t.reference_model)
     scaled = fwd if c.logprob_attention_mfu is None else matmul + attention * c.logprob_mfu / c.logprob_attention_mfu
     fwd_pass = _run_pass(

@@ -305,6 +305,25 @@ def test_a_rounds_swe_workload_is_its_runs_episodes_with_the_sandboxes_measured_
     assert cpu == pytest.approx((0.2 + 0.1) / (9.0 / 4))  # an episode's CPU-seconds over its seconds alone
 
 
+def test_the_share_of_episodes_without_gradient_comes_from_the_runs_groups(tmp_path):
+    from reference.manager.store import TrajectoryStore
+
+    path = tmp_path / "trajectories.sqlite"
+    with TrajectoryStore(path) as store:
+        for sid, group, revision, rewards in (("g1-a", "g1", 0, [0, 0, 0, 0]),  # superseded by its revision 1
+                                              ("g1-b", "g1", 1, [1, 0, 0, 0]),  # one above the mean
+                                              ("g2", "g2", 0, [1, 1, 1, 1]),  # no signal at all
+                                              ("g3", "g3", 0, [1, 1, 0, 0])):  # fmt: skip
+            store.append(sid, "r", None, 0, [7] * 4, [5] * 2, [-0.1] * 2, [0] * 2, "stop", "x")
+            episodes = [{"reward": r} for r in rewards]
+            store.annotate(sid, {"meta": {"group": group, "revision": revision, "episodes": episodes}})
+        store.annotate("other", {"meta": {"note": "not a group"}})
+    # GRPO's negative half dropped (negative_weight 0): zero = g1's three, g2's four, g3's two; 9 of 12
+    assert v.zero_advantage_share([path], 0.0, False) == pytest.approx(9 / 12)
+    assert v.zero_advantage_share([path], 1.0, False) == pytest.approx(4 / 12)  # only the group with no signal
+    assert v.zero_advantage_share([tmp_path / "empty.sqlite"], 0.0, False) is None
+
+
 def test_the_sandboxes_in_the_runs_are_set_beside_the_part_alone(tmp_path):
     step = {"kind": "step", "episodes": {"exit_reasons": {"submitted": 3, "turn_limit": 1}, "tool_latency_s_sum": 8.0,
                                          "test_run_s_sum": 4.0, "sandbox_wait_s_sum": 2.0}}  # fmt: skip
