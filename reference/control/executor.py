@@ -89,6 +89,7 @@ class RuntimeExecutor:
         which are the policy's plus `offset` (a resumed run's older groups have negative policy versions)."""
         self.manager, self.rollout, self.workers, self.recorder = manager, rollout, workers, recorder
         self.weights_root, self.sink, self.offset = weights_root, sink, offset
+        self.newest = offset  # the newest version published (a resumed run starts from its checkpoint's)
         self.evaluate = evaluate  # new version -> its held-out evaluation (None: not this one, or not yet)
         self.keep_version: Callable[[int], bool] = lambda v: v == 0  # published versions never pruned
         self.state = _State(tuple(trainers))
@@ -201,6 +202,7 @@ class RuntimeExecutor:
         handoff = next(h for h in handoffs if h is not None)
         if handoff["version"] != step + 1:
             raise RuntimeError(f"step {step} published version {handoff['version']}, not {step + 1}")
+        self.newest = max(self.newest, step + 1)
         held_out = None  # an evaluation of the new weights is trainer work: it counts as train time
         if self.evaluate is not None:
             held_out = await self.evaluate(step + 1)

@@ -61,11 +61,13 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
             await executor.close()
         await evaluations.finish()
         if cfg.run.evaluate:
+            await _load_newest(m.manager, out / "weights", executor.newest)  # the final weights, on every engine
             await _all_serving(m.manager)  # the last held-out evaluation may use every engine
             bar.note(f"evaluating the weights after RL ({_per_problem(cfg.run)}) ...")
             end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples, cfg.run.held_out_samples)
             bar.note(evaluation_line("end", end))
-            metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall})
+            metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall,
+                                                    "engine_versions": _engine_versions(m.manager)})  # fmt: skip
         engines = {k: max(0, v - engines_before.get(k, 0)) for k, v in engines_after.items()}  # 0: one restarted
         metrics.counters.update(sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
                                 syncs=len(executor.sync_s), requests=rollout.requests,
@@ -159,6 +161,23 @@ class Evaluations:
         """Wait for the evaluations still running (their results are part of the run)."""
         if self._pending:
             await asyncio.gather(*self._pending)
+
+
+async def _load_newest(manager, weights_root: Path, version: int) -> None:
+    """Every engine onto policy `version` (the run's last published weights) before the end-of-run evaluation:
+    the policy leaves engines on whatever version their last sync gave them (an asynchronous one a version or
+    more behind), and the evaluation is of the weights the run ends with."""
+    from reference.trainer.handoff import version_dir
+
+    stale = [slot.name for slot in manager.router.slots if slot.version != version]
+    if stale and version > 0:
+        await manager.pause(stale)
+        await manager.update_weights(version, str(version_dir(weights_root, version)), stale)
+
+
+def _engine_versions(manager) -> list[int]:
+    """The policy versions the engines hold, each once."""
+    return sorted({slot.version for slot in manager.router.slots})
 
 
 async def _all_serving(manager) -> None:

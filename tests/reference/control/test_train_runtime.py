@@ -9,6 +9,7 @@ the timeline tiles the wall time (the simulator's scorer accepts it).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,9 @@ def test_outputs_match_the_simulators(tmp_path):
     assert summarize(again) == summarize(timeline)
     kinds = [line.split('"kind": "')[1].split('"')[0] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert kinds == ["held_out", "step", "step", "held_out"]
+    # the end-of-run evaluation is of the final weights, on every engine (tag leaves its engines a version behind)
+    end = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert end["label"] == "end" and end["engine_versions"] == [2], end
 
 
 def test_a_run_without_evaluations_trains_and_evaluates_nothing(tmp_path):
