@@ -92,7 +92,7 @@ figures-runtime: $(FULL_STAMP)  ## regenerate the weight-update figure on the re
 
 test: $(FULL_STAMP)  ## lint, then every CPU test (slow and docker-marked included; gpu-marked skipped)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "not gpu"
+	$(PY) -m pytest -m "not gpu" --durations=15
 
 test-fast: $(FULL_STAMP)  ## the tests not marked slow or gpu, no lint
 	$(PY) -m pytest -m "not gpu and not slow" -q
