@@ -65,6 +65,7 @@ class SandboxStarts:
 
         self.dist = cfg.sandbox_start_s
         self.free = [0.0] * cfg.sandbox_start_slots  # when each lane is next free
+        self.last_s = 0.0  # the last start's own seconds
         self.rng = random.Random(seed * 1_000_003 + 17)
 
     def start(self, now: float, stretch: float = 1.0) -> float:
@@ -72,7 +73,8 @@ class SandboxStarts:
         from sim.workload import draw
 
         lane = min(range(len(self.free)), key=self.free.__getitem__)
-        self.free[lane] = max(now, self.free[lane]) + draw(self.dist, self.rng) * stretch
+        self.last_s = draw(self.dist, self.rng) * stretch  # the start itself, without its wait for a lane
+        self.free[lane] = max(now, self.free[lane]) + self.last_s
         return self.free[lane]
 
 
@@ -296,7 +298,8 @@ class Simulation:
         return sandbox_rate(devices, cores, tokens, self._sandbox_cpu * (self._sandbox_ops + starting))
 
     def _sandbox_work(self, seconds: float) -> None:
-        """A sandbox at work for `seconds` from now (its share of the host's cores counted meanwhile)."""
+        """A sandbox at work for `seconds` (its share of the host's cores counted meanwhile), counted from now: a
+        test run's from before its grader's start, a queued container start's from before its lane is free."""
         if self._sandbox_cpu is None or seconds <= 0:
             return
         self._sandbox_ops += 1
@@ -362,10 +365,11 @@ class Simulation:
         return taken
 
     def sandbox_stretch(self) -> float:
-        """How many times longer a sandbox's work started now takes (`workload.sandbox_busy_stretch`): on a
-        cluster whose devices are the host's own cores (`cluster.host_cores` set), 1 + (stretch - 1) x the share
-        of the cores busy (training, generating or syncing); 1 otherwise. Timed at its start, as an engine's
-        stretch is."""
+        """How many times longer a sandbox's work started now takes, on a cluster whose devices are the host's
+        own cores (`cluster.host_cores` set; 1 otherwise): 1 + (`workload.sandbox_busy_stretch` - 1) x the share
+        of the cores busy (training, generating or syncing), times, with `workload.sandbox_cpu_cores` c, (1 - c)
+        + c / r, r the speed the sandboxes at work get from the host's cores (`sim.host.sandbox_rate`): its
+        computing share slowed, its waiting share not. Timed at its start, as an engine's stretch is."""
         stretch = self.cfg.workload.sandbox_busy_stretch
         if (stretch == 1.0 and self._sandbox_cpu is None) or self.cfg.cluster.host_cores is None:
             return 1.0
@@ -386,11 +390,11 @@ class Simulation:
         if self._sandboxes is not None:
             if over:  # the grader's container starts before its test run
                 ready = self._sandboxes.start(self.env.now, stretch)
-                self._sandbox_work(ready - self.env.now)
+                self._sandbox_work(self._sandboxes.last_s)
                 wait += ready - self.env.now
             elif first:  # the first tool call waits for the workspace the episode started with
                 wait += max(0.0, sample.sandbox_ready - self.env.now)
-        self._sandbox_work(work)  # (counted from now: a test run's from its grader's start would be later)
+        self._sandbox_work(work)
         then = self._sample_done if over else self._enqueue
         if wait > 0:
             sample.where = "wait"
@@ -422,7 +426,7 @@ class Simulation:
         for sample in samples:
             if self._sandboxes is not None:  # its workspace starts with it (the first model call runs meanwhile)
                 sample.sandbox_ready = self._sandboxes.start(self.env.now, self.sandbox_stretch())
-                self._sandbox_work(sample.sandbox_ready - self.env.now)
+                self._sandbox_work(self._sandboxes.last_s)
             self._enqueue(sample)
 
     def _release(self, gid: int) -> None:
