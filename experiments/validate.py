@@ -67,6 +67,7 @@ runtime's outputs) and validate.png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import os
@@ -999,7 +1000,7 @@ def measure_sandboxes(task, starts: int = 8) -> dict:
     (`start_s`: a pool without spares, from the lease to its first command's end; `starts` of them) and how many
     start at once (`start_slots`: `starts` workspaces asked for together take `starts` x the median start over
     this many lanes; `start_together_s`, their last one's seconds); and how many times longer `starts` of the
-    episodes' sandbox work takes while every core is busy (`busy_stretch`, from `busy_seconds`)."""
+    episodes' sandbox work takes while every core is busy (`busy_stretch`)."""
     from swebench_env.pool import SandboxPool
     from swebench_env.sim_workload import fit, time_episodes
 
@@ -1007,13 +1008,8 @@ def measure_sandboxes(task, starts: int = 8) -> dict:
     pairs = _demonstrations(task)
     print(f"measuring: the sandboxes ({len(pairs)} demonstrations' commands and grading, in Docker) ...", flush=True)
     with SandboxPool(c.concurrency, c.spare_sandboxes) as pool:
-
-        def environments():
-            sandboxes = pool.episode(c.image, c.test_timeout_s)
-            return sandboxes.workspace, sandboxes.grader
-
         docker, own = docker_cpu_s(), time.process_time()
-        timed = time_episodes(pairs, timeout_s=c.command_timeout_s, environments=environments)
+        timed = time_episodes(pairs, timeout_s=c.command_timeout_s, environments=_pooled(pool, c))
         docker, own = docker_cpu_s() - docker, time.process_time() - own
     from concurrent.futures import ThreadPoolExecutor
 
@@ -1032,6 +1028,16 @@ def measure_sandboxes(task, starts: int = 8) -> dict:
     return {**timed, "docker_cpu_s": docker / len(pairs), "client_cpu_s": own / len(pairs),
             "start_s": fit(seconds, integer=False), "start_slots": lanes, "start_together_s": together,
             **busy_stretch(task, starts)}  # fmt: skip
+
+
+def _pooled(pool, c):
+    """`time_episodes`' environments: each episode's workspace and grader from `pool`, as a run's (config `c`)."""
+
+    def environments():
+        sandboxes = pool.episode(c.image, c.test_timeout_s)
+        return sandboxes.workspace, sandboxes.grader
+
+    return environments
 
 
 def _demonstrations(task) -> list:
@@ -1061,12 +1067,7 @@ def busy_stretch(task, episodes: int = BUSY_EPISODES, repeats: int = 3) -> dict:
     def once() -> float:
         start = time.monotonic()
         with SandboxPool(1, 0) as pool:
-
-            def environments():
-                sandboxes = pool.episode(c.image, c.test_timeout_s)
-                return sandboxes.workspace, sandboxes.grader
-
-            time_episodes(pairs, timeout_s=c.command_timeout_s, environments=environments)
+            time_episodes(pairs, timeout_s=c.command_timeout_s, environments=_pooled(pool, c))
         return time.monotonic() - start
 
     alone, busy = [], []
@@ -1089,19 +1090,15 @@ def sandbox_cpu_cores(sandboxes: dict) -> float | None:
     return (sandboxes["docker_cpu_s"] + sandboxes.get("client_cpu_s", 0.0)) / episode_s
 
 
-class spinning:
+@contextlib.contextmanager
+def spinning(cores: list[int]):
     """One CPU-bound process pinned to each of `cores` while the block runs."""
-
-    def __init__(self, cores: list[int]) -> None:
-        self.cores = cores
-
-    def __enter__(self):
-        code = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
-        self.procs = [subprocess.Popen([sys.executable, "-c", code, str(core)]) for core in self.cores]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for proc in self.procs:
+    code = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(core)]) for core in cores]
+    try:
+        yield
+    finally:
+        for proc in procs:
             proc.kill()
             proc.wait()
 
@@ -1111,19 +1108,15 @@ def zero_advantage_share(stores, negative_weight: float, normalize_std: bool) ->
     group's newest record in the stores (its episodes' rewards), advantages as the trainer computes them. None
     when the stores hold no group."""
     from reference.manager.store import TrajectoryStore
+    from reference.rollout.groups import newest_group_records
     from reference.trainer.advantages import group_advantages
 
     zero = total = 0
     for path in stores:
         with TrajectoryStore(path) as store:
-            newest: dict[str, tuple[int, list[float]]] = {}
-            for sid in store.sessions():
-                meta = store.annotations(sid).get("meta", {})
-                if "group" in meta and "episodes" in meta:
-                    revision = meta.get("revision", 0)
-                    if meta["group"] not in newest or revision > newest[meta["group"]][0]:
-                        newest[meta["group"]] = (revision, [float(e["reward"]) for e in meta["episodes"]])
-        for key, (_, rewards) in newest.items():
+            groups = {key: [float(e["reward"]) for e in store.annotations(sid)["meta"]["episodes"]]
+                      for key, sid in newest_group_records(store).items()}  # fmt: skip
+        for key, rewards in groups.items():
             advantages = group_advantages(rewards, [key] * len(rewards), normalize_std,
                                           negative_weight=negative_weight)  # fmt: skip
             zero += sum(a == 0 for a in advantages)

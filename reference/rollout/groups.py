@@ -37,8 +37,8 @@ from reference.trainer.batch import Trajectory
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Episode", "GroupResult", "RolloutConfig", "RolloutError", "RolloutManager", "stored_groups",
-           "training_batch", "untrained_groups"]  # fmt: skip
+__all__ = ["Episode", "GroupResult", "RolloutConfig", "RolloutError", "RolloutManager", "newest_group_records",
+           "stored_groups", "training_batch", "untrained_groups"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -275,16 +275,21 @@ def _revision(session_id: str, key: str) -> int:
 def untrained_groups(store: TrajectoryStore) -> list[GroupResult]:
     """Every finished rollout group in the store that no training step consumed, oldest first (what a
     resumed run adopts, so that no finished group is lost)."""
-    consumed = store.consumed()
-    newest: dict[str, tuple[int, str]] = {}  # group key -> (revision, a session holding its newest record)
+    return stored_groups(store, list(newest_group_records(store, skip=store.consumed()).values()))
+
+
+def newest_group_records(store: TrajectoryStore, skip=()) -> dict[str, str]:
+    """Group key -> a session holding that finished group's newest record (its highest revision), for every
+    group in the store but those in `skip`."""
+    newest: dict[str, tuple[int, str]] = {}  # group key -> (revision, session)
     for sid in store.sessions():
         meta = store.annotations(sid).get("meta", {})
         key = meta.get("group")
-        if key is None or "episodes" not in meta or key in consumed:
+        if key is None or "episodes" not in meta or key in skip:
             continue
         if key not in newest or meta.get("revision", 0) > newest[key][0]:
             newest[key] = (meta.get("revision", 0), sid)
-    return stored_groups(store, [sid for _, sid in newest.values()])
+    return {key: sid for key, (_, sid) in newest.items()}
 
 
 def stored_groups(store: TrajectoryStore, sessions: Sequence[str]) -> list[GroupResult]:
