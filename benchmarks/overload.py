@@ -228,6 +228,8 @@ def parse_args() -> argparse.Namespace:
     given = (args.rates, args.level_s, args.timeout_s)
     rates, args.level_s, args.timeout_s = (d if g is None else g for g, d in zip(given, defaults, strict=True))
     args.rates = [int(r) for r in rates.split(",")]
+    if args.output_words < 0 or args.turns < 1:
+        ap.error(f"--output-words must be >= 0 and --turns >= 1, got {args.output_words} and {args.turns}")
     return args
 
 

@@ -160,6 +160,10 @@ class Simulation:
         self.host: HostShare | None = None
         self._sandbox_cpu = cfg.workload.sandbox_cpu_cores if cfg.cluster.host_cores is not None else None
         self._sandbox_ops = 0  # with workload.sandbox_cpu_cores: sandboxes at work now (tool calls, tests, starts)
+        w = cfg.workload  # whether sandboxes run slower than alone at all (`sandbox_stretch`): a turn's fast path
+        self._sandbox_slowed = cfg.cluster.host_cores is not None and (
+            w.sandbox_busy_stretch != 1.0 or w.sandbox_cpu_cores is not None
+        )
         if cfg.cluster.host_cores is not None and (cfg.costs.host_token_s > 0 or self._sandbox_cpu is not None):
             self.host = HostShare(
                 cfg.cluster.host_cores, cfg.total_gpus, cfg.costs.host_token_s, cfg.costs.host_train_placement
@@ -370,9 +374,9 @@ class Simulation:
         of the cores busy (training, generating or syncing), times, with `workload.sandbox_cpu_cores` c, (1 - c)
         + c / r, r the speed the sandboxes at work get from the host's cores (`sim.host.sandbox_rate`): its
         computing share slowed, its waiting share not. Timed at its start, as an engine's stretch is."""
-        stretch = self.cfg.workload.sandbox_busy_stretch
-        if (stretch == 1.0 and self._sandbox_cpu is None) or self.cfg.cluster.host_cores is None:
+        if not self._sandbox_slowed:
             return 1.0
+        stretch = self.cfg.workload.sandbox_busy_stretch
         running = self._busy()
         busy = sum(n for n, _, _ in running)
         cores = self.cfg.cluster.host_cores + self.cfg.total_gpus
@@ -383,7 +387,7 @@ class Simulation:
         return factor
 
     def turn_done(self, engine: SimEngine, sample: Sample) -> None:
-        stretch = self.sandbox_stretch()
+        stretch = self.sandbox_stretch() if self._sandbox_slowed else 1.0
         work = wait = sample.current.wait_s * stretch  # the tool call or the test run itself
         first = sample.turn == 0
         over = sample.finish_turn()
@@ -394,7 +398,8 @@ class Simulation:
                 wait += ready - self.env.now
             elif first:  # the first tool call waits for the workspace the episode started with
                 wait += max(0.0, sample.sandbox_ready - self.env.now)
-        self._sandbox_work(work)
+        if self._sandbox_cpu is not None:
+            self._sandbox_work(work)
         then = self._sample_done if over else self._enqueue
         if wait > 0:
             sample.where = "wait"
