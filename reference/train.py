@@ -9,6 +9,7 @@ with the simulator's scorer and write the same outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
@@ -87,7 +88,9 @@ def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
                 m.call_soon(m.manager.set_serving, name, policy.initial_active(name) is Tag.ROLLOUT)
             trainer = {**cfg.trainer, "seed": cfg.run.seed, "checkpoint_every_steps": cfg.run.checkpoint_every_steps}
             start_from = str(checkpoint.path) if checkpoint else None
-            workers.init_trainers(policy.trainers, trainer, str(out / "checkpoints"), start_from)
+            workers.init_trainers(
+                policy.trainers, trainer, str(out / "checkpoints"), start_from, dataclasses.asdict(cfg.trainer_parallel)
+            )
             adopted = m.call(resumed(m.manager, done, model_dir)) if checkpoint else []
             active = {n: policy.initial_active(n).value for n in policy.resources}
             recorder = TimelineRecorder(list(policy.resources.values()), active)

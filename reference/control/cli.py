@@ -195,12 +195,14 @@ def _print_instances(metrics, out: Path) -> None:
 
 def _with_new_keys(resolved: dict) -> dict:
     """A saved run's resolved config with what was added since it was written at its defaults: a section key
-    with a default value (`policy.drain`, `run.held_out_samples`, ...) and the `warm_start` section (steps 0)."""
+    with a default value (`policy.drain`, `run.held_out_samples`, ...), the `warm_start` section (steps 0) and
+    the `trainer_parallel` section (its defaults: plain data parallel in fp32)."""
     import typing
 
     from reference.control.config import TrainConfig
 
     resolved.setdefault("warm_start", {"steps": 0})
+    resolved.setdefault("trainer_parallel", {})
     for name, section in typing.get_type_hints(TrainConfig).items():
         if dataclasses.is_dataclass(section) and isinstance(resolved.get(name), dict):
             for f in dataclasses.fields(section):

@@ -77,6 +77,26 @@ class EngineSection:
 
 
 @dataclass(frozen=True)
+class TrainerParallelSection:
+    fsdp: bool = False  # shard parameters, gradients and optimiser moments over the train resources (FSDP2)
+    param_dtype: str = "float32"  # float32 | bfloat16 (FSDP's mixed precision: fp32 master weights)
+    activation_checkpointing: bool = False  # decoder layers recompute their activations in the backward
+
+    def __post_init__(self) -> None:
+        from reference.trainer.parallel import PARAM_DTYPES
+
+        for key in ("fsdp", "activation_checkpointing"):
+            if not isinstance(getattr(self, key), bool):
+                raise UserError(f"trainer_parallel.{key} must be true or false, got {getattr(self, key)!r}")
+        if self.param_dtype not in PARAM_DTYPES:
+            raise UserError(f"trainer_parallel.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got "
+                            f"{self.param_dtype!r}")  # fmt: skip
+        if self.param_dtype != "float32" and not self.fsdp:
+            raise UserError(f"trainer_parallel.param_dtype {self.param_dtype} needs trainer_parallel.fsdp=true "
+                            "(mixed precision keeps fp32 master weights in FSDP's shards)")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class RunSection:
     seed: int
     eval_every_steps: int  # held-out evaluation every this many steps (0: only before and after)
@@ -99,6 +119,7 @@ class TrainConfig:
     trainer: dict  # reference.trainer.config.TrainerConfig fields
     run: RunSection
     warm_start: dict  # reference.trainer.supervised.SupervisedConfig fields; steps 0: no warm start
+    trainer_parallel: TrainerParallelSection = TrainerParallelSection()
 
     def __post_init__(self) -> None:
         if self.policy.name not in POLICIES:

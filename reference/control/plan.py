@@ -15,10 +15,12 @@ runs on any machine in seconds, for a cluster the machine is not part of. It giv
   `sim.train_layout` (FSDP over the train GPUs: tensor and pipeline parallel 1);
 - whether it fits: `fits: yes`, or one `fits: no:` line for each part that does not.
 
-Departures from the simulator's defaults, to describe this runtime: its trainer keeps the model in fp32
-(`control/worker.py`) with fp32 gradients and AdamW's two fp32 moments (16 bytes a parameter), keeps every
-layer's activations (no recompute), in fp32 (twice the simulator's bf16 estimate), and a micro-batch is
-`trainer.micro_batch_size` sequences of up to the task's context. vLLM takes `VLLM_MEMORY_FRACTION` of a
+Departures from the simulator's defaults, to describe this runtime (`trainer_parallel`): its trainer keeps
+fp32 master weights, fp32 gradients and AdamW's two fp32 moments (16 bytes a parameter), sharded over the
+train resources with `fsdp` and a full replica on each without; its activations are fp32 (twice the
+simulator's bf16 estimate) unless `param_dtype` is bfloat16, every layer's kept unless
+`activation_checkpointing` recomputes them; a micro-batch is `trainer.micro_batch_size` sequences of up to
+the task's context. vLLM takes `VLLM_MEMORY_FRACTION` of a
 GPU. As in the simulator, a train-capable resource that rolls out keeps the trainer's weight shard beside
 its engine (the optimizer state offloaded) and a training resource's engine holds nothing. On CPU
 (`gpus_per_resource` 0) memory is RAM per resource (the built-in engine's fp32 weights and a KV cache
@@ -180,10 +182,14 @@ def estimate_memory(cfg: TrainConfig, model: ModelSpec, device: DeviceSpec | Non
     tp = sim_cfg.rollout.tensor_parallel
     train_gpus = sum(policy.resources[r].devices for r in policy.trainers)
     lay = train_layout.layout(sim_cfg, model, lay_device, train_gpus)
-    tokens = sim_cfg.train.micro_batch_tokens
-    act = FP32_PER_BF16 * train_layout.activation_bytes(model, lay, "none", tokens) / GB
+    tokens, par = sim_cfg.train.micro_batch_tokens, cfg.trainer_parallel
+    mode = "full" if par.activation_checkpointing else "none"
+    width = 1 if par.param_dtype == "bfloat16" else FP32_PER_BF16
+    act = width * train_layout.activation_bytes(model, lay, mode, tokens) / GB
     sim_cfg = dataclasses.replace(sim_cfg, train=dataclasses.replace(sim_cfg.train, activation_gb=act))
     train = train_layout.memory(sim_cfg, model, lay_device, train_gpus, task.context_tokens)
+    if not par.fsdp:  # plain data parallel: every trainer holds the whole state, and gathers nothing
+        train = dataclasses.replace(train, state_gb=train.state_gb * train_gpus, buffers_gb=0.0)
     scale = 1 if device else FP32_PER_BF16  # the built-in engine on CPU holds fp32 weights and KV
     cost = CostModel(sim_cfg, model, device) if device else None
     return Memory(
@@ -263,7 +269,8 @@ def _work(cfg: TrainConfig, task: TaskPlan, policy: BasePolicy, f: InFlight) -> 
     tp = max(1, cfg.resources.gpus_per_resource)
     trainers = policy.trainers
     train_gpus = sum(policy.resources[r].devices for r in trainers)
-    dp = f"FSDP over {train_gpus} GPUs" if cfg.resources.gpus_per_resource else f"data parallel over {len(trainers)}"
+    over = f"{train_gpus} GPUs" if cfg.resources.gpus_per_resource else f"{len(trainers)} resources"
+    dp = f"{'FSDP' if cfg.trainer_parallel.fsdp else 'data parallel (whole replicas)'} over {over}"
     limit = f" (task.options.concurrency {task.concurrency})" if task.concurrency is not None else ""
     sandboxes = f", {f.sandboxes} sandboxes" if task.sandboxed else ", no sandboxes"
     return [
@@ -280,15 +287,17 @@ def _work(cfg: TrainConfig, task: TaskPlan, policy: BasePolicy, f: InFlight) -> 
 def _memory_lines(cfg: TrainConfig, device: DeviceSpec | None, m: Memory, task: TaskPlan, f: InFlight) -> list[str]:
     t = m.train
     need = f"{f.per_engine} sequences at full context need {m.kv_needed:.1f} GB"
-    state = f"state {t.state_gb:.1f} GB (fp32 weights, gradients and AdamW moments, sharded)"
-    act = f"activations {t.activations_gb:.1f} GB ({t.micro_batch_tokens} tokens, fp32, no recompute)"
+    par = cfg.trainer_parallel
+    held = "sharded" if par.fsdp else "a whole replica: trainer_parallel.fsdp is off"
+    state = f"state {t.state_gb:.1f} GB (fp32 weights, gradients and AdamW moments, {held})"
+    act = f"activations {t.activations_gb:.1f} GB ({t.micro_batch_tokens} tokens, {_activations(par)})"
     if device is None:
         return [
             "memory per resource (RAM; the simulator's models):",
             f"  engine: weights {_size(m.engine_weights)}, KV cache grows with its sequences: {f.per_engine} "
             f"sequences of {task.context_tokens} tokens take {_size(m.kv_needed)}",
             f"  trainer: state {_size(t.state_gb)}, activations {_size(t.activations_gb)} "
-            f"({t.micro_batch_tokens} tokens, fp32, no recompute)",
+            f"({t.micro_batch_tokens} tokens, {_activations(par)})",
         ]
     usable = device.hbm_gb * VLLM_MEMORY_FRACTION
     return [
@@ -351,14 +360,24 @@ def _train_problem(cfg: TrainConfig, m: Memory, device: DeviceSpec, task: TaskPl
     t = m.train
     head = (f"training needs {t.total_gb:.1f} GB a GPU, {t.total_gb - device.hbm_gb:.1f} GB more than the "
             f"{device.hbm_gb:g} GB of a {device.name}")  # fmt: skip
+    par = cfg.trainer_parallel
     if t.activations_gb < t.state_gb:
+        if not par.fsdp:
+            return f"{head}; most of it the state, whole on every trainer: set trainer_parallel.fsdp=true"
         return f"{head}; most of it the sharded state: add train-capable GPUs"
     if _micro_batch_sequences(cfg) > 1:
         return f"{head}; most of it activations: lower trainer.micro_batch_size (1: one sequence at a time)"
-    return (
-        f"{head}; most of it the activations of one {task.context_tokens}-token sequence, every layer's kept "
-        f"in fp32: the trainer has no activation recompute or bf16 compute yet; or lower the task's context"
-    )
+    remedies = [*(["trainer_parallel.activation_checkpointing=true"] if not par.activation_checkpointing else []),
+                *(["trainer_parallel.param_dtype=bfloat16 (with fsdp)"] if par.param_dtype != "bfloat16" else [])]
+    remedy = f"set {' and '.join(remedies)}, or lower the task's context" if remedies else "lower the task's context"
+    return (f"{head}; most of it the activations of one {task.context_tokens}-token sequence "
+            f"({_activations(par)}): {remedy}")  # fmt: skip
+
+
+def _activations(par) -> str:
+    """How the trainer holds activations, in the plan's words."""
+    dtype = "bf16" if par.param_dtype == "bfloat16" else "fp32"
+    return f"{dtype}, {'recomputed a layer at a time' if par.activation_checkpointing else 'no recompute'}"
 
 
 def _cpu_problems(cfg: TrainConfig, m: Memory) -> list[str]:

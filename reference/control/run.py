@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from core import events as ev
@@ -39,7 +40,7 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
             bar.note(evaluation_line("start", start))
             metrics.held_out(offset, {**start, "label": "start", "time_s": 0.0})
         sink = _Sink(metrics, bar)
-        evaluations = Evaluations(cfg, task, rollout, workers, policy.trainers[0], metrics)
+        evaluations = Evaluations(cfg, task, rollout, workers, policy.trainers, metrics)
         executor = RuntimeExecutor(m.manager, rollout, workers, recorder, policy.trainers, out / "weights", sink,
                                    offset, evaluations.of_version)  # fmt: skip
         evaluations.now = executor.now
@@ -130,12 +131,14 @@ class Evaluations:
     """The held-out evaluations of every `run.eval_every_steps`-th version but the last (evaluated at the end).
 
     A single-turn task is evaluated by the first trainer shard in-process (its own sampler: it never competes
-    with rollout for an engine; the step waits for it, as trainer work). Any other task's episodes need the
+    with rollout for an engine; the step waits for it, as trainer work); under FSDP every shard runs the same
+    evaluation, as each forward gathers the parameters from all of them. Any other task's episodes need the
     engines and its sandboxes: they run beside the rollout, the step does not wait, and each result is logged
     when it is in, with the policy versions its episodes were generated with."""
 
-    def __init__(self, cfg, task, rollout: RolloutManager, workers, trainer: str, metrics) -> None:
-        self.cfg, self.task, self.rollout, self.workers, self.trainer = cfg, task, rollout, workers, trainer
+    def __init__(self, cfg, task, rollout: RolloutManager, workers, trainers: Sequence[str], metrics) -> None:
+        self.cfg, self.task, self.rollout, self.workers = cfg, task, rollout, workers
+        self.trainers = list(trainers) if cfg.trainer_parallel.fsdp else list(trainers[:1])
         self.metrics = metrics
         self.now = lambda: 0.0
         self._pending: set[asyncio.Task] = set()
@@ -146,7 +149,10 @@ class Evaluations:
             return None
         if isinstance(self.task, SingleTurn):
             seed = self.cfg.run.seed * 1_000_003 + version
-            return await self.workers.call(self.trainer, "evaluate", self.cfg.task.name, self.cfg.task.options, seed)
+            options = self.cfg.task.options
+            results = await asyncio.gather(*(self.workers.call(t, "evaluate", self.cfg.task.name, options, seed)
+                                             for t in self.trainers))  # fmt: skip
+            return results[0]
         task = asyncio.get_running_loop().create_task(self._in_background(version))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)

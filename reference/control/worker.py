@@ -84,23 +84,28 @@ class ResourceWorker:
     # ---- trainer shard ----
 
     def init_trainer(self, rank: int, world_size: int, init_method: str, config: dict, checkpoints: str | None,
-                     resume: str | None) -> int:  # fmt: skip
+                     resume: str | None, parallel: dict | None = None) -> int:  # fmt: skip
         """Join the data-parallel group (gloo) and build the trainer from the initial weights, or from the
-        checkpoint `resume`; checkpoints go under `checkpoints`. Returns the step it starts at. With a KL term
-        (`kl_coef` > 0) the trainer gets its reference: a frozen copy of the run's initial weights (a resumed
-        run's too), loaded again from `model_dir`."""
-        if world_size > 1:
+        checkpoint `resume`; checkpoints go under `checkpoints`. Returns the step it starts at. `parallel`:
+        `DataParallel`'s settings (fsdp, param_dtype, activation_checkpointing; the run's `trainer_parallel`).
+        With a KL term (`kl_coef` > 0) the trainer gets its reference: a frozen copy of the run's initial
+        weights (a resumed run's too), loaded again from `model_dir` and sharded like the policy."""
+        settings = dict(parallel or {})
+        if world_size > 1 or settings.get("fsdp"):
             init_process_group("gloo", init_method, rank, world_size)
-        parallel = DataParallel(rank, world_size)
+        dp = DataParallel(rank, world_size, **settings)
         self.tokenizer = Tokenizer.load(self.spec.model_dir)  # published versions are complete checkpoints
         cfg = TrainerConfig.from_dict(config)
-        reference = load_checkpoint(self.spec.model_dir)[0].to(torch.float32) if cfg.kl_coef > 0 else None
+        reference = None
+        if cfg.kl_coef > 0:
+            reference = load_checkpoint(self.spec.model_dir)[0].to(torch.float32)
+            reference = dp.shard(reference) if dp.fsdp else reference
         if resume is not None:
-            self.trainer = Trainer.from_checkpoint(resume, parallel=parallel, ref_model=reference,
+            self.trainer = Trainer.from_checkpoint(resume, parallel=dp, ref_model=reference,
                                                    checkpoint_dir=checkpoints)  # fmt: skip
         else:
             model, tokenizer = load_checkpoint(self.spec.model_dir)
-            self.trainer = Trainer(model.to(torch.float32), cfg, pad_id=tokenizer.pad_token_id, parallel=parallel,
+            self.trainer = Trainer(model.to(torch.float32), cfg, pad_id=tokenizer.pad_token_id, parallel=dp,
                                    ref_model=reference, checkpoint_dir=checkpoints)  # fmt: skip
         return self.trainer.step
 

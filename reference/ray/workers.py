@@ -78,12 +78,14 @@ class RayWorkers:
         return ray.get(self.call(resource, method, *args), timeout=timeout_s)
 
     def init_trainers(self, trainers: Sequence[str], trainer_config: dict, checkpoints: str | None = None,
-                      resume: str | None = None) -> list[int]:  # fmt: skip
+                      resume: str | None = None, parallel: dict | None = None) -> list[int]:  # fmt: skip
         """Every train-capable resource builds its shard and joins the data-parallel group (gloo, in rank
-        order), from the initial weights or the checkpoint `resume`; returns the step each starts at."""
-        address = self.get(trainers[0], "free_address", self._local) if len(trainers) > 1 else ""
-        refs = [self.call(r, "init_trainer", rank, len(trainers), address, trainer_config, checkpoints, resume)
-                for rank, r in enumerate(trainers)]  # fmt: skip
+        order), from the initial weights or the checkpoint `resume`; returns the step each starts at.
+        `parallel`: `DataParallel`'s settings (FSDP needs the group even for one shard)."""
+        grouped = len(trainers) > 1 or bool((parallel or {}).get("fsdp"))
+        address = self.get(trainers[0], "free_address", self._local) if grouped else ""
+        refs = [self.call(r, "init_trainer", rank, len(trainers), address, trainer_config, checkpoints, resume,
+                          parallel) for rank, r in enumerate(trainers)]  # fmt: skip
         return ray.get(refs, timeout=600)
 
     def kill(self, resource: str) -> None:

@@ -1,4 +1,4 @@
-"""Data parallelism for the trainer: plain gradient all-reduce (gloo, CPU) or FSDP (NCCL, GPUs).
+"""Data parallelism for the trainer: plain gradient all-reduce, or FSDP (gloo on CPU, NCCL on GPUs).
 
 Every rank holds its own shard of the step's trajectories (whole groups: see `shard_by_group`). The
 loss is divided by the step's GLOBAL generated-token count, so summing the ranks' gradients gives
@@ -9,7 +9,12 @@ exactly the gradient of the global token mean:
 - `DataParallel(fsdp=True)`: each decoder layer and the root are wrapped with FSDP2's
   `fully_shard`; FSDP averages gradients over ranks in its reduce-scatter, so the loss is multiplied by
   the world size (`loss_scale`) to turn that average back into the sum. Gradient sync is skipped on
-  all but the last micro-batch. Only tested on GPU machines (the `gpu` test marker).
+  all but the last micro-batch. Parameters, gradients and AdamW's moments are sharded: a rank holds
+  1 / world_size of them. `param_dtype="bfloat16"` is mixed precision: each layer's parameters are
+  all-gathered and computed in bf16, gradients reduced in fp32 into the fp32 sharded master weights the
+  optimiser steps (FSDP2's `MixedPrecisionPolicy`). Runs on CPU (gloo) as on GPUs (NCCL).
+- `activation_checkpointing=True`: each decoder layer's activations are recomputed in the backward
+  instead of kept (Hugging Face's gradient checkpointing, non-reentrant), with or without FSDP.
 
 The process group is torch.distributed's default group; `init_process_group` creates it.
 """
@@ -23,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 BACKENDS = ("gloo", "nccl")
+PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def init_process_group(backend: str, init_method: str, rank: int, world_size: int, timeout_s: float = 120.0) -> None:
@@ -42,17 +48,23 @@ class DataParallel:
     rank: int = 0
     world_size: int = 1
     fsdp: bool = False
+    param_dtype: str = "float32"  # the dtype layers compute in under FSDP (master weights stay fp32)
+    activation_checkpointing: bool = False  # recompute each decoder layer's activations in the backward
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank {self.rank}, world_size {self.world_size}")
+        if self.param_dtype not in PARAM_DTYPES:
+            raise ValueError(f"unknown param_dtype {self.param_dtype!r}; choose one of {list(PARAM_DTYPES)}")
+        if self.param_dtype != "float32" and not self.fsdp:
+            raise ValueError(f"param_dtype {self.param_dtype!r} needs fsdp (mixed precision is FSDP's)")
         if (self.world_size > 1 or self.fsdp) and not dist.is_initialized():
             raise ValueError("data parallelism needs torch.distributed initialised first (init_process_group)")
 
     @classmethod
-    def from_process_group(cls, fsdp: bool = False) -> DataParallel:
-        """This process's place in the default process group."""
-        return cls(dist.get_rank(), dist.get_world_size(), fsdp)
+    def from_process_group(cls, fsdp: bool = False, **settings) -> DataParallel:
+        """This process's place in the default process group (`settings`: param_dtype, activation_checkpointing)."""
+        return cls(dist.get_rank(), dist.get_world_size(), fsdp, **settings)
 
     @property
     def distributed(self) -> bool:
@@ -68,17 +80,27 @@ class DataParallel:
         return float(self.world_size) if self.fsdp else 1.0
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Shard the model (FSDP) or make every rank start from rank 0's parameters (plain DP)."""
+        """Shard the model (FSDP) or make every rank start from rank 0's parameters (plain DP); with
+        `activation_checkpointing`, its decoder layers recompute their activations in the backward."""
+        if self.activation_checkpointing:
+            _checkpoint_layers(model)
         if self.fsdp:
-            from torch.distributed.fsdp import fully_shard
-
-            for layer in model.model.layers:
-                fully_shard(layer)
-            fully_shard(model)
+            self.shard(model)
         elif self.world_size > 1:
             with torch.no_grad():
                 for tensor in [*model.parameters(), *model.buffers()]:
                     dist.broadcast(tensor, src=0)
+        return model
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """FSDP2 over each decoder layer and the root, computing in `param_dtype`, reducing in fp32. Also for the
+        frozen KL reference model, so that it is sharded like the policy."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[self.param_dtype], reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
         return model
 
     def before_backward(self, model: torch.nn.Module, last: bool) -> None:
@@ -143,3 +165,13 @@ class DataParallel:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _checkpoint_layers(model: torch.nn.Module) -> None:
+    """Hugging Face's activation checkpointing of every decoder layer, non-reentrant (the API's name changed
+    in transformers 5.x; the older name is what earlier 5.x releases have)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -45,6 +45,9 @@ from reference.cli import main
         (["--set", "warm_start={steps: 5, lr: -1}"], "error: warm_start.lr must be a finite number > 0"),
         (["--set", "warm_start={steps: 5, batch: 4}"], "warm_start: "),
         (["--set", "warm_start={steps: 5}"], "task 'math' has no demonstrations for a warm start"),
+        (["--set", "trainer_parallel.param_dtype=fp8"], "param_dtype must be one of float32, bfloat16, got 'fp8'"),
+        (["--set", "trainer_parallel.param_dtype=bfloat16"], "param_dtype bfloat16 needs trainer_parallel.fsdp=true"),
+        (["--set", "trainer_parallel.fsdp=maybe"], "trainer_parallel.fsdp' must be true or false"),
     ],
 )
 def test_a_bad_setting_is_one_line_and_exit_2(argv, needle, capsys, tmp_path):

@@ -195,3 +195,19 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_with_no_group_lost_or_trai
     assert {k: after[k] for k in kept} == {k: before[k] for k in kept}  # steps before the checkpoint stand
     released = set(before) - kept
     assert released <= set(after)  # groups of the lost steps were trained again, not lost
+
+
+def test_fsdp_in_bf16_with_checkpointing_and_a_kl_reference_trains(tmp_path):
+    """The GPU recipe's trainer settings on CPU: FSDP over the train shards, bf16 compute with fp32 masters,
+    recomputed activations, a sharded KL reference; the held-out evaluation runs on every shard (colocated:
+    both resources train, so the model is sharded over two)."""
+    extra = ["policy.num_steps=2", "trainer.kl_coef=0.01", "run.eval_every_steps=1", "trainer_parallel.fsdp=true",
+             "trainer_parallel.param_dtype=bfloat16", "trainer_parallel.activation_checkpointing=true"]  # fmt: skip
+    cfg, out, timeline, metrics, summary = run(tmp_path, "colocated", *extra)
+    assert [s["step"] for s in metrics.steps] == [0, 1]
+    assert all(s["kl"] >= 0 and s["grad_norm"] > 0 for s in metrics.steps)
+    assert any(e["step"] == 1 and "eval_s" in e for e in metrics.evaluations)  # mid-run, by the shards
+    model, _ = load_checkpoint(version_dir(out / "weights", 2))
+    assert all(p.dtype.is_floating_point and p.dtype == model.dtype for p in model.parameters())
+    first, _ = load_checkpoint(version_dir(out / "weights", 0))
+    assert any(not (a == b).all() for a, b in zip(model.parameters(), first.parameters(), strict=True))
