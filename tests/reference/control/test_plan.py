@@ -67,8 +67,20 @@ def test_the_gpu_recipe_plans_engines_sandboxes_and_memory(capsys, qwen3_32b):
     assert _number(r"KV cache ([\d,]+) tokens", out) == int(free * 4 // kv_per_token)
     state = 16 * PARAMS_32B / 32 / 1e9  # fp32 weights, gradients, two AdamW moments over 32 GPUs
     assert _number(r"state ([\d.]+) GB", out) == round(state, 1)
-    assert "fits: no: training needs" in out
+    assert "(32768 tokens, bf16, recomputed a layer at a time)" in out  # the recipe's trainer_parallel
+    assert "fits: no: training needs" not in out
     assert "fits: no: the workers do not place GPUs yet" in out
+
+
+def test_without_fsdp_the_plan_counts_whole_replicas_and_names_the_settings(qwen3_32b):
+    overrides = [f"model.dir={qwen3_32b}", "trainer_parallel={fsdp: false, param_dtype: float32, "
+                 "activation_checkpointing: false}"]  # fmt: skip
+    text = plan(load_train_config(GPU_CONFIG, overrides))
+    assert _number(r"state ([\d.]+) GB", text) == round(16 * PARAMS_32B / 1e9, 1)  # not divided by 32 GPUs
+    assert "a whole replica: trainer_parallel.fsdp is off" in text
+    assert "data parallel (whole replicas) over 32 GPUs" in text
+    assert ("fits: no: training needs" in text and "set trainer_parallel.activation_checkpointing=true and "
+            "trainer_parallel.param_dtype=bfloat16 (with fsdp), or lower the task's context" in text)  # fmt: skip
 
 
 def test_an_engine_whose_kv_cache_holds_no_request_is_named(qwen3_32b):
