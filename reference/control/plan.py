@@ -367,8 +367,10 @@ def _train_problem(cfg: TrainConfig, m: Memory, device: DeviceSpec, task: TaskPl
         return f"{head}; most of it the sharded state: add train-capable GPUs"
     if _micro_batch_sequences(cfg) > 1:
         return f"{head}; most of it activations: lower trainer.micro_batch_size (1: one sequence at a time)"
-    remedies = [*(["trainer_parallel.activation_checkpointing=true"] if not par.activation_checkpointing else []),
-                *(["trainer_parallel.param_dtype=bfloat16 (with fsdp)"] if par.param_dtype != "bfloat16" else [])]
+    remedies = [
+        *(["trainer_parallel.activation_checkpointing=true"] if not par.activation_checkpointing else []),
+        *(["trainer_parallel.param_dtype=bfloat16 (with fsdp)"] if par.param_dtype != "bfloat16" else []),
+    ]
     remedy = f"set {' and '.join(remedies)}, or lower the task's context" if remedies else "lower the task's context"
     return (f"{head}; most of it the activations of one {task.context_tokens}-token sequence "
             f"({_activations(par)}): {remedy}")  # fmt: skip
