@@ -358,7 +358,8 @@ class TrainMemory:
     """GB per GPU the trainer needs at its peak, by part (on the busiest GPU of the layout)."""
 
     state_gb: float  # bf16 weights, gradients, optimizer state (and a reference model's weights), sharded over all
-    buffers_gb: float  # ZeRO-3: unsharded layers in use (two layers' bf16 weights, one layer's gradients)
+    buffers_gb: float  # ZeRO-3: unsharded layers in use (two layers' bf16 weights, one layer's gradients) and the
+    # root unit's bf16 weights and gradients (embeddings, lm_head), gathered for the whole step
     activations_gb: float
     micro_batch_tokens: int
     estimated: bool  # activations estimated from the model shape (False: the train.activation_gb override)
@@ -408,6 +409,11 @@ def memory(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int
     # PyTorch FSDP holds the unit in use and the one it prefetches unsharded (Zhao et al. 2023, "PyTorch
     # FSDP", sec. 3.3-4.1); a unit is one layer here, its gradient unsharded until reduce-scattered.
     buffers = (2 * BF16_BYTES + t.grad_bytes_per_param) * gathered_layer_params(model, lay.ep) / lay.tp
+    # The root unit (embeddings, lm_head, final norm: what no decoder layer holds) is gathered once for the
+    # whole step, its gradient unsharded until the last reduce-scatter: FSDP2 does not reshard the root after
+    # its forward. At Qwen3's 151,936-token vocabulary that is most of a small model (measured:
+    # benchmarks/trainer_memory.py, README "Training").
+    buffers += (BF16_BYTES + t.grad_bytes_per_param) * root_params(model) / lay.tp
     buffers = buffers if lay.dp > 1 else 0.0
     if t.micro_batch_sequences is None:
         tokens = max(t.micro_batch_tokens, longest)
@@ -418,6 +424,11 @@ def memory(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int
     else:
         act, estimated = t.activation_gb, False
     return TrainMemory(per_param * model.params / train_gpus / GB, buffers / GB, act, tokens, estimated)
+
+
+def root_params(model: ModelSpec) -> int:
+    """Parameters outside the decoder layers: the embedding, an untied lm_head and the final norm."""
+    return model.vocab * model.hidden * (1 if model.tie_embeddings else 2) + model.hidden
 
 
 def gathered_layer_params(model: ModelSpec, ep: int) -> int:
