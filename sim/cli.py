@@ -17,6 +17,7 @@ from core import config as cfgio
 from core.errors import UserError
 from core.outputs import default_out, interrupted, prepare_out, provenance, source_fingerprint
 from core.policies import POLICIES
+from core.run_log import require as require_loggers
 from sim.config import SimConfig, merged_note, resolve
 from sim.report import ratio_table, ratios, table, write_run
 from sim.runner import Simulation
@@ -46,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set cluster.num_gpus=128 (repeatable)",
     )
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write each simulated step's metrics as TensorBoard event files in DIR (--compare: "
+                        "DIR/<policy>; needs tensorboardX: pip install tensorboardX)")  # fmt: skip
     p.add_argument("--no-picture", action="store_true", help="skip timeline.png (faster for big clusters)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -71,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    require_loggers(args.tensorboard)
     data, files = resolve(args.config, args.overrides)
     cfg = cfgio.from_dict(SimConfig, data)
     names = list(POLICIES) if args.compare else [args.policy]
@@ -109,8 +114,26 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_one(sim: Simulation, cfg: SimConfig, out: Path, args: argparse.Namespace, source: dict) -> dict:
     timeline = sim.run()
+    if args.tensorboard is not None:
+        board = Path(args.tensorboard) / sim.policy.name if args.compare else Path(args.tensorboard)
+        write_steps(timeline, board)
     record = provenance(sim.policy.name, source)
     return write_run(timeline, cfg, out, picture=not args.no_picture, provenance=record)
+
+
+def write_steps(timeline, board: Path) -> None:
+    """Each simulated step's figures as TensorBoard scalars (step = steps done; the simulated clock's seconds as
+    `time_s`): the run's trained tokens per second so far, the step's mean staleness, its tokens and seconds."""
+    from core.run_log import ScalarLog, mean_lag
+
+    trained = 0
+    with ScalarLog(board) as log:
+        for done, step in enumerate(sorted(timeline.steps, key=lambda s: s.step), 1):
+            trained += step.tokens
+            log.log(done, {"tokens_per_s": trained / step.end_s if step.end_s > 0 else 0.0,
+                           "staleness_mean": mean_lag(step.lag_tokens), "trained_tokens": float(step.tokens),
+                           "generated_tokens": float(step.generated_tokens), "samples": float(step.samples),
+                           "step_s": step.end_s - step.start_s, "time_s": step.end_s})  # fmt: skip
 
 
 def remove_empty(folder: Path) -> None:
