@@ -1,8 +1,8 @@
 # SeamlessFlow testbed. `make` lists the targets. Every target creates the project virtual environment
 # and installs what it needs on first use, in two layers:
 #   sim:  the simulator and its experiments (pyyaml, simpy, matplotlib, tqdm)   -> .venv/.installed-sim
-#   full: the sim layer plus the runtime (torch on CPU, transformers, aiohttp, openai, ray) and the dev
-#         tools (pytest, ruff)                                                   -> .venv/.installed
+#   full: the sim layer plus the runtime (torch on CPU, transformers, aiohttp, openai, ray), the dev
+#         tools (pytest, ruff) and tensorboardX (--tensorboard)                  -> .venv/.installed
 .DEFAULT_GOAL := help
 PYTHON ?= python3
 VENV := .venv
@@ -59,14 +59,14 @@ $(FULL_STAMP): pyproject.toml | $(VENV)/pyvenv.cfg
 		index=; \
 	fi; \
 	set -x; $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" $${index:+--extra-index-url "$$index"}
-	$(PY) -m pip install --quiet -e ".[dev,reference,swe]"
+	$(PY) -m pip install --quiet -e ".[dev,reference,swe,tensorboard]"
 	touch $(SIM_STAMP) $@
 
 # The full layer with vLLM and the CUDA torch it pins, replacing a CPU torch; the sim and full stamps are
 # touched so that no other target puts the CPU torch back (after an edit of pyproject.toml, run it again).
 $(GPU_STAMP): pyproject.toml | $(VENV)/pyvenv.cfg
 	$(PY) -m pip install --quiet "torch==$(GPU_TORCH_VERSION)" $(if $(GPU_TORCH_INDEX),--extra-index-url "$(GPU_TORCH_INDEX)",)
-	$(PY) -m pip install --quiet -e ".[dev,reference,swe,gpu]"
+	$(PY) -m pip install --quiet -e ".[dev,reference,swe,tensorboard,gpu]"
 	@$(PY) -c 'import sys, torch; sys.exit(None if torch.version.cuda else "setup-gpu: torch " + torch.__version__ + \
 		" is not a CUDA build (a CPU index or wheel in pip config?); set GPU_TORCH_INDEX to an index of CUDA builds")'
 	touch $(SIM_STAMP) $(FULL_STAMP) $@

@@ -141,8 +141,12 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes")
     _engine_args(e)
     c = sub.add_parser("check", help="consistency of stored trajectories against the model")
-    c.add_argument("--store", default="results/trajectories.sqlite")
-    c.add_argument("--model", default="default", help="'default' or a local checkpoint directory")
+    c.add_argument("--store", default="results/trajectories.sqlite",
+                   help="a trajectory store, or a training run's folder (the store in it)")  # fmt: skip
+    c.add_argument("--model", default=None,
+                   help="'default' (the tiny serving model) or a local checkpoint directory (default: for a training "
+                        "run's store, the run's own tokenizer and each token's version of its weights; else "
+                        "'default')")  # fmt: skip
     c.add_argument("--seed", type=int, default=0, help="seed of the default model")
     c.add_argument("--session", action="append", help="only these sessions (repeatable)")
     c.add_argument("--version", type=int, default=None, help="compare logprobs only of tokens of this version")
@@ -378,16 +382,50 @@ def _require_store(path: str) -> None:
 
 
 def check(args) -> int:
-    from reference.consistency import check_store
+    """Re-score a store (`reference.consistency`): the JSON report on stdout, progress and one verdict line on
+    stderr; exit 0 (OK), 1 (token mismatches) or 2 (a user's mistake: no store, an unknown session or version)."""
+    from reference.consistency import CheckProgress, RunWeights, check_store, run_of_store, verdict
     from reference.manager.store import TrajectoryStore
 
     _check_flags(args, CHECK_FLAG_RANGES)
-    _require_store(args.store)
-    model, tokenizer = _load_model(args.model, args.seed)
-    with TrajectoryStore(args.store) as store:
-        report = check_store(store, model, tokenizer, args.session, args.version)
-    print(json.dumps(report.to_dict(), indent=2))
+    path = Path(args.store)
+    if path.is_dir():  # a training run's folder
+        path = path / "trajectories.sqlite"
+    _require_store(str(path))
+    run = run_of_store(path) if args.model is None else None
+    model = weights = None
+    if run is not None:
+        weights = RunWeights(run / "weights")
+        tokenizer = weights.tokenizer()
+        if args.version is not None and args.version not in weights.versions:
+            raise UserError(f"--version {args.version}: the run keeps no weights of it in {run / 'weights'} "
+                            f"(kept: {', '.join(map(str, weights.versions))})")  # fmt: skip
+    else:
+        model, tokenizer = _load_model(args.model or "default", args.seed)
+    with TrajectoryStore(path) as store:
+        sessions = args.session or store.sessions()
+        if missing := [s for s in sessions if not store.has_session(s)]:
+            raise UserError(f"--session {missing[0]!r}: no such session in {path}")
+        if weights is not None:
+            print(f"check: the store of training run {run}: its tokenizer; each token re-scored with the weights of "
+                  f"the version that sampled it where the run kept them (versions {_spans(weights.versions)}), the "
+                  f"others' token ids checked", file=sys.stderr)  # fmt: skip
+        with CheckProgress(len(sessions)) as progress:
+            report = check_store(store, model, tokenizer, sessions, args.version, weights=weights, progress=progress)
+    print(json.dumps(report.to_dict(), indent=2), flush=True)
+    print(verdict(report), file=sys.stderr)
     return 0 if report.ok else 1
+
+
+def _spans(versions: list[int]) -> str:
+    """[0, 28, 29, 30] -> '0, 28-30'."""
+    spans: list[list[int]] = []
+    for v in versions:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def export(args) -> int:

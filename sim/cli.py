@@ -1,7 +1,8 @@
 """`python -m sim`: run one policy, or `--compare` all five, and write the outputs.
 
-python -m sim --policy tag
+python -m sim --policy tag                               (`python -m sim run ...` is the same)
 python -m sim --compare --set workload.kind=swe --set cluster.num_gpus=128
+python -m sim --config sim/configs/swe.yaml --config my.yaml   (later files win key by key)
 python -m sim search --config sim/configs/swe.yaml      (the layout search: sim/search.py)
 """
 
@@ -12,19 +13,28 @@ import json
 import sys
 from pathlib import Path
 
+from core import config as cfgio
 from core.errors import UserError
 from core.outputs import default_out, interrupted, prepare_out, provenance, source_fingerprint
 from core.policies import POLICIES
-from sim.config import DEFAULT_CONFIG, SimConfig, load_config
+from core.run_log import require as require_loggers
+from sim.config import SimConfig, merged_note, resolve
 from sim.report import ratio_table, ratios, table, write_run
 from sim.runner import Simulation
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m sim", description="Simulate GRPO post-training under a policy.")
+    p = argparse.ArgumentParser(
+        prog="python -m sim",
+        description="Simulate GRPO post-training under a policy.",
+        epilog="subcommands: `python -m sim [run] [options]` simulates (this page); "
+        "`python -m sim search --help`: the layout search (the fastest layouts of a config).",
+    )
     p.add_argument("--policy", default="tag", help=f"one of: {', '.join(POLICIES)} (default: tag)")
     p.add_argument("--compare", action="store_true", help="run every policy on the same config and seed")
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML merged over the default config")
+    p.add_argument("--config", action="append", default=None, metavar="FILE",
+                   help="YAML merged over sim/configs/default.yaml (repeatable: later files win key by key; "
+                        "a chosen workload.kind brings its own defaults first)")  # fmt: skip
     p.add_argument(
         "--out", default=None, help="output folder, new or empty (default: results/sim-<policy>-<time>-seed<seed>)"
     )
@@ -37,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set cluster.num_gpus=128 (repeatable)",
     )
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write each simulated step's metrics as TensorBoard event files in DIR (--compare: "
+                        "DIR/<policy>; needs tensorboardX: pip install tensorboardX)")  # fmt: skip
     p.add_argument("--no-picture", action="store_true", help="skip timeline.png (faster for big clusters)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -44,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:
+        argv = argv[1:]
     if argv[:1] == ["search"]:
         from sim.search import main as search
 
@@ -60,19 +75,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
+    require_loggers(args.tensorboard)
+    data, files = resolve(args.config, args.overrides)
+    cfg = cfgio.from_dict(SimConfig, data)
     names = list(POLICIES) if args.compare else [args.policy]
     if args.compare and cfg.cluster.rollout_pool is not None:  # colocated cannot use rollout-only GPUs
         names.remove("colocated")
     sims = {name: Simulation(cfg, name, progress=not args.quiet) for name in names}  # every check, nothing run
     label = "compare" if args.compare else args.policy
+    made = args.out is None or not Path(args.out).exists()  # a folder this run creates (an empty one goes at Ctrl-C)
     out = prepare_out(args.out, default_out("sim", label, cfg.seed), args.overwrite)
-    source = source_fingerprint()  # the code as the run starts
     try:
+        print(merged_note(files), file=sys.stderr)  # every input checked: an error stays one line
+        source = source_fingerprint()  # the code as the run starts
         summaries = [
             _run_one(sim, cfg, out / name if args.compare else out, args, source) for name, sim in sims.items()
         ]
     except KeyboardInterrupt:
+        if made:
+            remove_empty(out)
         print(interrupted(out), file=sys.stderr)
         return 130
     print(f"{cfg.model} | {cfg.workload.kind} | {cfg.cluster_label} | {cfg.num_steps} steps | seed {cfg.seed}")
@@ -93,5 +114,36 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_one(sim: Simulation, cfg: SimConfig, out: Path, args: argparse.Namespace, source: dict) -> dict:
     timeline = sim.run()
+    if args.tensorboard is not None:
+        board = Path(args.tensorboard) / sim.policy.name if args.compare else Path(args.tensorboard)
+        write_steps(timeline, board)
     record = provenance(sim.policy.name, source)
     return write_run(timeline, cfg, out, picture=not args.no_picture, provenance=record)
+
+
+def write_steps(timeline, board: Path) -> None:
+    """Each simulated step's figures as TensorBoard scalars (step = steps done; the simulated clock's seconds as
+    `time_s`): the run's trained tokens per second so far, the step's mean staleness, its tokens and seconds."""
+    from core.run_log import ScalarLog, mean_lag
+
+    trained = 0
+    with ScalarLog(board) as log:
+        for done, step in enumerate(sorted(timeline.steps, key=lambda s: s.step), 1):
+            trained += step.tokens
+            log.log(done, {"tokens_per_s": trained / step.end_s if step.end_s > 0 else 0.0,
+                           "staleness_mean": mean_lag(step.lag_tokens), "trained_tokens": float(step.tokens),
+                           "generated_tokens": float(step.generated_tokens), "samples": float(step.samples),
+                           "step_s": step.end_s - step.start_s, "time_s": step.end_s})  # fmt: skip
+
+
+def remove_empty(folder: Path) -> None:
+    """Remove `folder` and the folders inside it if no file was written there (a run interrupted before its
+    first output): Ctrl-C leaves no empty output folder behind."""
+    try:
+        if any(p.is_file() or p.is_symlink() for p in folder.rglob("*")):
+            return
+        for sub in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            sub.rmdir()
+        folder.rmdir()
+    except OSError:  # written to meanwhile, or not ours to remove: leave it
+        pass

@@ -1,7 +1,8 @@
 """The simulator's config: one frozen dataclass per component, loaded from YAML.
 
 `load_config` starts from `configs/default.yaml` (the documented paper-like setup: Qwen3-32B, math,
-64 H800 GPUs), merges a user file on top, then dotted `--set` overrides. Every physical constant
+64 H800 GPUs), merges the defaults of a chosen kind (`workload.kind: swe` brings `configs/swe.yaml`), then the
+user's files in order (later ones win key by key), then dotted `--set` overrides. Every physical constant
 and efficiency lives in those files.
 
 A cluster is one device type (`cluster.device`), or two: with `cluster.rollout_pool` set,
@@ -450,13 +451,64 @@ def _spec(key: str, lookup, name: str):
         raise UserError(f"{key}: {exc}") from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> SimConfig:
-    """Default config, then the file at `path` merged over it, then `key.path=value` overrides."""
-    data = cfgio.load_yaml(DEFAULT_CONFIG)
-    if path is not None and Path(path).resolve() != DEFAULT_CONFIG.resolve():
-        data = cfgio.merge(data, cfgio.load_yaml(path))
-    data = cfgio.apply_overrides(data, overrides or [])
+# Switches with defaults of their own: choosing a value (in any --config file or by --set) brings that file's
+# values in right over default.yaml, before the user's files, so that the user's own keys still win. A user file
+# that sets only `workload: {kind: swe}` then gets the SWE workload's lengths and sizes, not the math ones.
+KIND_DEFAULTS = {"workload.kind": {"swe": CONFIG_DIR / "swe.yaml"}}
+
+ConfigPaths = str | Path | list[str | Path] | tuple[str | Path, ...] | None
+
+
+def load_config(paths: ConfigPaths = None, overrides: list[str] | None = None) -> SimConfig:
+    """Default config, the defaults of each kind it chooses (KIND_DEFAULTS), then the file(s) at `paths` merged
+    over it in order (later files win key by key), then `key.path=value` overrides."""
+    data, _ = resolve(paths, overrides)
     return cfgio.from_dict(SimConfig, data)
+
+
+def resolve(paths: ConfigPaths = None, overrides: list[str] | None = None) -> tuple[dict, list[Path]]:
+    """The merged config as a mapping (not yet checked against SimConfig), and the files merged in order:
+    default.yaml, a chosen kind's defaults file, the user's files (`merged_note` names them)."""
+    users = [Path(p) for p in ([paths] if isinstance(paths, str | Path) else paths or ())]
+    users = [p for p in users if p.resolve() != DEFAULT_CONFIG.resolve()]
+    loaded = [cfgio.load_yaml(p) for p in users]  # every file read (a bad one fails) before anything is merged
+    user_data: dict = {}
+    for one in loaded:
+        user_data = cfgio.merge(user_data, one)
+    default = cfgio.load_yaml(DEFAULT_CONFIG)
+    chosen = cfgio.apply_overrides(cfgio.merge(default, user_data), overrides or [])
+    files, data = [DEFAULT_CONFIG], default
+    given = {p.resolve() for p in users}
+    for key, kinds in KIND_DEFAULTS.items():
+        extra = kinds.get(_lookup(chosen, key))  # an unhashable value is the checks' to report
+        if extra is not None and extra.resolve() not in given:
+            files.append(extra)
+            data = cfgio.merge(data, cfgio.load_yaml(extra))
+    data = cfgio.apply_overrides(cfgio.merge(data, user_data), overrides or [])
+    return data, [*files, *users]
+
+
+def _lookup(data: dict, key: str):
+    for part in key.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(part)
+    return data if isinstance(data, str) else None
+
+
+def merged_note(files: list[Path]) -> str:
+    """The line a command prints on stderr: `config: sim/configs/default.yaml + sim/configs/swe.yaml + my.yaml`."""
+    return "config: " + " + ".join(_shown(p) for p in files)
+
+
+def _shown(path: Path) -> str:
+    """A shipped file relative to the current folder when inside it; a user's file as given."""
+    if path.is_absolute():
+        try:
+            return str(path.resolve().relative_to(Path.cwd().resolve()))
+        except ValueError:
+            return str(path)
+    return str(path)
 
 
 def config_dict(cfg: SimConfig) -> dict:

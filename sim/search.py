@@ -47,10 +47,11 @@ from pathlib import Path
 import yaml
 from tqdm import tqdm
 
+from core import config as cfgio
 from core.errors import UserError
 from core.outputs import default_out, prepare_out, show_progress
 from core.policies import POLICIES
-from sim.config import DEFAULT_CONFIG, config_dict, load_config
+from sim.config import DEFAULT_CONFIG, SimConfig, config_dict, load_config, merged_note, resolve
 
 DEFAULT_SPACE: dict[str, list] = {  # 78 candidates with the five policies; add train.tensor_parallel=1,8 etc.
     "pools.train_fraction": [0.25, 0.5, 0.75],
@@ -121,7 +122,7 @@ def _blank_numbers(reason: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", reason)
 
 
-def _prepare(config: str, overrides: list[str], cand: Candidate, steps: int | None):
+def _prepare(config: list[str] | None, overrides: list[str], cand: Candidate, steps: int | None):
     """The candidate's Simulation, or a UserError saying why it cannot run (nothing is simulated)."""
     from sim.runner import Simulation
 
@@ -130,7 +131,7 @@ def _prepare(config: str, overrides: list[str], cand: Candidate, steps: int | No
     return cfg, Simulation(cfg, cand.policy, progress=False)
 
 
-def _run(job: tuple[str, list[str], Candidate, int | None]) -> Candidate:
+def _run(job: tuple[list[str] | None, list[str], Candidate, int | None]) -> Candidate:
     """In a worker process: prune or simulate one candidate."""
     from core.metrics import summarize
 
@@ -247,7 +248,8 @@ def draw(cands: list[Candidate], path: Path, title: str, keys: list[str]) -> Non
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m sim search", description=__doc__.split("\n")[0])
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML merged over the default config")
+    p.add_argument("--config", action="append", default=None, metavar="FILE",
+                   help="YAML merged over the default config (repeatable: later files win key by key)")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key for every candidate (repeatable)")  # fmt: skip
     p.add_argument("--space", action="append", default=[], metavar="KEY=V1,V2",
@@ -279,7 +281,8 @@ def _search(args: argparse.Namespace) -> int:
                                 ("--steps", args.steps or 1, 1)):  # fmt: skip
         if value < lowest:
             raise UserError(f"{name} must be >= {lowest}, got {value}")
-    base = load_config(args.config, args.overrides)  # a bad base config fails here, once
+    data, files = resolve(args.config, args.overrides)  # a bad base config fails here, once
+    base = cfgio.from_dict(SimConfig, data)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if unknown := [p for p in policies if p not in POLICIES]:
         raise UserError(f"unknown policy {unknown[0]!r}; valid choices: {', '.join(POLICIES)}")
@@ -300,6 +303,7 @@ def _search(args: argparse.Namespace) -> int:
     if total > args.max_candidates:
         cands = sorted(random.Random(base.seed).sample(cands, args.max_candidates), key=lambda c: c.index)
     out = prepare_out(args.out, default_out("search", "layouts", base.seed), args.overwrite)
+    print(merged_note(files), file=sys.stderr)  # every input checked: an error stays one line
     jobs = [(args.config, args.overrides, c, args.steps) for c in cands]
     start = time.perf_counter()
     bar = tqdm(total=len(jobs), desc="candidates", unit="run", disable=not show_progress(not args.quiet))
@@ -326,7 +330,9 @@ def _search(args: argparse.Namespace) -> int:
           f"{args.jobs} process(es)")  # fmt: skip
     for reason, n in pruned.most_common():
         print(f"  pruned {n:>3}: {reason}")
-    summary = {"config": str(args.config), "overrides": args.overrides, "space": space, "policies": policies,
+    given = args.config or [str(DEFAULT_CONFIG)]
+    given = given[0] if len(given) == 1 else given
+    summary = {"config": given, "overrides": args.overrides, "space": space, "policies": policies,
                "candidates_in_space": total, "wall_s": round(wall, 3), "pruned": dict(pruned.most_common()),
                "candidates": [c.to_json() for c in done]}  # fmt: skip
     (out / "search.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -90,7 +90,7 @@ def test_a_runtime_target_installs_cpu_torch_then_the_runtime_and_dev_extras(tmp
     assert installs(make_dry_run(tmp_path, target)) == [
         "--upgrade pip",
         '"torch==2.13.0" ${index:+--extra-index-url "$index"}',
-        '-e ".[dev,reference,swe]"',
+        '-e ".[dev,reference,swe,tensorboard]"',
     ]
 
 

@@ -13,6 +13,7 @@ from core.config import from_dict
 from core.errors import UserError
 from core.outputs import default_out, interrupted, prepare_out, provenance, source_fingerprint
 from core.policies import POLICIES
+from core.run_log import require as require_loggers
 
 COMPARE_ORDER = ("colocated", "disaggregated", "async", "tag", "streaming")
 COMPARE_STEPS = 10  # --compare's default steps per policy: four runs of the throughput workload take minutes
@@ -39,7 +40,14 @@ def add_train_parser(sub) -> None:
     t.add_argument("--overwrite", action="store_true", help="clear a non-empty --out folder first")
     t.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the run in DIR from its last checkpoint, with its config.yaml")  # fmt: skip
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--quiet", action="store_true",
+                   help="no progress display (a bar on a terminal; elsewhere one line a step on stderr)")  # fmt: skip
+    t.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write each step's metrics as TensorBoard event files in DIR (--compare: DIR/<policy>; "
+                        "needs tensorboardX: pip install -e '.[tensorboard]')")  # fmt: skip
+    t.add_argument("--wandb", default=None, metavar="PROJECT",
+                   help="also log each step's metrics to the Weights & Biases project PROJECT (needs wandb "
+                        "installed)")  # fmt: skip
     t.add_argument("--dry-run", action="store_true",
                    help="print the plan (resources, engines, GPU memory, whether it fits); start nothing")  # fmt: skip
 
@@ -92,9 +100,10 @@ def _train_main(args) -> int:
 
     out = run_dir = None  # the output folder, and the folder of the policy running now (compare: a subfolder)
     try:
+        require_loggers(args.tensorboard, args.wandb)  # a missing package: one line before anything starts
         if args.resume is not None:
             out = run_dir = Path(args.resume)
-            return _resume(out, args.quiet)
+            return _resume(out, args)
         cfg = load_train_config(args.config, _overrides(args))
         names = COMPARE_ORDER if args.compare else (cfg.policy.name,)
         if args.dry_run:  # before `validate`, which builds the task (a SWE task checks for Docker)
@@ -103,11 +112,12 @@ def _train_main(args) -> int:
             validate(_with_policy(cfg, name))
         label = "compare" if args.compare else cfg.policy.name
         out = prepare_out(args.out, default_out("train", label, cfg.run.seed), args.overwrite)
+        print(config_note(args.config), file=sys.stderr)  # every input checked: an error stays one line
         source = source_fingerprint()  # the code as the run starts
         summaries = []
         for name in names:
             run_dir = out / name if args.compare else out
-            summaries.append(_one(cfg, name, run_dir, args.quiet, source))
+            summaries.append(_one(cfg, name, run_dir, args, source))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -168,8 +178,33 @@ def _interrupted(out: Path | None, run_dir: Path | None) -> str:
     return line
 
 
-def _one(cfg, policy: str, out: Path, quiet: bool, source: dict) -> dict:
-    from reference.control.report import write_outputs
+def config_note(files) -> str:
+    """The line naming the config files merged, in order: `config: reference/configs/train.yaml + my.yaml`."""
+    from reference.control.config import DEFAULT_CONFIG
+
+    shipped = DEFAULT_CONFIG.resolve()
+    try:
+        shown = str(shipped.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        shown = str(shipped)
+    return "config: " + " + ".join([shown, *(str(f) for f in files or ())])
+
+
+def _scalar_log(args, policy: str, out: Path, resolved: dict):
+    """The run's TensorBoard/W&B log (core/run_log.py), or None when neither was asked for."""
+    from core.run_log import ScalarLog
+
+    if args.tensorboard is None and args.wandb is None:
+        return None
+    board = None
+    if args.tensorboard is not None:
+        board = Path(args.tensorboard) / policy if getattr(args, "compare", False) else Path(args.tensorboard)
+    return ScalarLog(board, args.wandb, run_name=f"{out.name}-{policy}" if args.wandb else None, config=resolved,
+                     wandb_dir=out)  # fmt: skip
+
+
+def _one(cfg, policy: str, out: Path, args, source: dict) -> dict:
+    from reference.control.report import logging_to, write_outputs
     from reference.train import train
 
     cfg = _with_policy(cfg, policy)
@@ -178,7 +213,8 @@ def _one(cfg, policy: str, out: Path, quiet: bool, source: dict) -> dict:
     resolved = {**dataclasses.asdict(cfg), "provenance": provenance(policy, source)}  # not config: --resume skips it
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))  # --resume reads it
-    timeline, metrics = train(cfg, out, progress=not quiet)
+    with logging_to(_scalar_log(args, policy, out, resolved)):
+        timeline, metrics = train(cfg, out, progress=not args.quiet)
     summary = write_outputs(timeline, metrics, resolved, out)
     _print_instances(metrics, out)
     return summary
@@ -211,9 +247,9 @@ def _with_new_keys(resolved: dict) -> dict:
     return resolved
 
 
-def _resume(out: Path, quiet: bool) -> int:
+def _resume(out: Path, args) -> int:
     from reference.control.config import TrainConfig
-    from reference.control.report import write_outputs
+    from reference.control.report import logging_to, write_outputs
     from reference.train import train
 
     saved = out / "config.yaml"
@@ -223,7 +259,8 @@ def _resume(out: Path, quiet: bool) -> int:
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = from_dict(TrainConfig, {k: v for k, v in resolved.items() if k in fields})
     print(f"resuming {out} ...", file=sys.stderr)
-    timeline, metrics = train(cfg, out, progress=not quiet, resume=True)
+    with logging_to(_scalar_log(args, cfg.policy.name, out, resolved)):
+        timeline, metrics = train(cfg, out, progress=not args.quiet, resume=True)
     summary = write_outputs(timeline, metrics, {**resolved, "resumed": provenance(cfg.policy.name)}, out)
     _print_instances(metrics, out)
     print(table([summary]))

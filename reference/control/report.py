@@ -1,6 +1,7 @@
 """A training run's outputs: the simulator's (summary.json, intervals.json, timeline.json, timeline.png, all
 from `core`), plus metrics.jsonl (one line per step, and one per held-out evaluation), reward.png and the
-resolved config.yaml; and the progress bar and the end-of-run table.
+resolved config.yaml; and the progress display (a bar on a terminal, a line a step elsewhere, and optionally
+TensorBoard or W&B: `logging_to`) and the end-of-run table.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from tqdm import tqdm
 from core.metrics import summarize
 from core.outputs import show_progress
 from core.plot import draw_timeline
+from core.run_log import ScalarLog, mean_lag, scalars, step_line
 from core.timeline import Timeline
 from core.trace import write_chrome_trace
 
@@ -65,22 +69,51 @@ def _finite(value):
     return value
 
 
+_ACTIVE_LOG: ScalarLog | None = None  # where Progress sends each step's scalars when not given a log
+
+
+@contextmanager
+def logging_to(log: ScalarLog | None) -> Iterator[ScalarLog | None]:
+    """Within the block, every Progress (the training run's) sends its steps' scalars to `log` (TensorBoard,
+    W&B: core/run_log.py), which is closed at the end. None: nothing beyond the bar or the lines."""
+    global _ACTIVE_LOG
+    previous, _ACTIVE_LOG = _ACTIVE_LOG, log
+    try:
+        yield log
+    finally:
+        _ACTIVE_LOG = previous
+        if log is not None:
+            log.close()
+
+
 class Progress:
     """A progress bar per training step, with reward and trained tokens per second, on a terminal; elsewhere (a
-    log file, a pipe) one plain line a step, so a long run still says where it is."""
+    log file, nohup, a batch scheduler, a pipe) one plain line a step (`core.run_log.step_line`: step, reward,
+    the run's trained tokens per second so far, the step's mean staleness, seconds since the run's start), so a
+    long run still says where it is. Each step's numbers also go to the active ScalarLog (`logging_to`), if any,
+    with --quiet too."""
 
-    def __init__(self, steps: int, enabled: bool = True, done: int = 0) -> None:
+    def __init__(self, steps: int, enabled: bool = True, done: int = 0, log: ScalarLog | None = None) -> None:
         self.bar = tqdm(total=steps, initial=done, desc="train", unit="step", disable=not show_progress(enabled),
                         leave=False)  # fmt: skip
         self.lines, self.steps, self.done = enabled and self.bar.disable, steps, done
+        self.log = log if log is not None else _ACTIVE_LOG
+        self.trained_tokens = 0
 
     def update(self, record: dict) -> None:
         self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", tok_s=f"{record['tokens_per_s_trained']:,.0f}")
         self.bar.update(1)
         self.done += 1
+        self.trained_tokens += record.get("trained_tokens", 0)
+        elapsed = record.get("time_s", 0.0)
+        throughput = self.trained_tokens / elapsed if elapsed > 0 else 0.0
+        staleness = mean_lag(record.get("staleness") or {})
         if self.lines:
-            print(f"train: step {self.done}/{self.steps}, reward {record['reward_mean']:.3f}, "
-                  f"{record['tokens_per_s_trained']:,.0f} trained tokens/s", file=sys.stderr, flush=True)  # fmt: skip
+            line = step_line(self.done, self.steps, record["reward_mean"], throughput, staleness, elapsed)
+            print(line, file=sys.stderr, flush=True)
+        if self.log is not None:
+            figures = {**scalars(record), "tokens_per_s": throughput, "staleness_mean": staleness}
+            self.log.log(self.done, figures)
 
     def note(self, text: str) -> None:
         """One line about what the run does between steps (an evaluation): above the bar on a terminal, plain

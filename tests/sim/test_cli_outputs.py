@@ -150,8 +150,34 @@ def test_ctrl_c_in_process_is_one_line_and_130(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(Simulation, "run", run)
     assert main([*SMALL, "--out", str(tmp_path / "run")]) == 130
     captured = capsys.readouterr()
-    assert captured.err == "interrupted (Ctrl-C); no outputs were written\n"
+    assert captured.err == "config: sim/configs/default.yaml\ninterrupted (Ctrl-C); no outputs were written\n"
     assert captured.out == ""
+    assert not (tmp_path / "run").exists()  # the folder the run made, still empty, is gone
+
+
+def test_ctrl_c_leaves_a_folder_the_user_made_and_one_with_outputs(capsys, tmp_path, monkeypatch):
+    (tmp_path / "mine").mkdir()
+
+    def run(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Simulation, "run", run)
+    assert main([*SMALL, "--out", str(tmp_path / "mine")]) == 130
+    assert (tmp_path / "mine").is_dir()
+    monkeypatch.undo()
+    calls = []
+    real = Simulation.run
+
+    def second_interrupted(self):
+        calls.append(self.policy.name)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(Simulation, "run", second_interrupted)
+    assert main([*SMALL, "--compare", "--out", str(tmp_path / "cmp")]) == 130
+    assert "outputs written so far are in" in capsys.readouterr().err
+    assert (tmp_path / "cmp" / calls[0] / "summary.json").is_file()
 
 
 def wait_for(condition, timeout_s: float, what: str) -> None:
@@ -185,9 +211,11 @@ def test_ctrl_c_in_python_dash_m_sim_is_one_line_and_exit_130(tmp_path):
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130
-    assert stderr.startswith("interrupted (Ctrl-C)")
-    assert stderr.count("\n") == 1, stderr
+    note, line = stderr.splitlines()
+    assert note == "config: sim/configs/default.yaml"
+    assert line == "interrupted (Ctrl-C); no outputs were written", stderr
     assert stdout == ""
+    assert not out.exists()
 
 
 class Terminal(io.StringIO):

@@ -126,9 +126,10 @@ def test_preempted_requests_finish_with_exactly_their_tokens(small_config, monke
     monkeypatch.setattr(Simulation, "start_train", record)
     for kind in ("math", "swe"):
         trained.clear()
-        timeline = Simulation(small_config(*TIGHT, f"workload.kind={kind}"), "colocated").run()
+        cfg = small_config(*TIGHT, f"workload.kind={kind}")  # swe: swe.yaml's group size (8)
+        timeline = Simulation(cfg, "colocated").run()
         assert timeline.counters["kv_preemptions"] > 0
-        assert len(trained) == 4 * 16 * 16
+        assert len(trained) == 4 * 16 * cfg.workload.group_size
         for sample in trained:
             assert sum(sample.version_tokens.values()) == sample.generated_tokens
         generated = sum(iv.tokens for iv in timeline.intervals if iv.phase is Phase.ROLLOUT)

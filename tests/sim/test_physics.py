@@ -49,7 +49,7 @@ def test_steps_train_whole_batches_and_account_for_every_generated_token(run_sma
     ends = [s.end_s for s in timeline.steps]
     assert ends == sorted(ends) and ends[-1] == pytest.approx(timeline.wall_s)  # the run ends with the last step
     for step in timeline.steps:
-        assert step.samples == 16 * 16  # prompts_per_step x group_size
+        assert step.samples == 16 * (8 if kind == "swe" else 16)  # prompts_per_step x group_size (swe.yaml's 8)
         assert sum(step.lag_tokens.values()) == step.generated_tokens  # every trained token has a version
         assert 0 < step.generated_tokens < step.tokens
     trained = sum(iv.tokens for iv in timeline.intervals if iv.phase is Phase.TRAIN)

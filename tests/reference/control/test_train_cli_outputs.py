@@ -40,8 +40,10 @@ def one_line(capsys) -> str:
 
 
 def interrupted_line(capsys) -> str:
-    """After Ctrl-C: the line announcing the run, then one line saying where its outputs are."""
-    announced, *rest = capsys.readouterr().err.splitlines()
+    """After Ctrl-C: the config files merged, the line announcing the run, then one line saying where its outputs
+    are."""
+    note, announced, *rest = capsys.readouterr().err.splitlines()
+    assert note.startswith("config: ") and note.endswith("train.yaml"), note
     assert announced.startswith("training math under "), announced
     assert len(rest) == 1, rest
     return rest[0]
@@ -203,9 +205,12 @@ def test_the_progress_bar_only_on_a_terminal(monkeypatch, stderr, shown):
     with Progress(3) as progress:
         assert progress.bar.disable is not shown
         progress.update({"reward_mean": 0.25, "tokens_per_s_trained": 1234.5})
-    lines = [line for line in stderr.getvalue().splitlines() if line.startswith("train: step")]
+        progress.update({"reward_mean": 0.25, "tokens_per_s_trained": 1234.5, "trained_tokens": 4000, "time_s": 2.0,
+                         "staleness": {"0": 10, "1": 30}})  # fmt: skip
+    lines = [line for line in stderr.getvalue().splitlines() if line.startswith("step ")]
     # no terminal (a log file): one plain line a step instead of the bar's frames
-    assert lines == ([] if shown else ["train: step 1/3, reward 0.250, 1,234 trained tokens/s"])
+    assert lines == ([] if shown else ["step 1/3  reward 0.250  0 tok/s  staleness 0.00  0 s",
+                                       "step 2/3  reward 0.250  2,000 tok/s  staleness 0.75  2 s"])  # fmt: skip
 
 
 @pytest.mark.parametrize(("stderr", "shown"), [(Terminal(), True), (io.StringIO(), False)])

@@ -9,7 +9,9 @@ the timeline tiles the wall time (the simulator's scorer accepts it).
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -37,13 +39,13 @@ def ray_cluster():
     ray.shutdown()
 
 
-def run(tmp_path: Path, policy: str, *extra: str):
+def run(tmp_path: Path, policy: str, *extra: str, progress: bool = False):
     from reference.control.report import write_outputs
     from reference.train import train
 
     cfg = load_train_config(None, [*SMALL, f"policy.name={policy}", *extra])
     out = tmp_path / policy
-    timeline, metrics = train(cfg, out, progress=False)
+    timeline, metrics = train(cfg, out, progress=progress)
     summary = write_outputs(timeline, metrics, {}, out, picture=False)
     return cfg, out, timeline, metrics, summary
 
@@ -70,12 +72,21 @@ def test_each_policy_trains_within_its_staleness_bound(tmp_path, policy, bound):
     assert report.max_logprob_diff < 1e-3  # version-0 tokens re-score under the version-0 weights
 
 
-def test_outputs_match_the_simulators(tmp_path):
-    """The same files as `python -m sim`, plus metrics.jsonl and reward.png; the timeline reads back."""
+def test_outputs_match_the_simulators(tmp_path, capsys):
+    """The same files as `python -m sim`, plus metrics.jsonl and reward.png; the timeline reads back. With stderr
+    not a terminal, a line a step; with a TensorBoard log, its event files hold each step."""
+    from core.run_log import ScalarLog, read_scalars
     from core.timeline import Timeline
-    from reference.control.report import write_outputs
+    from reference.control.report import logging_to, write_outputs
 
-    cfg, out, timeline, metrics, _ = run(tmp_path, "tag", "policy.num_steps=2")
+    board = ScalarLog(tmp_path / "tb") if importlib.util.find_spec("tensorboardX") else None
+    with logging_to(board):
+        cfg, out, timeline, metrics, _ = run(tmp_path, "tag", "policy.num_steps=2", progress=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    assert [line.split("  ")[0] for line in lines] == ["step 1/2", "step 2/2"]
+    assert all(re.fullmatch(r"step \d/2  reward [\d.]+  [\d,]+ tok/s  staleness [\d.]+  \d+ s", x) for x in lines)
+    if board is not None:
+        assert [step for step, _ in read_scalars(tmp_path / "tb")["train/reward_mean"]] == [1, 2]
     write_outputs(timeline, metrics, {"policy": {"name": "tag"}}, out, picture=True)
     for name in ("summary.json", "intervals.json", "timeline.json", "timeline.png", "reward.png", "metrics.jsonl"):
         assert (out / name).is_file(), name
