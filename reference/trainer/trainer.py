@@ -203,11 +203,11 @@ class Trainer:
         c = self.config
         inert = self._without_gradient(batch)
         with torch.no_grad() if inert else contextlib.nullcontext():
-            logp, entropy = token_logprobs(self.model, batch)
+            logp, entropy = token_logprobs(self.model, batch, c.logit_chunk_tokens, entropy_grad=c.entropy_coef > 0)
         ref_logp = None
         if self.ref_model is not None and not inert:
             with torch.no_grad():
-                ref_logp, _ = token_logprobs(self.ref_model, batch)
+                ref_logp, _ = token_logprobs(self.ref_model, batch, c.logit_chunk_tokens)
         out = grpo_loss(
             logp, entropy, batch, total_tokens, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
             ratio_cap=c.ratio_cap, entropy_coef=c.entropy_coef, kl_coef=c.kl_coef, ref_logp=ref_logp,
