@@ -37,6 +37,11 @@ class TrainerConfig:
     # behaviour policy's log-probs; one policy version a step whatever the count); an integer >= 1
     # Batching and bookkeeping.
     micro_batch_size: int = 64  # sequences per forward/backward; >= 1 (does not change the result)
+    micro_batch_tokens: int | None = 0  # > 0: micro-batches by padded tokens instead (rows x longest row <= this,
+    # cut from the batch sorted by length; a sequence longer than this is a micro-batch of its own);
+    # micro_batch_size is then not used; 0 or null: off (does not change the result)
+    logit_chunk_tokens: int = 2048  # trained tokens projected onto the vocabulary at once: the loss holds one
+    # chunk's [logit_chunk_tokens, vocab] logits, recomputed in the backward pass; >= 1 (does not change the result)
     checkpoint_every_steps: int = 0  # write a resumable checkpoint every this many steps; 0 = never
     seed: int = 0  # seeds the trainer's RNGs (prompt order, sampling in the probe)
 
@@ -65,6 +70,12 @@ class TrainerConfig:
         _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, ">= 0 (0 turns clipping off)")
         _check(_is_int(self.micro_batch_size) and self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size)
         _check(_is_int(self.epochs) and self.epochs >= 1, "epochs", self.epochs)
+        if self.micro_batch_tokens is None:
+            object.__setattr__(self, "micro_batch_tokens", 0)
+        tokens_ok = _is_int(self.micro_batch_tokens) and self.micro_batch_tokens >= 0
+        _check(tokens_ok, "micro_batch_tokens", self.micro_batch_tokens, "an integer >= 0 (0 or null: off)")
+        _check(_is_int(self.logit_chunk_tokens) and self.logit_chunk_tokens >= 1, "logit_chunk_tokens",
+               self.logit_chunk_tokens)  # fmt: skip
         _check(_is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps,
                "an integer >= 0 (0: no warm-up)")  # fmt: skip
         _check(_is_int(self.checkpoint_every_steps) and self.checkpoint_every_steps >= 0, "checkpoint_every_steps",

@@ -30,10 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from reference.trainer.batch import TokenBatch
+from reference.trainer.config import TrainerConfig
 
 LOG_RATIO_LIMIT = 20.0
+DEFAULT_LOGIT_CHUNK_TOKENS = TrainerConfig.logit_chunk_tokens  # trained tokens projected onto the vocabulary at once
 
 
 @dataclass(frozen=True)
@@ -50,18 +53,60 @@ class LossOutput:
     dual_clipped: torch.Tensor  # bool: the dual clip's cap was the active one
 
 
-def token_logprobs(model, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    model, batch: TokenBatch, chunk_tokens: int = DEFAULT_LOGIT_CHUNK_TOKENS, *, entropy_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p(target), entropy of the full distribution), both [B, L-1] float32, from one forward; 0 at the
-    targets no row of the batch trains (`batch.mask`). The vocabulary projection and its softmax run only at
-    the positions some row trains (the model's `logits_to_keep`): an agent episode's prompt and tool outputs
-    are most of its tokens, and [B, L, V] logits are most of a step's memory."""
-    keep = (batch.mask > 0).any(0).nonzero()[:, 0]  # target positions (hidden position p predicts token p+1)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
-    logsm = torch.log_softmax(logits.float(), dim=-1)  # [B, K, V]
-    targets = batch.input_ids[:, 1:].index_select(1, keep)
-    shape = batch.mask.shape
-    logp = logsm.new_zeros(shape).index_copy(1, keep, logsm.gather(-1, targets[..., None])[..., 0])
-    entropy = logsm.new_zeros(shape).index_copy(1, keep, -(logsm.exp() * logsm).sum(-1))
+    targets the batch does not train (`batch.mask`).
+
+    No [tokens x vocabulary] tensor is ever held in full: the model's body runs once (its final hidden states,
+    `final_hidden_states`), then the vocabulary projection, its softmax and the two statistics run on
+    `chunk_tokens` trained tokens at a time. Under autograd each chunk runs inside a non-reentrant
+    `torch.utils.checkpoint`, so the backward pass recomputes that chunk's logits instead of keeping them: the
+    step holds at most one chunk's [chunk_tokens, V] logits at a time (with Qwen3's 151,936-token vocabulary a
+    2,048-token chunk is 1.2 GB in float32, where a 32k-token episode's full logits were 20 GB a tensor). Only
+    trained tokens are projected (an agent episode's prompt and tool outputs are most of its tokens). Works
+    with a tied `lm_head` (the projection is the module the model itself uses). `entropy_grad` False: the
+    entropy is computed for the metrics only (no gradient through it; use it when the entropy bonus is 0)."""
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be an integer >= 1, got {chunk_tokens!r}")
+    on = batch.mask > 0
+    hidden = final_hidden_states(model, batch)[:, :-1][on]  # [N, H]: position p predicts token p + 1
+    targets = batch.input_ids[:, 1:][on]
+    head = model.get_output_embeddings()
+    logps, entropies = [], []
+    for lo in range(0, max(len(targets), 1), chunk_tokens):  # an empty batch still runs one (empty) chunk
+        args = (head, hidden[lo : lo + chunk_tokens], targets[lo : lo + chunk_tokens], entropy_grad)
+        if torch.is_grad_enabled():
+            logp, entropy = checkpoint(_chunk_statistics, *args, use_reentrant=False, preserve_rng_state=False)
+        else:
+            logp, entropy = _chunk_statistics(*args)
+        logps.append(logp)
+        entropies.append(entropy)
+    zeros = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+    return zeros.masked_scatter(on, torch.cat(logps)), zeros.masked_scatter(on, torch.cat(entropies))
+
+
+def final_hidden_states(model, batch: TokenBatch) -> torch.Tensor:
+    """[B, L, H]: the model's final (normed) hidden states, the input of its `lm_head`, from the model's own
+    forward (so that wrappers such as FSDP see a normal call) with no position projected onto the vocabulary
+    (`logits_to_keep` empty) and no KV cache built; the states are taken from its base model's output."""
+    captured: list[torch.Tensor] = []
+    handle = model.base_model.register_forward_hook(lambda _module, _args, out: captured.append(out[0]))
+    try:
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+              logits_to_keep=batch.input_ids.new_empty(0))  # fmt: skip
+    finally:
+        handle.remove()
+    return captured[-1]
+
+
+def _chunk_statistics(head, hidden: torch.Tensor, targets: torch.Tensor, entropy_grad: bool):
+    """(log p(target), entropy), each [n], of n hidden states projected by `head`."""
+    logsm = torch.log_softmax(head(hidden).float(), dim=-1)  # [n, V]
+    logp = logsm.gather(-1, targets[:, None])[:, 0]
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = -(logsm.exp() * logsm).sum(-1)
     return logp, entropy
 
 

@@ -2,7 +2,8 @@
 
 `Trainer.train_step(trajectories)` computes group-normalised advantages, splits the batch into
 micro-batches of sequences of similar length (sorted by length: each micro-batch is padded to its
-longest, so with long-tailed lengths unsorted slices would spend most of their compute on padding),
+longest, so with long-tailed lengths unsorted slices would spend most of their compute on padding;
+`micro_batch_size` sequences each, or with `micro_batch_tokens` as many as fit that many padded tokens),
 accumulates the gradient of the step's global token-mean loss (`reference.trainer.loss`),
 sums gradients over data-parallel ranks (`reference.trainer.parallel`), clips the global gradient
 norm, takes one AdamW step and returns the step's metrics. The policy version equals the number of
@@ -65,6 +66,26 @@ class StepMetrics:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def token_budget_slices(lengths: Sequence[int], budget: int) -> list[tuple[int, int]]:
+    """(start, end) slices of rows of `lengths` (sorted ascending) such that each slice's padded size, rows x its
+    longest row, is at most `budget`: greedy, a slice grows until the next row would take it over. A row longer
+    than `budget` is a slice of its own (the one case over the budget)."""
+    bounds: list[tuple[int, int]] = []
+    start = longest = 0
+    for i, length in enumerate(lengths):
+        if i > start and (i + 1 - start) * max(longest, length) > budget:
+            bounds.append((start, i))
+            start, longest = i, 0
+        longest = max(longest, length)
+    if start < len(lengths):
+        bounds.append((start, len(lengths)))
+    return bounds
+
+
+def _even_slices(n: int, count: int) -> list[tuple[int, int]]:
+    return [(i * n // count, (i + 1) * n // count) for i in range(count)]
 
 
 class Trainer:
@@ -138,6 +159,7 @@ class Trainer:
         # the step's global token mean, so the order changes only the order of the gradient sums.
         order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].token_ids))
         trajectories, advantages = [trajectories[i] for i in order], [advantages[i] for i in order]
+        self._warn_over_budget(trajectories)
         local = [sum(t.num_generated for t in trajectories if t.trained), sum(t.num_generated for t in trajectories)]
         total, generated = (int(x) for x in self.parallel.all_reduce(torch.tensor(local, dtype=torch.float64)))
         if generated == 0:
@@ -162,7 +184,7 @@ class Trainer:
         later epoch's objective is the first one's, whatever it leaves out); the first epoch's metrics go into
         `sums` and `maxes`. Returns the gradient's norm before clipping."""
         self.optimizer.zero_grad(set_to_none=True)
-        bounds = self._micro_batches(len(trajectories))
+        bounds = self._micro_batches(trajectories)
         for i, (lo, hi) in enumerate(bounds):
             batch = collate(trajectories[lo:hi], advantages[lo:hi], self.pad_id).to(self.device)
             out = self._micro_step(batch, total, last=i == len(bounds) - 1)
@@ -189,25 +211,46 @@ class Trainer:
         if newest > self.version:
             raise ValueError(f"a token has policy version {newest}, newer than the trainer's {self.version}")
 
-    def _micro_batches(self, n: int) -> list[tuple[int, int]]:
-        """(start, end) of each micro-batch: near-equal slices of at most `micro_batch_size`. Under FSDP every
-        rank runs the same number (its collectives must pair up), the largest any rank needs."""
-        count = -(-n // self.config.micro_batch_size)
+    def _micro_batches(self, trajectories: Sequence[Trajectory]) -> list[tuple[int, int]]:
+        """(start, end) of each micro-batch of `trajectories` (sorted by length): near-equal slices of at most
+        `micro_batch_size` sequences, or with `micro_batch_tokens` the greedy cut of `token_budget_slices`. Under
+        FSDP every rank runs the same number (its collectives must pair up), the largest any rank needs: a rank
+        that needs fewer splits its largest micro-batches."""
+        n, budget = len(trajectories), self.config.micro_batch_tokens
+        if budget:
+            bounds = token_budget_slices([len(t.token_ids) for t in trajectories], budget)
+        else:
+            bounds = _even_slices(n, -(-n // self.config.micro_batch_size))
         if self.parallel.fsdp:
-            count = int(self.parallel.all_reduce(torch.tensor([count]), op="max")[0])
+            count = int(self.parallel.all_reduce(torch.tensor([len(bounds)]), op="max")[0])
             if n < count:
                 raise ValueError(f"FSDP: this rank has {n} trajectories for {count} micro-batches; shard more evenly")
-        return [(i * n // count, (i + 1) * n // count) for i in range(count)]
+            if not budget:
+                bounds = _even_slices(n, count)
+            while len(bounds) < count:  # halve the micro-batch of most rows (fewer tokens each: within the budget)
+                i = max(range(len(bounds)), key=lambda k: bounds[k][1] - bounds[k][0])
+                lo, hi = bounds[i]
+                bounds[i : i + 1] = [(lo, (lo + hi) // 2), ((lo + hi) // 2, hi)]
+        return bounds
+
+    def _warn_over_budget(self, trajectories: Sequence[Trajectory]) -> None:
+        budget = self.config.micro_batch_tokens
+        over = [len(t.token_ids) for t in trajectories if budget and len(t.token_ids) > budget]
+        if over:
+            message = "step %d: %d sequence(s) longer than micro_batch_tokens %d (the longest %d tokens) each train "
+            log.warning(
+                message + "as a micro-batch of its own, over the budget", self.step, len(over), budget, max(over)
+            )
 
     def _micro_step(self, batch: TokenBatch, total_tokens: int, last: bool) -> LossOutput:
         c = self.config
         inert = self._without_gradient(batch)
         with torch.no_grad() if inert else contextlib.nullcontext():
-            logp, entropy = token_logprobs(self.model, batch)
+            logp, entropy = token_logprobs(self.model, batch, c.logit_chunk_tokens, entropy_grad=c.entropy_coef > 0)
         ref_logp = None
         if self.ref_model is not None and not inert:
             with torch.no_grad():
-                ref_logp, _ = token_logprobs(self.ref_model, batch)
+                ref_logp, _ = token_logprobs(self.ref_model, batch, c.logit_chunk_tokens)
         out = grpo_loss(
             logp, entropy, batch, total_tokens, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
             ratio_cap=c.ratio_cap, entropy_coef=c.entropy_coef, kl_coef=c.kl_coef, ref_logp=ref_logp,

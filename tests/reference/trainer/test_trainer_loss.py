@@ -350,7 +350,7 @@ def test_an_entropy_bonus_keeps_the_backward_pass(make_model):
     assert trainer.skipped == 0
 
 
-def test_token_logprobs_project_the_vocabulary_only_where_a_row_trains(make_model):
+def test_token_logprobs_project_the_vocabulary_only_at_trained_tokens(make_model):
     model = make_model(0)
     trajs = make_batch(model)
     trajs[1] = dataclasses.replace(trajs[1], trained=False)
@@ -363,6 +363,6 @@ def test_token_logprobs_project_the_vocabulary_only_where_a_row_trains(make_mode
     on = batch.mask > 0
     torch.testing.assert_close(logp[on], full_logp[on], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(entropy[on], full_entropy[on], rtol=1e-5, atol=1e-6)
-    projected = on.any(0)  # a position some row trains is projected for every row; the rest are 0
-    assert bool((logp[:, ~projected] == 0).all()) and bool((entropy[:, ~projected] == 0).all())
-    assert not bool(on[1].any()) and int(projected.sum()) < on.shape[1]
+    # only the trained tokens are projected; the rest (prompts, tool outputs, the untrained row) are 0
+    assert bool((logp[~on] == 0).all()) and bool((entropy[~on] == 0).all())
+    assert not bool(on[1].any()) and int(on.any(0).sum()) < on.shape[1]

@@ -98,6 +98,7 @@ def test_shard_by_group_keeps_groups_whole_and_covers_the_batch():
         ("entropy_coef", -0.1, "entropy_coef must be >= 0"),
         ("lr", math.nan, "lr must be a finite number, got nan"),
         ("micro_batch_size", 0, "micro_batch_size must be an integer >= 1, got 0"),
+        ("logit_chunk_tokens", 0, "logit_chunk_tokens must be an integer >= 1, got 0"),
         ("negative_weight", -0.5, "negative_weight must be in \\[0, 1\\], got -0.5"),
         ("warmup_steps", -1, "warmup_steps must be an integer >= 0 \\(0: no warm-up\\), got -1"),
         ("betas", (0.9, 1.0), "betas must be two values in \\[0, 1\\)"),
