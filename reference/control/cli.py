@@ -96,7 +96,7 @@ def train_main(args) -> int:
 
 
 def _train_main(args) -> int:
-    from reference.control.config import load_train_config
+    from reference.control.config import config_files, load_train_config
 
     out = run_dir = None  # the output folder, and the folder of the policy running now (compare: a subfolder)
     try:
@@ -112,7 +112,7 @@ def _train_main(args) -> int:
             validate(_with_policy(cfg, name))
         label = "compare" if args.compare else cfg.policy.name
         out = prepare_out(args.out, default_out("train", label, cfg.run.seed), args.overwrite)
-        print(config_note(args.config), file=sys.stderr)  # every input checked: an error stays one line
+        print(config_note(config_files(args.config, _overrides(args))), file=sys.stderr)  # an error stays one line
         source = source_fingerprint()  # the code as the run starts
         summaries = []
         for name in names:

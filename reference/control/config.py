@@ -1,5 +1,6 @@
 """The training run's one config: YAML defaults (`reference/configs/train.yaml`), `--config FILE` merged over
-them (repeatable: later files win), `--set key.path=value` overrides, validated on construction; the resolved
+them (repeatable: later files win; `--task swe` alone brings `swe.yaml` first), `--set key.path=value`
+overrides, validated on construction; the resolved
 config is saved with every run. Feasibility against the resources (cores, pools, batch shape) is checked in
 `check_feasible` before anything starts, with one clear line per problem.
 """
@@ -16,6 +17,8 @@ from core.errors import UserError
 from core.policies import POLICIES, PolicyConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "train.yaml"
+# A task named on the command line brings its recipe (merged over train.yaml before the user's files).
+TASK_DEFAULTS = {"swe": DEFAULT_CONFIG.parent / "swe.yaml"}
 BACKENDS = ("builtin", "vllm")
 MAX_EVAL_SAMPLES = 64  # episodes of a problem an evaluation may run
 
@@ -205,12 +208,33 @@ def _check_gpus(r: ResourcesSection) -> None:
 def load_train_config(
     path: str | Path | Sequence[str | Path] | None = None, overrides: list[str] | None = None
 ) -> TrainConfig:
-    """train.yaml, then each file of `path` (one or several: later ones win) merged over it, then `overrides`."""
+    """train.yaml, then each file of `config_files(path, overrides)` merged over it (later ones win), then
+    `overrides`."""
     data = load_yaml(DEFAULT_CONFIG)
-    for one in [path] if isinstance(path, str | Path) else path or ():
+    for one in config_files(path, overrides):
         data = merge(data, load_yaml(one))
     data = apply_overrides(data, overrides or [])
     return from_dict(TrainConfig, data)
+
+
+def config_files(path: str | Path | Sequence[str | Path] | None, overrides: list[str] | None = None) -> list[Path]:
+    """The files merged over train.yaml, in order: the given ones; first, a task's own recipe (`TASK_DEFAULTS`)
+    when the task is named only on the command line (`--task swe`, `--set task.name=swe`): train.yaml's values
+    are the math task's, not a SWE run's. A file that names its task is a recipe of its own over train.yaml."""
+    files = [Path(p) for p in ([path] if isinstance(path, str | Path) else path or ())]
+    named_by_file = False
+    for one in files:
+        task = load_yaml(one).get("task")
+        named_by_file |= isinstance(task, dict) and "name" in task
+    if named_by_file:
+        return files
+    chosen = apply_overrides({"task": {"name": None}}, [o for o in overrides or () if _sets_task(o)])["task"]
+    recipe = TASK_DEFAULTS.get(chosen.get("name") if isinstance(chosen, dict) else None)
+    return files if recipe is None else [recipe, *files]
+
+
+def _sets_task(override: str) -> bool:
+    return override.split("=", 1)[0].strip() in ("task", "task.name")
 
 
 def check_feasible(cfg: TrainConfig, cores: int | None = None) -> None:

@@ -140,3 +140,20 @@ def test_compare_writes_each_policys_resolved_config_before_it_runs(tmp_path, mo
     monkeypatch.setattr(reference.train, "train", fake_train)
     assert main(["train", "--compare", "--out", str(tmp_path / "cmp")]) == 130  # as after Ctrl-C
     assert seen == [("colocated", True)]
+
+
+def test_a_task_named_on_the_command_line_brings_its_recipe(tmp_path):
+    from reference.control.config import DEFAULT_CONFIG, TASK_DEFAULTS, config_files, load_train_config
+
+    swe = load_train_config(None, ["task.name=swe"])
+    assert (swe.rollout.prompts_per_step, swe.rollout.group_size, swe.rollout.temperature) == (8, 4, 0.7)
+    assert swe.task.options["sandbox"] == "docker" and swe.warm_start["steps"] > 0  # swe.yaml's, not math's
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("rollout: {group_size: 6}\n")
+    assert config_files([mine], ["task.name=swe"]) == [TASK_DEFAULTS["swe"], mine]
+    assert load_train_config([mine], ["task.name=swe"]).rollout.group_size == 6  # the user's file still wins
+    recipe = tmp_path / "recipe.yaml"  # a file that names its task is a recipe of its own over train.yaml
+    recipe.write_text("task: {name: swe, options: {sandbox: local}}\n")
+    assert config_files([recipe], []) == [recipe]
+    assert load_train_config([recipe]).rollout.prompts_per_step == load_train_config(None).rollout.prompts_per_step
+    assert config_files(None, ["task.name=math"]) == [] and DEFAULT_CONFIG.name == "train.yaml"
