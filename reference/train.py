@@ -19,7 +19,14 @@ from core.tags import Tag
 from core.timeline import Timeline, TimelineRecorder
 from reference.control.config import TrainConfig, check_feasible, policy_config
 from reference.control.engines import WorkerEngine
-from reference.control.layout import initial_weights, last_checkpoint, resumed, resumed_weights, worker_specs
+from reference.control.layout import (
+    initial_weights,
+    last_checkpoint,
+    resumed,
+    resumed_weights,
+    ships_initial_weights,
+    worker_specs,
+)
 from reference.control.report import MetricsLog, Progress
 from reference.control.run import run_policy
 from reference.control.warm_start import warm_start
@@ -73,7 +80,10 @@ def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
     if workers_factory is None:
         from reference.ray.workers import RayWorkers as workers_factory
     admin = secrets.token_urlsafe(24)  # the manager's admin token: rewards and weights are ours alone
-    with workers_factory(specs, cfg.run.ray_address) as workers:
+    tokenizer = Tokenizer.load(model_dir)  # the model's own (a fresh model's is the task's)
+    # object_store: weights the run wrote here go to each worker, which starts from its own copy
+    shipped = {"initial_weights": model_dir} if ships_initial_weights(cfg, model_dir) else {}
+    with workers_factory(specs, cfg.run.ray_address, **shipped) as workers:
         addresses = {s.name: workers.get(s.name, "engine_address") for s in specs if s.can_roll_out}
         engines = {name: HTTPEngine(url, token=token) for name, (url, token) in addresses.items()}
         local = cfg.run.ray_address is None
@@ -81,7 +91,6 @@ def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
         # The rollout manager bounds the requests in flight itself, so the manager sheds nothing here.
         config = ManagerConfig(model_name=f"seamlessflow-{cfg.task.name}", admin_token=admin, max_pause_s=0,
                                max_in_flight_requests=0, max_loop_lag_s=0)  # fmt: skip
-        tokenizer = Tokenizer.load(model_dir)  # the model's own (a fresh model's is the task's)
         with ManagerThread(engines, tokenizer, out / "trajectories.sqlite", config, processes=owned) as m, \
                 _closing_first(task):  # fmt: skip
             for name in engines:  # a resource that starts on its train tag takes no request
@@ -91,7 +100,9 @@ def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
             workers.init_trainers(
                 policy.trainers, trainer, str(out / "checkpoints"), start_from, dataclasses.asdict(cfg.trainer_parallel)
             )
-            adopted = m.call(resumed(m.manager, done, model_dir)) if checkpoint else []
+            adopted = []
+            if checkpoint:  # every engine from the checkpoint's version: model_dir, or each worker's own copy of it
+                adopted = m.call(resumed(m.manager, done, {n: workers.get(n, "model_dir") for n in engines}))
             active = {n: policy.initial_active(n).value for n in policy.resources}
             recorder = TimelineRecorder(list(policy.resources.values()), active)
             with Progress(cfg.policy.num_steps, enabled=progress, done=done) as bar:

@@ -20,6 +20,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "train.yam
 # A task named on the command line brings its recipe (merged over train.yaml before the user's files).
 TASK_DEFAULTS = {"swe": DEFAULT_CONFIG.parent / "swe.yaml"}
 BACKENDS = ("builtin", "vllm")
+WEIGHT_TRANSPORTS = ("directory", "object_store")  # engine.weights_transport: see control/transport.py
 MAX_EVAL_SAMPLES = 64  # episodes of a problem an evaluation may run
 
 
@@ -77,6 +78,9 @@ class EngineSection:
     backend: str  # builtin (CPU) | vllm (GPUs)
     max_batch: int  # sequences an engine decodes together
     coalesce_s: float = 0.0  # > 0: an engine's stream waits this long after a token for more, sent as one line
+    weights_transport: str = "directory"  # how each new version reaches the engines (control/transport.py):
+    # directory (OUT/weights/, which every worker must see) | object_store (Ray's, to a copy on each engine's node)
+    weights_local_root: str | None = None  # object_store: where a worker keeps its copies (null: its node's temp dir)
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,9 @@ class TrainConfig:
         if self.rollout.group_size < 2:
             raise UserError(f"rollout.group_size must be >= 2 (GRPO compares samples of a prompt), got "
                             f"{self.rollout.group_size}")  # fmt: skip
+        if self.engine.weights_transport not in WEIGHT_TRANSPORTS:
+            raise UserError(f"unknown engine.weights_transport {self.engine.weights_transport!r}; choose one of "
+                            f"{', '.join(WEIGHT_TRANSPORTS)}")  # fmt: skip
         if not 0 <= self.engine.coalesce_s <= 1:  # also refuses NaN
             raise UserError(f"engine.coalesce_s must be in [0, 1] seconds, got {self.engine.coalesce_s}")
         if self.policy.max_staleness < 0:

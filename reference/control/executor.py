@@ -11,9 +11,14 @@ its completion is posted to the driver when the work is done. What each decision
     StartTrain(k, ...)  the groups' trajectories are read from the manager's store, split by group over
                         the train shards (data parallel), one optimiser step, the new weights published
                         as version k+1, the groups marked consumed in the store -> TrainFinished
-    SyncWeights(v, rs)  pause rs' engines at a token boundary, restart requests older than the bound,
-                        load version v, resume engines that hold no request -> SyncFinished
+    SyncWeights(v, rs)  wait for version v to be where rs' engines can read it, pause them at a token
+                        boundary, restart requests older than the bound, load version v, resume engines
+                        that hold no request -> SyncFinished
     Refresh / ResumeRollout   regenerate stale samples / resume paused engines
+
+How a published version reaches the engines is the run's weight transport (`reference/control/transport.py`):
+a directory under the run's weights root that every engine reads, or Ray's object store and a copy on each
+engine's node.
 
 Resources are reached through `Workers` (Ray actors by default; in-process for tests). Any failure in
 this work stops the run with an error that names the decision; nothing waits for ever (the driver's
@@ -31,7 +36,7 @@ import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -43,7 +48,7 @@ from reference.manager.manager import TrajectoryManager
 from reference.rollout.episodes import SANDBOX_SPANS, TIMING_KEYS, Episode
 from reference.rollout.groups import GroupResult, RolloutManager, training_batch
 from reference.trainer.batch import Trajectory
-from reference.trainer.handoff import version_dir
+from reference.trainer.handoff import KEEP_LATEST_VERSIONS, version_dir
 
 log = logging.getLogger(__name__)
 _SANDBOX_KINDS = frozenset(p.value for p in SandboxPhase)
@@ -53,6 +58,11 @@ class Workers(Protocol):
     """Calls on the resources' workers (`reference.control.worker.ResourceWorker`), awaitable."""
 
     def call(self, resource: str, method: str, *args) -> Awaitable: ...
+
+    def call_split(self, resource: str, method: str, *args) -> tuple[Awaitable, object]:
+        """A call whose result is a pair: (an awaitable of the first part, a handle to the second that other calls
+        take as an argument and receive as its value). The object-store weight transport needs it."""
+        ...
 
 
 class Sink(Protocol):
@@ -83,15 +93,21 @@ class RuntimeExecutor:
         sink: Sink,
         offset: int = 0,
         evaluate: Callable[[int], Awaitable[dict | None]] | None = None,
+        transport=None,
     ) -> None:
         """`offset`: steps trained before this run began (a resumed run). The policy counts its steps and
         versions from 0; engines, trainer shards, the store and the metrics use the run's true numbers,
-        which are the policy's plus `offset` (a resumed run's older groups have negative policy versions)."""
+        which are the policy's plus `offset` (a resumed run's older groups have negative policy versions).
+        `transport`: how versions reach the engines (`reference.control.transport`; None: a directory under
+        `weights_root` that every engine reads)."""
+        from reference.control.transport import DirectoryTransport
+
         self.manager, self.rollout, self.workers, self.recorder = manager, rollout, workers, recorder
         self.weights_root, self.sink, self.offset = weights_root, sink, offset
         self.newest = offset  # the newest version published (a resumed run starts from its checkpoint's)
         self.evaluate = evaluate  # new version -> its held-out evaluation (None: not this one, or not yet)
         self.keep_version: Callable[[int], bool] = lambda v: v == 0  # published versions never pruned
+        self.transport = transport or DirectoryTransport(workers, weights_root, lambda v: self.keep_version(v))
         self.state = _State(tuple(trainers))
         self.post: Callable[[ev.Event], None] = lambda e: None  # the driver's post, set by `attach`
         self._t0 = time.monotonic()
@@ -129,7 +145,7 @@ class RuntimeExecutor:
 
     @property
     def failure(self) -> BaseException | None:
-        return self.state.failure or self.rollout.failure
+        return self.state.failure or self.rollout.failure or self.transport.failure
 
     # ---- decisions ----
 
@@ -196,10 +212,7 @@ class RuntimeExecutor:
         shards = _shard(groups, batch, len(d.resources))
         results = await asyncio.gather(*(self.workers.call(r, "train_step", shard)
                                          for r, shard in zip(d.resources, shards, strict=True)))  # fmt: skip
-        handoffs = await asyncio.gather(*(self.workers.call(r, "publish", str(self.weights_root))
-                                          for r in d.resources))  # fmt: skip
-        await asyncio.to_thread(prune_versions, self.weights_root, step + 1, self.keep_version)
-        handoff = next(h for h in handoffs if h is not None)
+        handoff = await self.transport.publish(d.resources, step + 1)
         if handoff["version"] != step + 1:
             raise RuntimeError(f"step {step} published version {handoff['version']}, not {step + 1}")
         self.newest = max(self.newest, step + 1)
@@ -218,14 +231,20 @@ class RuntimeExecutor:
     async def _sync(self, d: ev.SyncWeights) -> None:
         start = time.perf_counter()
         engines, version = list(d.resources), d.version + self.offset
+        sources = await self.sources(version, engines)  # before the pause: the engines generate while it comes
         await self.manager.pause(engines)
         self.restarted += await self.manager.restart_older_than(d.min_keep_version + self.offset, engines)
-        await self.manager.update_weights(version, str(version_dir(self.weights_root, version)), engines)
+        await self.manager.update_weights(version, sources, engines)
         idle = [e for e in engines if not self.manager.router.slot(e).calls]
         if idle:
             await self.manager.resume(idle)
         self.sync_s.append(time.perf_counter() - start)
         self.post(ev.SyncFinished(d.version, d.resources, d.sync_id))
+
+    async def sources(self, version: int, engines: Sequence[str]) -> str | Mapping[str, str]:
+        """Where `engines` load `version` from (`TrajectoryManager.update_weights`' source): one directory every
+        engine reads, or each engine's own copy on its node, waited for where it is still being made."""
+        return await self.transport.sources(version, engines)
 
     def _step_metrics(self, step: int, groups, results: list[dict], handoff: dict, record: StepRecord) -> dict:
         rewards = [s.reward for g in groups for s in g.episodes]
@@ -260,9 +279,6 @@ class RuntimeExecutor:
         for task in list(self.state.tasks):
             task.cancel()
         await asyncio.gather(*self.state.tasks, return_exceptions=True)
-
-
-KEEP_LATEST_VERSIONS = 3  # an engine syncs to the newest or the one before: older ones are never read again
 
 
 def prune_versions(root: Path, newest: int, keep: Callable[[int], bool]) -> None:

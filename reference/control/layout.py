@@ -81,9 +81,20 @@ def resumed_weights(cfg: TrainConfig, task: Task, root: Path, checkpoint: Checkp
     return str(target)
 
 
-async def resumed(manager, step: int, weights: str) -> list[GroupResult]:
+def ships_initial_weights(cfg: TrainConfig, model_dir: str) -> bool:
+    """Whether the workers get the initial weights through the object store (`engine.weights_transport:
+    object_store`, where they may not see this machine's files): where the run wrote them itself (a fresh model,
+    a warm start, a resumed version). A `model.dir` checkpoint is read where it is, as vLLM reads a model: each
+    node must have it at that path."""
+    if cfg.engine.weights_transport != "object_store":
+        return False
+    return cfg.model.dir is None or Path(model_dir).resolve() != Path(cfg.model.dir).resolve()
+
+
+async def resumed(manager, step: int, weights: str | dict[str, str]) -> list[GroupResult]:
     """A resumed run's manager state: every engine holds policy version `step` (they start from its weights
-    but label tokens 0), and the groups that no kept step consumed are released for adoption."""
+    but label tokens 0), and the groups that no kept step consumed are released for adoption. `weights`: the
+    version's directory, or each engine's own copy of it."""
     await manager.pause()
     await manager.update_weights(step, weights)
     await manager.resume()
@@ -99,5 +110,5 @@ def worker_specs(cfg: TrainConfig, policy: BasePolicy, model_dir: str) -> list[W
         mine = tuple(cores[i * c : (i + 1) * c]) if cores else ()
         tags = tuple(t.value for t in (Tag.ROLLOUT, Tag.TRAIN) if r.can(t))
         specs.append(WorkerSpec(r.name, tags, mine, model_dir, cfg.run.seed + i, cfg.engine.max_batch,
-                                cfg.engine.backend, cfg.engine.coalesce_s))  # fmt: skip
+                                cfg.engine.backend, cfg.engine.coalesce_s, cfg.engine.weights_local_root))  # fmt: skip
     return specs

@@ -276,12 +276,25 @@ def _work(cfg: TrainConfig, task: TaskPlan, policy: BasePolicy, f: InFlight) -> 
     return [
         f"engines: {engines}, backend {cfg.engine.backend}, tensor parallel {tp}, max batch {cfg.engine.max_batch}, "
         f"context {task.context_tokens} tokens",
+        _weights_line(cfg),
         f"trainer: {len(trainers)} train-capable resources, {dp}, micro-batches of {_micro_batch_sequences(cfg)} "
         f"sequences of up to {task.context_tokens} tokens",
         f"in flight: {f.groups} groups of {cfg.rollout.group_size} (rollout.max_concurrency "
         f"{cfg.rollout.max_concurrency}) -> {f.episodes} episodes{limit}{sandboxes}; {f.serving} engines serve at "
         f"the start: up to {f.per_engine} sequences each",
     ]
+
+
+def _weights_line(cfg: TrainConfig) -> str:
+    """How each new version reaches the engines (`engine.weights_transport`, control/transport.py)."""
+    if cfg.engine.weights_transport == "directory":
+        return "weights: each new version a directory under OUT/weights/, read by every engine (a filesystem every " \
+            "worker sees)"  # fmt: skip
+    from reference.engine.process import WEIGHTS_DTYPES
+
+    where = cfg.engine.weights_local_root or "its Ray node's temp dir"
+    return (f"weights: each new version through Ray's object store in {WEIGHTS_DTYPES[cfg.engine.backend]}, copied "
+            f"to each engine's node (under {where}); nothing is shared but Ray")  # fmt: skip
 
 
 def _memory_lines(cfg: TrainConfig, device: DeviceSpec | None, m: Memory, task: TaskPlan, f: InFlight) -> list[str]:

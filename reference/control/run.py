@@ -16,6 +16,7 @@ from core.driver import Deadlines, Driver
 from core.tags import Phase
 from core.timeline import TimelineRecorder
 from reference.control.executor import RuntimeExecutor
+from reference.control.transport import object_store_transport
 from reference.rollout.groups import RolloutConfig, RolloutManager
 from reference.tasks.base import SingleTurn
 
@@ -41,39 +42,47 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
             metrics.held_out(offset, {**start, "label": "start", "time_s": 0.0})
         sink = _Sink(metrics, bar)
         evaluations = Evaluations(cfg, task, rollout, workers, policy.trainers, metrics)
+        transport = None  # a directory under OUT/weights that every engine reads
+        if cfg.engine.weights_transport == "object_store":
+            transport = await object_store_transport(workers, m.manager, offset)
         executor = RuntimeExecutor(m.manager, rollout, workers, recorder, policy.trainers, out / "weights", sink,
-                                   offset, evaluations.of_version)  # fmt: skip
-        evaluations.now = executor.now
-        every_checkpoint = cfg.run.checkpoint_every_steps  # --resume starts engines from a checkpoint's version
-        executor.keep_version = lambda v: v == 0 or bool(every_checkpoint and v % every_checkpoint == 0)
-        driver = Driver(policy, executor, recorder, Deadlines())
-        executor.attach(driver.post)
-        metrics.clock_zero_epoch_s = time.time() - executor.now()
-        engines_before = await engine_counters(m.manager)
-        watcher = asyncio.create_task(watch_phases(m.manager, recorder, policy, executor.now))
+                                   offset, evaluations.of_version, transport)  # fmt: skip
         try:
-            await _until_done(driver, executor, cfg.run.time_limit_s)
+            evaluations.now = executor.now
+            every_checkpoint = cfg.run.checkpoint_every_steps  # --resume starts engines from a checkpoint's version
+            executor.keep_version = lambda v: v == 0 or bool(every_checkpoint and v % every_checkpoint == 0)
+            driver = Driver(policy, executor, recorder, Deadlines())
+            executor.attach(driver.post)
+            metrics.clock_zero_epoch_s = time.time() - executor.now()
+            engines_before = await engine_counters(m.manager)
+            watcher = asyncio.create_task(watch_phases(m.manager, recorder, policy, executor.now))
+            try:
+                await _until_done(driver, executor, cfg.run.time_limit_s)
+            finally:
+                wall = executor.now()
+                watcher.cancel()  # before anything else awaits: the timeline ends at `wall`
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+                engines_after = await engine_counters(m.manager)
+                await executor.close()
+            await evaluations.finish()
+            if cfg.run.evaluate:
+                await _load_newest(m.manager, executor, executor.newest)  # the final weights, on every engine
+                await _all_serving(m.manager)  # the last held-out evaluation may use every engine
+                bar.note(f"evaluating the weights after RL ({_per_problem(cfg.run)}) ...")
+                end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples, cfg.run.held_out_samples)
+                bar.note(evaluation_line("end", end))
+                metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall,
+                                                        "engine_versions": _engine_versions(m.manager)})  # fmt: skip
+            engines = {k: max(0, v - engines_before.get(k, 0)) for k, v in engines_after.items()}  # 0: one restarted
+            metrics.counters.update(sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
+                                    syncs=len(executor.sync_s), requests=rollout.requests,
+                                    engine_restarts=m.manager.supervisor.restarts,
+                                    restarted_requests=executor.restarted + rollout.refreshed, **engines)  # fmt: skip
+            if stage_s := executor.transport.stage_s:  # copies to the engines' nodes (object_store)
+                metrics.counters.update(weights_copy_s_mean=sum(stage_s) / len(stage_s))
         finally:
-            wall = executor.now()
-            watcher.cancel()  # before anything else awaits: the timeline ends at `wall`
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-            engines_after = await engine_counters(m.manager)
-            await executor.close()
-        await evaluations.finish()
-        if cfg.run.evaluate:
-            await _load_newest(m.manager, out / "weights", executor.newest)  # the final weights, on every engine
-            await _all_serving(m.manager)  # the last held-out evaluation may use every engine
-            bar.note(f"evaluating the weights after RL ({_per_problem(cfg.run)}) ...")
-            end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples, cfg.run.held_out_samples)
-            bar.note(evaluation_line("end", end))
-            metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall,
-                                                    "engine_versions": _engine_versions(m.manager)})  # fmt: skip
-        engines = {k: max(0, v - engines_before.get(k, 0)) for k, v in engines_after.items()}  # 0: one restarted
-        metrics.counters.update(sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
-                                syncs=len(executor.sync_s), requests=rollout.requests,
-                                engine_restarts=m.manager.supervisor.restarts,
-                                restarted_requests=executor.restarted + rollout.refreshed, **engines)  # fmt: skip
+            await executor.transport.close()  # copies still being made are abandoned
     return wall
 
 
@@ -169,16 +178,15 @@ class Evaluations:
             await asyncio.gather(*self._pending)
 
 
-async def _load_newest(manager, weights_root: Path, version: int) -> None:
+async def _load_newest(manager, executor: RuntimeExecutor, version: int) -> None:
     """Every engine onto policy `version` (the run's last published weights) before the end-of-run evaluation:
     the policy leaves engines on whatever version their last sync gave them (an asynchronous one a version or
     more behind), and the evaluation is of the weights the run ends with."""
-    from reference.trainer.handoff import version_dir
-
     stale = [slot.name for slot in manager.router.slots if slot.version != version]
     if stale and version > 0:
+        sources = await executor.sources(version, stale)
         await manager.pause(stale)
-        await manager.update_weights(version, str(version_dir(weights_root, version)), stale)
+        await manager.update_weights(version, sources, stale)
 
 
 def _engine_versions(manager) -> list[int]:

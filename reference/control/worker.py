@@ -9,12 +9,22 @@ only the hand-over, not a reload.
 
 The class is plain Python: `reference/ray/` runs it as a Ray actor (placement by capability tags),
 and tests can run it in-process. Every method is synchronous and returns plain data.
+
+Weights without a shared filesystem (`engine.weights_transport: object_store`): the trainer's rank 0 returns
+each version as a `WeightsPayload` (`publish_payload`), which Ray keeps in its object store; the worker of each
+engine gets it (Ray moves it to this node) and writes it under a root of its own on this node
+(`stage_weights`), which is what its engine is told to load. Initial weights the run wrote itself are handed
+to the worker on construction the same way (`initial`): the engine, a restarted one too, and the trainer
+start from that node-local copy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +36,7 @@ from reference.model import load_checkpoint
 from reference.tokenizer import Tokenizer
 from reference.trainer.batch import Trajectory
 from reference.trainer.config import TrainerConfig
+from reference.trainer.handoff import WeightsPayload, prune_local, trainer_payload, write_files, write_payload
 from reference.trainer.parallel import DataParallel, init_process_group
 from reference.trainer.trainer import Trainer
 
@@ -40,6 +51,8 @@ class WorkerSpec:
     max_batch: int = 64  # engine: sequences decoded together
     backend: str = "builtin"  # engine backend
     coalesce_s: float = 0.0  # engine: how long a stream waits after a token for more to send in one line
+    weights_local_root: str | None = None  # where this worker writes the weights it is handed (a directory of its
+    # own is made in it); None: this node's temporary directory (`ResourceWorker.node_temp_dir`)
 
     @property
     def threads(self) -> int:
@@ -51,16 +64,28 @@ class WorkerSpec:
 
 
 class ResourceWorker:
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, initial: dict | None = None) -> None:
+        """`initial`: the files of the initial weights' directory (`handoff.read_files`), for a worker whose node
+        may not see `spec.model_dir`: written under this worker's own root, and used in its place."""
         self.spec = spec
         if spec.cores:
             os.sched_setaffinity(0, spec.cores)
         torch.set_num_threads(spec.threads)
+        self._local: Path | None = None  # this worker's own root for the weights it is handed
+        self._staged: list[int] = []  # versions written under it
         self.engine: EngineProcess | None = None
-        if spec.can_roll_out:
-            self.engine = EngineProcess(EngineSpec(backend=spec.backend, model=spec.model_dir, seed=spec.seed,
-                                                   max_batch=spec.max_batch, torch_threads=spec.threads,
-                                                   coalesce_s=spec.coalesce_s))  # fmt: skip
+        try:
+            if initial is not None:
+                local = write_files(initial, self.local_root() / "initial")
+                self.spec = spec = dataclasses.replace(spec, model_dir=str(local))
+            if spec.can_roll_out:
+                self.engine = EngineProcess(EngineSpec(backend=spec.backend, model=spec.model_dir, seed=spec.seed,
+                                                       max_batch=spec.max_batch, torch_threads=spec.threads,
+                                                       coalesce_s=spec.coalesce_s))  # fmt: skip
+        except BaseException:  # nothing of a worker that never started stays on its node
+            if self._local is not None:
+                shutil.rmtree(self._local, ignore_errors=True)
+            raise
         self.trainer: Trainer | None = None
         self.tokenizer: Tokenizer | None = None
 
@@ -72,6 +97,14 @@ class ResourceWorker:
 
     def engine_pid(self) -> int | None:
         return None if self.engine is None else self.engine.pid
+
+    def model_dir(self) -> str:
+        """The initial weights' directory as this worker (and its engine) reads it."""
+        return self.spec.model_dir
+
+    def engine_weights_dtype(self) -> str | None:
+        """The dtype (a torch dtype's name) its engine holds weights in, or None if it cannot roll out."""
+        return None if self.engine is None else self.engine.spec.weights_dtype
 
     def restart_engine(self) -> tuple[str, int]:
         """Replace a dead or hung engine process with a fresh one (same spec, same token): (url, pid).
@@ -133,6 +166,45 @@ class ResourceWorker:
         return {"version": handoff.version, "path": str(handoff.path), "seconds": time.perf_counter() - start,
                 "bytes": handoff.bytes}  # fmt: skip
 
+    def publish_payload(self, dtype: str) -> tuple[dict | None, WeightsPayload | None]:
+        """The current weights for the engines, cast to `dtype`: (what `publish` returns, path None; the payload)
+        on rank 0, (None, None) on the others (every shard of the group calls it together). Ray stores the two
+        separately (`RayWorkers.call_split`): the caller reads the first and passes the second on unread."""
+        start = time.perf_counter()
+        payload = trainer_payload(self._trainer(), dtype)
+        if payload is None:
+            return None, None
+        return {"version": payload.version, "path": None, "seconds": time.perf_counter() - start,
+                "bytes": payload.nbytes}, payload  # fmt: skip
+
+    def stage_weights(self, version: int, payload: WeightsPayload, keep: list[int] | tuple[int, ...] = ()) -> dict:
+        """Write version `version` (its payload, fetched to this node) under this worker's own root, for its engine
+        to load; keep the newest `handoff.KEEP_LATEST_VERSIONS` written and those of `keep` (the version its engine
+        holds: a restarted engine reloads it), remove older ones. {"version", "path", "seconds", "bytes"}."""
+        start = time.perf_counter()
+        if payload.version != version:
+            raise ValueError(f"resource {self.spec.name}: a payload of version {payload.version} is not {version}")
+        path = write_payload(payload, self.local_root())
+        self._staged = prune_local(self.local_root(), [*self._staged, version], keep)
+        return {"version": version, "path": str(path), "seconds": time.perf_counter() - start,
+                "bytes": payload.nbytes}  # fmt: skip
+
+    def staged_versions(self) -> list[int]:
+        """The versions written under this worker's own root and kept."""
+        return list(self._staged)
+
+    def local_root(self) -> Path:
+        """This worker's own directory for the weights it is handed, on its node (made on first use)."""
+        if self._local is None:
+            base = Path(self.spec.weights_local_root or self.node_temp_dir())
+            base.mkdir(parents=True, exist_ok=True)
+            self._local = Path(tempfile.mkdtemp(prefix=f"seamlessflow-weights-{self.spec.name}-", dir=base))
+        return self._local
+
+    def node_temp_dir(self) -> str:
+        """This node's temporary directory (Ray's workers use the Ray node's own: `reference/ray/workers.py`)."""
+        return tempfile.gettempdir()
+
     def save_checkpoint(self, directory: str) -> str:
         return str(self._trainer().save_checkpoint(Path(directory)))
 
@@ -159,3 +231,6 @@ class ResourceWorker:
             self.engine = None
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        if self._local is not None:
+            shutil.rmtree(self._local, ignore_errors=True)
+            self._local = None

@@ -33,6 +33,10 @@ from reference.engine.client import HTTPEngine
 READY_PREFIX = "ENGINE READY port="
 BUILTIN_SWITCH_INTERVAL_S = 0.0005  # the built-in engine process's sys.setswitchinterval (see make_engine)
 BACKENDS = ("builtin", "fake", "vllm")
+# The dtype each backend's engine holds its weights in, so that a hand-off is cast once, by the trainer, to what
+# the engine keeps (`EngineSpec.weights_dtype`): the built-in engine computes in fp32; a vLLM engine is started
+# in bf16 (`make_engine`), whatever the checkpoint's dtype.
+WEIGHTS_DTYPES = {"builtin": "float32", "fake": "float32", "vllm": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,11 @@ class EngineSpec:
             raise ValueError(f"unknown engine backend {self.backend!r}; valid choices: {', '.join(BACKENDS)}")
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+
+    @property
+    def weights_dtype(self) -> str:
+        """The torch dtype (by name) this engine holds its weights in: what a weight hand-off should carry."""
+        return WEIGHTS_DTYPES[self.backend]
 
     def argv(self, host: str, port: int) -> list[str]:
         return [
@@ -80,7 +89,8 @@ def make_engine(spec: EngineSpec) -> InferenceEngine:
 
         if spec.model == "default":
             raise ValueError("the vllm backend needs a local checkpoint directory: --model PATH")
-        return VLLMEngine(spec.model, tensor_parallel_size=spec.tensor_parallel, seed=spec.seed)
+        return VLLMEngine(spec.model, tensor_parallel_size=spec.tensor_parallel, seed=spec.seed,
+                          dtype=spec.weights_dtype)  # fmt: skip
     from reference.engine.builtin import BuiltinEngine
 
     if spec.torch_threads > 0:

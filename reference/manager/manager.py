@@ -27,7 +27,7 @@ import re
 import secrets
 import time
 from array import array
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
@@ -588,18 +588,28 @@ class TrajectoryManager:
         if self.config.max_pause_s:
             self._watchdogs.add(asyncio.create_task(self._pause_watchdog(slots, now, self.config.max_pause_s)))
 
-    async def update_weights(self, version: int, source: str | None = None, engines: Sequence[str] | None = None):
+    async def update_weights(self, version: int, source: str | Mapping[str, str] | None = None,
+                             engines: Sequence[str] | None = None):  # fmt: skip
         """Load policy `version` (from checkpoint directory `source`, or the engine's own hand-off) onto
-        these engines, which must be paused; tokens they sample from now on carry `version`."""
+        these engines, which must be paused; tokens they sample from now on carry `version`. `source` may
+        also map each engine's name to its own directory (a copy on its node that only it reads); each
+        engine keeps its source, which a restarted engine is reloaded from."""
         slots = self.select(engines)
+        if isinstance(source, Mapping):
+            if missing := [s.name for s in slots if not isinstance(source.get(s.name), str)]:
+                raise ValueError(f"update_weights: no source directory for engines {', '.join(missing)}")
+            sources = {s.name: source[s.name] for s in slots}
+        else:
+            sources = {s.name: source for s in slots}
         async with self.control:
+            by_engine = {id(s.engine): sources[s.name] for s in slots}
             if running := [s.name for s in slots if not s.paused]:
                 raise RuntimeError(f"update_weights needs paused engines; {', '.join(running)} not paused "
                                    f"(POST /admin/pause first)")  # fmt: skip
-            await self._broadcast(lambda e: e.update_weights(version, source), slots)
+            await self._broadcast(lambda e: e.update_weights(version, by_engine[id(e)]), slots)
             for s in slots:
                 s.version = version
-                s.weights_source = source if source is not None else s.weights_source
+                s.weights_source = sources[s.name] if sources[s.name] is not None else s.weights_source
 
     async def resume(self, engines: Sequence[str] | None = None) -> None:
         """Continue generation on these engines: each unfinished request re-prefills under their weights."""

@@ -9,6 +9,13 @@ nodes must offer the tags (`ray start --resources='{"rollout": 8, "train": 8}'`)
 machine is Ray's job.
 
 Calls return Ray object refs, which asyncio awaits directly.
+
+Weights without a shared filesystem (`engine.weights_transport: object_store`): `call_split` leaves a trainer's
+payload in Ray's object store, owned by this process, and its ref is passed to each engine's worker, which Ray
+resolves on that worker's node (moving the bytes there once); the ref is released when every worker has written
+its copy. `initial_weights` ships the initial weights' directory to every worker the same way. A worker's own
+root is under its Ray node's temporary directory (`ray start --temp-dir`), unless `engine.weights_local_root`
+names another.
 """
 
 from __future__ import annotations
@@ -25,12 +32,23 @@ import ray
 
 from core.errors import UserError
 from reference.control.worker import ResourceWorker, WorkerSpec
+from reference.trainer.handoff import read_files
+
+
+class _RayResourceWorker(ResourceWorker):
+    """A resource worker whose node-local files go under its Ray node's temporary directory."""
+
+    def node_temp_dir(self) -> str:
+        return ray.get_runtime_context().get_temp_dir()
 
 
 class RayWorkers:
     """The `Workers` of a run on Ray. Use as a context manager: actors (and a Ray started here) are released."""
 
-    def __init__(self, specs: Sequence[WorkerSpec], address: str | None = None, start_timeout_s: float = 600.0):
+    def __init__(self, specs: Sequence[WorkerSpec], address: str | None = None, start_timeout_s: float = 600.0,
+                 initial_weights: str | None = None):  # fmt: skip
+        """`initial_weights`: a directory (the specs' `model_dir`) that only this machine may see: its files go
+        to every worker through the object store, and each starts from its own copy."""
         self.specs = {s.name: s for s in specs}
         self._started_ray = False
         self._local = address is None
@@ -53,17 +71,20 @@ class RayWorkers:
                 if sigterm is not None:
                     signal.signal(signal.SIGTERM, sigterm)
             self._started_ray = True
-        actor = ray.remote(ResourceWorker)
-        self.actors = {
-            s.name: actor.options(
-                num_cpus=len(s.cores) or 1,
-                resources={t: 1 for t in s.capabilities},
-                name=f"seamlessflow-{s.name}-{os.getpid()}",
-                max_restarts=0,
-            ).remote(s)  # fmt: skip
-            for s in specs
-        }
+        actor = ray.remote(_RayResourceWorker)
+        self.actors = {}
         try:
+            initial = ray.put(read_files(initial_weights)) if initial_weights is not None else None
+            self.actors = {
+                s.name: actor.options(
+                    num_cpus=len(s.cores) or 1,
+                    resources={t: 1 for t in s.capabilities},
+                    name=f"seamlessflow-{s.name}-{os.getpid()}",
+                    max_restarts=0,
+                ).remote(s, initial)  # fmt: skip
+                for s in specs
+            }
+            del initial  # each actor holds its own copy once constructed: the object is released then
             ray.get([a.ping.remote() for a in self.actors.values()], timeout=start_timeout_s)
         except BaseException:
             self.close()
@@ -72,6 +93,11 @@ class RayWorkers:
     def call(self, resource: str, method: str, *args):
         """`method(*args)` on the resource's worker: an awaitable Ray object ref."""
         return getattr(self.actors[resource], method).remote(*args)
+
+    def call_split(self, resource: str, method: str, *args):
+        """`method(*args)`, which returns a pair, with each part its own object ref: the first awaited for what it
+        says, the second (a payload) left in the object store and passed on to other calls unread."""
+        return getattr(self.actors[resource], method).options(num_returns=2).remote(*args)
 
     def get(self, resource: str, method: str, *args, timeout_s: float = 600.0):
         """The same, waited for (from a thread that is not an event loop)."""
