@@ -9,7 +9,8 @@ Measured per rank: the resident memory the step adds at its peak (Linux's VmHWM,
 step, less the resident memory before the model was built: the interpreter and libraries), and the step's
 seconds; tokens/s counts every position of every rank's sequences. Beside it the simulator's
 `sim.train_layout.memory` for the same model, sequence and layout (state, gather buffers, activations;
-fp32 activations count twice its bf16 estimate, as `reference/control/plan.py` does).
+fp32 activations count twice its bf16 estimate, as `reference/control/plan.py` does; the loss's logits
+are the trained tokens', `trainer.logit_chunk_tokens` at a time, in fp32).
 
     python -m benchmarks.trainer_memory --model qwen3-0.6b --layers 4 --tokens 8192
     python -m benchmarks.trainer_memory --model qwen3-0.6b --layers 4 --tokens 8192 --param-dtype float32 --no-fsdp
@@ -117,8 +118,12 @@ def simulated(args):
     cfg = cfgio.from_dict(SimConfig, cfgio.merge(cfgio.load_yaml(DEFAULT_CONFIG), {"train": train}))
     device = specs.device("h200")  # only the layout's shape is read: one GPU per rank, no tensor parallel
     lay = train_layout.layout(cfg, model, device, args.ranks)
+    from reference.trainer.config import TrainerConfig
+
     width = 1 if args.param_dtype == "bfloat16" else 2
-    act = width * train_layout.activation_bytes(model, lay, cfg.train.activation_recompute, args.tokens) / GB
+    layers = width * train_layout.activation_bytes(model, lay, cfg.train.activation_recompute, args.tokens, 0)
+    trained = max(1, int(args.tokens * args.generated))  # only trained tokens are projected onto the vocabulary
+    act = (layers + train_layout.logit_bytes(model, trained, TrainerConfig.logit_chunk_tokens)) / GB
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, activation_gb=act))
     mem = train_layout.memory(cfg, model, device, args.ranks, args.tokens)
     state = mem.state_gb if args.fsdp else mem.state_gb * args.ranks

@@ -46,6 +46,7 @@ from core.specs import BF16_BYTES, DeviceSpec, ModelSpec
 from sim.config import SimConfig
 
 GB = 1e9  # the units of sim.cost
+FP32_BYTES = 4
 TFLOP = 1e12
 
 # costs.train_mfu counts model FLOPs (forward + backward = 3 forwards) of a run that recomputes every
@@ -389,15 +390,24 @@ def layer_activation_bytes(model: ModelSpec, mode: str) -> tuple[int, int]:
     return whole, 0
 
 
-def activation_bytes(model: ModelSpec, lay: Layout, mode: str, tokens: int) -> float:
+def activation_bytes(model: ModelSpec, lay: Layout, mode: str, tokens: int, logit_chunk: int | None = None) -> float:
     """Peak activation bytes per GPU for micro-batches of `tokens` tokens. 1F1B keeps up to pp
     micro-batches in flight on the first stage (Narayanan et al. 2021, sec. 2.2; the worst case is
-    taken); the last stage keeps one, plus its logits (bf16, one copy: assumption, a fused log-prob
-    kernel). Tensor parallelism with sequence parallelism splits all of it over tp (Korthikanti et al.)."""
+    taken); the last stage keeps one, plus its logits (`logit_bytes`). Tensor parallelism with sequence
+    parallelism splits all of it over tp (Korthikanti et al.)."""
     kept, rebuilt = layer_activation_bytes(model, mode)
-    first = lay.pp * lay.stage_layers * kept + rebuilt
-    last = lay.stage_layers * kept + rebuilt + BF16_BYTES * model.vocab
-    return max(first, last) * tokens / lay.tp
+    first = (lay.pp * lay.stage_layers * kept + rebuilt) * tokens
+    last = (lay.stage_layers * kept + rebuilt) * tokens + logit_bytes(model, tokens, logit_chunk)
+    return max(first, last) / lay.tp
+
+
+def logit_bytes(model: ModelSpec, tokens: int, chunk: int | None = None) -> float:
+    """The loss's logits at their peak: one bf16 copy of every token's (`chunk` None: assumption, a fused
+    log-prob kernel), or `chunk` tokens' at a time in fp32, the logits and their log-softmax (the reference
+    runtime's chunked loss, `reference/trainer/loss.py`; measured: benchmarks/trainer_memory.py)."""
+    if chunk is None:
+        return BF16_BYTES * model.vocab * tokens
+    return 2 * FP32_BYTES * model.vocab * min(tokens, chunk)
 
 
 def memory(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int, longest: int = 0) -> TrainMemory:
@@ -420,7 +430,7 @@ def memory(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int
     else:  # a padded micro-batch of the longest sequences
         tokens = t.micro_batch_sequences * max(longest, 1)
     if t.activation_gb is None:
-        act, estimated = activation_bytes(model, lay, t.activation_recompute, tokens) / GB, True
+        act, estimated = activation_bytes(model, lay, t.activation_recompute, tokens, t.logit_chunk_tokens) / GB, True
     else:
         act, estimated = t.activation_gb, False
     return TrainMemory(per_param * model.params / train_gpus / GB, buffers / GB, act, tokens, estimated)

@@ -185,7 +185,11 @@ def estimate_memory(cfg: TrainConfig, model: ModelSpec, device: DeviceSpec | Non
     tokens, par = sim_cfg.train.micro_batch_tokens, cfg.trainer_parallel
     mode = "full" if par.activation_checkpointing else "none"
     width = 1 if par.param_dtype == "bfloat16" else FP32_PER_BF16
-    act = width * train_layout.activation_bytes(model, lay, mode, tokens) / GB
+    from reference.trainer.config import TrainerConfig
+
+    chunk = cfg.trainer.get("logit_chunk_tokens", TrainerConfig.logit_chunk_tokens)  # the loss's fp32 logits
+    act = (width * train_layout.activation_bytes(model, lay, mode, tokens, 0) + train_layout.logit_bytes(
+        model, tokens, chunk)) / GB  # fmt: skip
     sim_cfg = dataclasses.replace(sim_cfg, train=dataclasses.replace(sim_cfg.train, activation_gb=act))
     train = train_layout.memory(sim_cfg, model, lay_device, train_gpus, task.context_tokens)
     if not par.fsdp:  # plain data parallel: every trainer holds the whole state, and gathers nothing

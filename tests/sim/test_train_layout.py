@@ -155,6 +155,17 @@ def test_activations_against_a_list_of_the_tensors_a_layer_keeps():
     for tp in (1, 2, 8):
         lay = tl.Layout(tp, 1, 8 // tp, 64, 1.0, 1.0, 1.0)
         assert tl.activation_bytes(m, lay, "none", 4096) == pytest.approx(per_token * 4096 / tp)
+    # A chunked loss holds `chunk` tokens' fp32 logits and log-softmax instead of every token's bf16 logits.
+    layers_only = 2 * 64 * sum(kept.values()) * 4096
+    lay = tl.Layout(1, 1, 8, 64, 1.0, 1.0, 1.0)
+    assert tl.activation_bytes(m, lay, "none", 4096, 1024) == pytest.approx(layers_only + 2 * 4 * m.vocab * 1024)
+    assert tl.activation_bytes(m, lay, "none", 512, 1024) == pytest.approx(layers_only / 8 + 2 * 4 * m.vocab * 512)
+    chunked = cost_model("train.activation_recompute=none", "train.logit_chunk_tokens=1024")
+    assert chunked.train_memory_gb(8) - cm.train_memory_gb(8) == pytest.approx(
+        (8 * m.vocab * 1024 - 2 * m.vocab * chunked.cfg.train.micro_batch_tokens) / GB
+    )
+    with pytest.raises(UserError, match="train.logit_chunk_tokens must be null .* or an integer >= 1, got 0"):
+        cost_model("train.logit_chunk_tokens=0")
 
 
 # ---- the layout's traffic ----
