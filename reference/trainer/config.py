@@ -3,7 +3,12 @@
 Defaults are the setup that made GRPO learn from a random start on a 2-core CPU (see the task
 recipe in `reference.trainer.recipe`): clip 0.2, entropy bonus 0.01 (without it the policy collapses
 to a deterministic one and every group's advantages become zero), AdamW at 3e-4, gradient clipping
-at 1.0. The KL term is off by default (`kl_coef` 0), so no reference model is needed.
+at 1.0, group-centred advantages not divided by the group's std (`normalize_std` False, Dr. GRPO, Liu et al.
+2025: divided by it, a group that almost agrees gets advantages of several units pushing it onto its majority;
+every recipe of the runtime sets False, and only code that built a TrainerConfig without the field got the
+default of True it had before 2026-11-29). The KL term is off by default (`kl_coef` 0), so no reference model is
+needed. The off-policy correction is off (`off_policy` "behaviour"), and so is the token budget of
+micro-batches.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ class TrainerConfig:
     ratio_cap: float = 3.0  # dual clip: a token's loss is at most ratio_cap * |advantage|; > 1 + clip_eps_high
     entropy_coef: float = 0.01  # weight of the entropy bonus (nats per token); >= 0
     kl_coef: float = 0.0  # weight of the k3 KL to a frozen reference model; >= 0 (> 0 needs one)
-    normalize_std: bool = True  # divide group-centred rewards by the group's std
+    normalize_std: bool = False  # divide group-centred rewards by the group's std (GRPO as written); False, the
+    # default and the runtime's recipes' choice (train.yaml, swe.yaml, recipe.py): group-centred only (Dr. GRPO)
     std_eps: float = 1e-6  # added to the std before dividing; > 0
     negative_weight: float = 1.0  # scales negative advantages (0: train only on better-than-average samples); [0, 1]
     off_policy: str = "behaviour"  # what the PPO ratio is against and how the engine-trainer gap is corrected:
