@@ -87,6 +87,8 @@ class TokenBatch:
     behaviour_logprobs: torch.Tensor  # [B, L-1] float, the engine's logprob of the target (0 elsewhere)
     versions: torch.Tensor  # [B, L-1] long, the version that generated the target (-1 elsewhere)
     advantages: torch.Tensor  # [B] float
+    proximal_logprobs: torch.Tensor | None = None  # [B, L-1] float, the trainer's logprob of the target before the
+    # step's update (0 elsewhere): the off-policy corrections' logp_prox (`reference.trainer.loss`); None: not computed
 
     @property
     def num_tokens(self) -> int:
@@ -100,22 +102,32 @@ class TokenBatch:
         return TokenBatch(**move)
 
 
-def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad_id: int) -> TokenBatch:
-    """Pad `trajectories` to one length (right padding with `pad_id`) and align them on targets."""
+def collate(
+    trajectories: Sequence[Trajectory],
+    advantages: Sequence[float],
+    pad_id: int,
+    proximal: Sequence[Sequence[float]] | None = None,
+) -> TokenBatch:
+    """Pad `trajectories` to one length (right padding with `pad_id`) and align them on targets. `proximal`: one
+    log-prob per generated token of each trajectory (like its `logprobs`), for `TokenBatch.proximal_logprobs`."""
     if not trajectories:
         raise ValueError("collate needs at least one trajectory")
     if len(advantages) != len(trajectories):
         raise ValueError(f"{len(advantages)} advantages for {len(trajectories)} trajectories")
+    if proximal is not None and [len(p) for p in proximal] != [t.num_generated for t in trajectories]:
+        raise ValueError("proximal needs one log-prob per generated token of each trajectory")
     length = max(len(t.token_ids) for t in trajectories)
     if length < 2:
         raise ValueError(f"sequences need at least 2 tokens to have a target, the longest has {length}")
-    ids, attn, mask, logps, vers = [], [], [], [], []
-    for t in trajectories:
+    ids, attn, mask, logps, vers, prox = [], [], [], [], [], []
+    for i, t in enumerate(trajectories):
         pad = length - len(t.token_ids)
         ids.append(list(t.token_ids) + [pad_id] * pad)
         attn.append([1] * len(t.token_ids) + [0] * pad)
         target_mask = list(t.generated_mask[1:]) + [0] * pad
         logps.append(_scatter(target_mask, t.logprobs, 0.0))
+        if proximal is not None:
+            prox.append(_scatter(target_mask, proximal[i], 0.0))
         vers.append(_scatter(target_mask, t.versions, -1))
         mask.append(target_mask if t.trained else [0] * (length - 1))
     attention = torch.tensor(attn, dtype=torch.long)
@@ -126,6 +138,7 @@ def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad
         behaviour_logprobs=torch.tensor(logps, dtype=torch.float32),
         versions=torch.tensor(vers, dtype=torch.long),
         advantages=torch.tensor(list(advantages), dtype=torch.float32),
+        proximal_logprobs=torch.tensor(prox, dtype=torch.float32) if proximal is not None else None,
     )
 
 

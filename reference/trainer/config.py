@@ -3,7 +3,12 @@
 Defaults are the setup that made GRPO learn from a random start on a 2-core CPU (see the task
 recipe in `reference.trainer.recipe`): clip 0.2, entropy bonus 0.01 (without it the policy collapses
 to a deterministic one and every group's advantages become zero), AdamW at 3e-4, gradient clipping
-at 1.0. The KL term is off by default (`kl_coef` 0), so no reference model is needed.
+at 1.0, group-centred advantages not divided by the group's std (`normalize_std` False, Dr. GRPO, Liu et al.
+2025: divided by it, a group that almost agrees gets advantages of several units pushing it onto its majority;
+every recipe of the runtime sets False, and only code that built a TrainerConfig without the field got the
+default of True it had before 2026-11-29). The KL term is off by default (`kl_coef` 0), so no reference model is
+needed. The off-policy correction is off (`off_policy` "behaviour"), and so is the token budget of
+micro-batches.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
+OFF_POLICY = ("behaviour", "tis", "decoupled")  # TrainerConfig.off_policy (see `reference.trainer.loss`)
 
 
 @dataclass(frozen=True)
@@ -23,9 +30,16 @@ class TrainerConfig:
     ratio_cap: float = 3.0  # dual clip: a token's loss is at most ratio_cap * |advantage|; > 1 + clip_eps_high
     entropy_coef: float = 0.01  # weight of the entropy bonus (nats per token); >= 0
     kl_coef: float = 0.0  # weight of the k3 KL to a frozen reference model; >= 0 (> 0 needs one)
-    normalize_std: bool = True  # divide group-centred rewards by the group's std
+    normalize_std: bool = False  # divide group-centred rewards by the group's std (GRPO as written); False, the
+    # default and the runtime's recipes' choice (train.yaml, swe.yaml, recipe.py): group-centred only (Dr. GRPO)
     std_eps: float = 1e-6  # added to the std before dividing; > 0
     negative_weight: float = 1.0  # scales negative advantages (0: train only on better-than-average samples); [0, 1]
+    off_policy: str = "behaviour"  # what the PPO ratio is against and how the engine-trainer gap is corrected:
+    # "behaviour" (the engine's log-probs, no correction), "tis" (the trainer's own log-probs recomputed before the
+    # update, times the truncated importance weight min(pi_prox / pi_behaviour, tis_cap)) or "decoupled" (the same
+    # ratio, times pi_prox / pi_behaviour, a token past tis_cap left out: AReaL); "tis" and "decoupled" cost one
+    # more forward pass without gradient
+    tis_cap: float = 2.0  # the cap on the importance weight pi_prox / pi_behaviour of "tis" and "decoupled"; >= 1
     # Optimiser.
     lr: float = 3e-4  # AdamW learning rate, constant after the warm-up; > 0
     warmup_steps: int = 0  # linear learning-rate warm-up: step k (from 0) uses lr * min(1, (k + 1) / warmup_steps)
@@ -33,8 +47,8 @@ class TrainerConfig:
     weight_decay: float = 0.01  # AdamW decoupled weight decay; >= 0
     adam_eps: float = 1e-8  # AdamW epsilon; > 0
     grad_clip: float = 1.0  # max global L2 norm of the gradient; 0 turns clipping off
-    epochs: int = 1  # optimiser steps on each step's data (PPO's epochs: the later ones clipped against the
-    # behaviour policy's log-probs; one policy version a step whatever the count); an integer >= 1
+    epochs: int = 1  # optimiser steps on each step's data (PPO's epochs: the later ones clipped against the same
+    # log-probs as the first, the engine's or the proximal ones; one policy version a step whatever the count); >= 1
     # Batching and bookkeeping.
     micro_batch_size: int = 64  # sequences per forward/backward; >= 1 (does not change the result)
     micro_batch_tokens: int | None = 0  # > 0: micro-batches by padded tokens instead (rows x longest row <= this,
@@ -47,7 +61,7 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         for name in ("clip_eps", "ratio_cap", "entropy_coef", "kl_coef", "std_eps", "negative_weight", "lr",
-                     "weight_decay", "adam_eps", "grad_clip"):  # fmt: skip
+                     "weight_decay", "adam_eps", "grad_clip", "tis_cap"):  # fmt: skip
             value = getattr(self, name)
             _check(_is_real(value), name, value, "a finite number")
         object.__setattr__(self, "betas", tuple(self.betas))
@@ -62,6 +76,8 @@ class TrainerConfig:
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
         _check(self.std_eps > 0, "std_eps", self.std_eps, "> 0")
         _check(0 <= self.negative_weight <= 1, "negative_weight", self.negative_weight, "in [0, 1]")
+        _check(self.off_policy in OFF_POLICY, "off_policy", self.off_policy, f"one of {list(OFF_POLICY)}")
+        _check(self.tis_cap >= 1, "tis_cap", self.tis_cap, ">= 1")
         _check(self.lr > 0, "lr", self.lr, "> 0")
         betas_ok = len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)
         _check(betas_ok, "betas", self.betas, "two values in [0, 1)")

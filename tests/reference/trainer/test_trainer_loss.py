@@ -231,7 +231,8 @@ def test_micro_batches_hold_sequences_of_similar_length(make_model, monkeypatch)
 def test_the_learning_rate_warms_up_linearly(make_model):
     """Adam's first steps move every weight by about the learning rate whatever the gradient's size; with
     `warmup_steps` the k-th step (from 0) uses lr * (k + 1) / warmup_steps, then lr."""
-    config = TrainerConfig(lr=1e-2, warmup_steps=4, weight_decay=0.0, entropy_coef=0.0)
+    # normalize_std True (the default before 2026-11-29): with it this batch's gradients keep every Adam step within lr
+    config = TrainerConfig(lr=1e-2, warmup_steps=4, weight_decay=0.0, entropy_coef=0.0, normalize_std=True)
     trainer = Trainer(make_model(0), config, pad_id=0)
     moves = []
     for _ in range(5):

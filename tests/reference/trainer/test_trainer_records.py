@@ -109,6 +109,16 @@ def test_trainer_config_names_the_bad_value(field, value, message):
         TrainerConfig(**{field: value})
 
 
+def test_the_default_advantages_are_the_recipes_group_centred_ones():
+    """TrainerConfig's default is what the runtime's recipes use (Dr. GRPO: not divided by the group's std)."""
+    from core.config import load_yaml
+    from reference.control.config import DEFAULT_CONFIG
+
+    assert TrainerConfig().normalize_std is False
+    assert load_yaml(DEFAULT_CONFIG)["trainer"]["normalize_std"] is TrainerConfig().normalize_std
+    assert MathRecipe().trainer.normalize_std is TrainerConfig().normalize_std
+
+
 def test_trainer_config_round_trips_through_a_dict():
     config = TrainerConfig(lr=1e-3, betas=[0.8, 0.9])
     assert TrainerConfig.from_dict(config.to_dict()) == config
