@@ -14,10 +14,10 @@ CONFIG ?= sim/configs/default.yaml
 SET ?=
 OUT ?=
 TORCH_VERSION ?= 2.13.0
-# PyTorch's CPU wheels. Empty: pip's own indexes only (PyPI's torch is the CUDA build); README: GPUs.
+# PyTorch's CPU wheels. Empty: pip's own indexes only (PyPI's torch is the CUDA build); docs/usage.md: GPUs.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # The GPU layer (`make setup-gpu`): the torch release vLLM pins (pyproject's `gpu` extra), the CUDA build from
-# pip's own indexes; GPU_TORCH_INDEX adds an index of builds for another CUDA (README: GPUs).
+# pip's own indexes; GPU_TORCH_INDEX adds an index of builds for another CUDA (docs/usage.md: GPUs).
 GPU_TORCH_VERSION ?= 2.14.0
 GPU_TORCH_INDEX ?=
 GPU_STAMP := $(VENV)/.installed-gpu
@@ -109,7 +109,7 @@ lint: $(FULL_STAMP)  ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-bench: bench-sim bench-runtime bench-train bench-swe  ## every benchmark (prints the figures quoted in the README)
+bench: bench-sim bench-runtime bench-train bench-swe  ## every benchmark (prints the figures quoted in docs/)
 
 bench-sim: $(SIM_STAMP)  ## speed of the simulator
 	$(PY) -m benchmarks.sim_speed

@@ -1,1 +1,1 @@
-"""Benchmark scripts: they print figures (quoted in the README); tests never time anything."""
+"""Benchmark scripts: they print figures (quoted in docs/); tests never time anything."""

@@ -26,7 +26,7 @@ model's layers:
 - log-probs: overlap(M / logprob_mfu + A / logprob_attention_mfu, L x h_logprob), the trainer's
   forward-only pass over one sequence.
 
-What the per-layer terms are, on the shipped H200 profile (plain torch, README "GPU calibration"): o, a
+What the per-layer terms are, on the shipped H200 profile (plain torch, docs/speed.md "GPU calibration"): o, a
 CUDA graph's tens of small kernels a layer (norms, rotary, cache writes) at a few microseconds each; w,
 sdpa over a padded cache, one thread block per sequence and KV head, so one sequence's cache is read at
 a small share of the bandwidth; h, Python and kernel launches of eager passes (prefill and log-probs

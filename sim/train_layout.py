@@ -422,7 +422,7 @@ def memory(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int
     # The root unit (embeddings, lm_head, final norm: what no decoder layer holds) is gathered once for the
     # whole step, its gradient unsharded until the last reduce-scatter: FSDP2 does not reshard the root after
     # its forward. At Qwen3's 151,936-token vocabulary that is most of a small model (measured:
-    # benchmarks/trainer_memory.py, README "Training").
+    # benchmarks/trainer_memory.py, docs/training.md).
     buffers += (BF16_BYTES + t.grad_bytes_per_param) * root_params(model) / lay.tp
     buffers = buffers if lay.dp > 1 else 0.0
     if t.micro_batch_sequences is None:

@@ -39,7 +39,7 @@ import yaml
 
 # `python -m swebench_env.sim_workload --workdir DIR` on the 2-core development machine (other work running): 32
 # episodes, all "finished"; commands and grading timed in local checkouts (LocalRunner, evaluate_locally), not in
-# Docker sandboxes, whose exec and container start add to both (README: "Training on SWE tasks on GPUs").
+# Docker sandboxes, whose exec and container start add to both (docs/swe.md: "Training on SWE tasks on GPUs").
 SUITE_WORKLOAD: dict = {
     "kind": "swe",
     "turns": {"median": 8.0, "sigma": 0.0, "min": 8, "max": 8},

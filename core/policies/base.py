@@ -31,7 +31,7 @@ class PolicyConfig:
         `streaming`; the strictly on-policy policies ignore it and always train at lag 0).
     fill_idle: `tag` starts extra groups beyond the window when a rollout resource runs dry. It turns
         idle time into generation, but under a strict staleness bound most of that work is later
-        regenerated, so it is off by default (see the README).
+        regenerated, so it is off by default (see docs/simulator.md).
     window_batches: how many batches' worth of groups `tag` keeps in flight, finished or training
         (None: 1 + max_staleness, the most that can still be trained within the bound).
     stale_samples: what `streaming` does with a finished group that fell out of the staleness

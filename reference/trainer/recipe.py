@@ -89,7 +89,7 @@ Measured (`make train-swe`, Docker, this 2-core machine): with the loss target a
 went 0.469 -> 0.625 (seed 0, 22.0 minutes), 0.484 -> 0.641 (seed 1, 21.3) and 0.562 -> 0.734 (seed 2, 21.6).
 Before it (a fixed 250-step warm start, 8 steps) 11 runs gained +0.05 to +0.30 from landings of 0.11-0.59, in
 23.5-66 minutes. mini-swe-agent (seed 0, a fixed 280-step warm start): 0.359 -> 0.688 with 12 steps (27.7
-minutes), 0.438 -> 0.578 and 0.438 -> 0.609 with 8. The README's "Training on SWE tasks" has the runs' numbers
+minutes), 0.438 -> 0.578 and 0.438 -> 0.609 with 8. docs/swe.md has the runs' numbers
 and wall times.
 """
 

@@ -141,8 +141,8 @@ evaluations at temperature 0.7; max_tokens 512 (the longest demonstrated turn is
 demonstrations take 8; the fix is the 5th); RL on 8 tasks x 4 episodes a step (the split in shuffled passes),
 AdamW 3e-4 after 2 warm-up steps, two epochs a step, positive advantages only, no entropy bonus. Measured on
 the runtime (8 steps, 2 evaluation episodes a task): train pass@1 0.469 -> 0.750 (seed 0), 0.438 -> 0.734
-(seed 1), 0.422 -> 0.641 (seed 2), an earlier seed-1 run 0.312 -> 0.438; the README's "Training on SWE
-tasks" has every run.
+(seed 1), 0.422 -> 0.641 (seed 2), an earlier seed-1 run 0.312 -> 0.438; docs/swe.md
+("Training on SWE tasks") has every run.
 
 Sampled commands run on this machine with no isolation, as `--sandbox local` rollouts do: trusted models only.
 """
