@@ -26,7 +26,7 @@ MAX_EVAL_SAMPLES = 64  # episodes of a problem an evaluation may run
 
 @dataclass(frozen=True)
 class TaskSection:
-    name: str  # a task in reference.tasks.TASKS
+    name: str  # a task in reference.tasks.TASKS, or a class of your own as package.module:Class
     options: dict  # the task's config fields (e.g. digits)
 
 
