@@ -239,7 +239,7 @@ class RuntimeExecutor:
             "reward_std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
             "exact_match": sum(s.exact for g in groups for s in g.episodes) / n,
             "samples": n,
-            "trained_tokens": record.tokens,
+            "trained_tokens": results[0]["tokens"],  # generated tokens in the loss (each rank reports the global count)
             "generated_tokens": record.generated_tokens,
             "staleness": {str(k): v for k, v in sorted(record.lag_tokens.items())},
             "loss": _mean(results, "loss"),
