@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import shutil
 import time
 from collections import Counter
@@ -79,6 +80,13 @@ class _State:
     step_started_s: dict[int, float] = field(default_factory=dict)
     tasks: set[asyncio.Task] = field(default_factory=set)
     failure: BaseException | None = None
+
+
+# The trainer's own step figures passed through to metrics.jsonl as they are (StepMetrics: global over ranks):
+# the PPO ratio, the off-policy corrections' weights, the engine-trainer mismatch on fresh tokens, dynamic sampling.
+TRAINER_KEYS = ("pg_loss", "dual_clip_fraction", "ratio_mean", "ratio_max", "off_policy_fraction", "is_weight_mean",
+                "is_weight_max", "is_capped_fraction", "fresh_tokens", "fresh_mismatch_mean", "fresh_kl",
+                "dropped_groups", "dropped_sequences")  # fmt: skip
 
 
 class RuntimeExecutor:
@@ -251,14 +259,14 @@ class RuntimeExecutor:
         timings = {k: sum(e.info.get(k, 0.0) for g in groups for e in g.episodes) for k in TIMING_KEYS}
         n = len(rewards)
         mean = sum(rewards) / n
-        tokens = sum(r["tokens"] for r in results)
+        tokens = results[0]["tokens"]  # every rank reports the step's global count
         return {
             "step": step,
             "reward_mean": mean,
             "reward_std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
             "exact_match": sum(s.exact for g in groups for s in g.episodes) / n,
             "samples": n,
-            "trained_tokens": record.tokens,
+            "trained_tokens": results[0]["tokens"],  # generated tokens in the loss (each rank reports the global count)
             "generated_tokens": record.generated_tokens,
             "staleness": {str(k): v for k, v in sorted(record.lag_tokens.items())},
             "loss": _mean(results, "loss"),
@@ -273,6 +281,7 @@ class RuntimeExecutor:
             "tokens_per_s_trained": tokens / max(1e-9, max(r["time_s"] for r in results)),
             "episodes": {"exit_reasons": dict(Counter(e.exit_reason for g in groups for e in g.episodes)),
                          **{f"{k}_sum": v for k, v in timings.items()}},
+            **{k: _finite_or_none(results[0][k]) for k in TRAINER_KEYS if k in results[0]},
         }  # fmt: skip
 
     async def close(self) -> None:
@@ -323,3 +332,8 @@ def _step_record(step: int, start: float, end: float, batch: list[Trajectory]) -
     generated = sum(t.num_generated for t in batch)
     return StepRecord(step, start, end, sum(len(t.token_ids) for t in batch), generated, dict(sorted(lag.items())),
                       len(batch))  # fmt: skip
+
+
+def _finite_or_none(value):
+    """A figure for metrics.jsonl: NaN (a mean over no tokens) as null, which strict JSON readers accept."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -19,6 +19,7 @@ by (`reference.trainer.loss`); later epochs reuse them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import random
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 # Order of the summed statistics (one all-reduce per step for all of them).
 _SUMS = ("tokens", "sequences", "reward", "loss", "pg", "kl", "entropy", "clipped", "dual", "ratio",
          "off_tokens", "off_ratio", "staleness", "weight", "capped", "fresh_tokens", "fresh_mismatch",
-         "fresh_kl")  # fmt: skip
+         "fresh_kl", "dropped_groups", "dropped_sequences")  # fmt: skip
 _MAXES = ("ratio_max", "neg_ratio_min", "staleness_max", "weight_max")
 
 
@@ -56,9 +57,11 @@ class StepMetrics:
     clip_fraction: float  # share of tokens where the PPO clip was active
     dual_clip_fraction: float  # share of tokens where the dual clip's cap was active
     grad_norm: float  # global L2 norm before clipping
-    tokens: int  # generated tokens trained on
-    sequences: int
-    reward_mean: float
+    tokens: int  # generated tokens trained on (in the loss: masked samples and dropped groups left out)
+    sequences: int  # samples of the step, masked and dropped ones included
+    reward_mean: float  # over those samples
+    dropped_groups: int  # groups left out of the step for advantages all 0 (`drop_zero_advantage_groups`)
+    dropped_sequences: int  # their samples
     ratio_mean: float  # PPO's ratio pi_theta / pi_old (old: the engine's policy, or the proximal one; first epoch)
     ratio_min: float
     ratio_max: float
@@ -169,18 +172,22 @@ class Trainer:
         # the step's global token mean, so the order changes only the order of the gradient sums.
         order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].token_ids))
         trajectories, advantages = [trajectories[i] for i in order], [advantages[i] for i in order]
+        generated = sum(t.num_generated for t in trajectories)
+        sums = torch.zeros(len(_SUMS), dtype=torch.float64)
+        if self.config.drop_zero_advantage_groups:
+            trajectories, advantages = self._drop_groups_without_signal(trajectories, advantages, sums)
         self._warn_over_budget(trajectories)
-        local = [sum(t.num_generated for t in trajectories if t.trained), sum(t.num_generated for t in trajectories)]
+        local = [sum(t.num_generated for t in trajectories if t.trained), generated]
         total, generated = (int(x) for x in self.parallel.all_reduce(torch.tensor(local, dtype=torch.float64)))
         if generated == 0:
             raise ValueError("the step has no generated tokens on any rank: nothing to train on")
-        if total == 0:  # every sample is masked (e.g. each episode hit its turn limit): a version without an update
-            log.warning("step %d: every sample is masked out of the loss; the weights are not updated", self.step)
-            sums, maxes = torch.zeros(len(_SUMS), dtype=torch.float64), torch.zeros(len(_MAXES))
-            sums[_SUMS.index("sequences")] = len(trajectories)
-            sums[_SUMS.index("reward")] = sum(t.reward for t in trajectories)
-            return self._finish_step(sums, maxes, 0.0, start)
-        sums, maxes = torch.zeros(len(_SUMS), dtype=torch.float64), torch.full((len(_MAXES),), -math.inf)
+        if total == 0:  # every sample masked (e.g. each episode hit its turn limit) or dropped: no update
+            log.warning("step %d: every sample is masked out of the loss (or in a group dropped for advantages all "
+                        "0); the weights are not updated", self.step)  # fmt: skip
+            sums[_SUMS.index("sequences")] += len(trajectories)
+            sums[_SUMS.index("reward")] += sum(t.reward for t in trajectories)
+            return self._finish_step(sums, torch.zeros(len(_MAXES)), 0.0, start)
+        maxes = torch.full((len(_MAXES),), -math.inf)
         proximal = self._proximal_logprobs(trajectories, advantages) if self.config.off_policy != "behaviour" else None
         grad_norm = self._update(trajectories, advantages, proximal, total, sums, maxes)
         if self.config.epochs > 1 and self._drops_inert():  # later passes: only where the gradient is not 0
@@ -190,6 +197,24 @@ class Trainer:
         for _ in range(1, self.config.epochs):  # on every rank, one with nothing left too (its gradients sum in)
             self._update(trajectories, advantages, proximal, total)
         return self._finish_step(sums, maxes, grad_norm, start)
+
+    def _drop_groups_without_signal(self, trajectories, advantages, sums) -> tuple[list, list]:
+        """`trajectories` and `advantages` without the groups whose advantages are all 0, counted into `sums` (as
+        dropped, and in the step's samples and rewards). Under FSDP they are masked out of the loss instead
+        (`trained` False: the same loss and gradient), since every rank must run as many micro-batches as the
+        others and a rank could be left with none."""
+        signal = {trajectories[i].group_id for i, a in enumerate(advantages) if a != 0}
+        dropped = [i for i, t in enumerate(trajectories) if t.group_id not in signal]
+        sums[_SUMS.index("dropped_groups")] += len({trajectories[i].group_id for i in dropped})
+        sums[_SUMS.index("dropped_sequences")] += len(dropped)
+        if self.parallel.fsdp:
+            for i in dropped:
+                trajectories[i] = dataclasses.replace(trajectories[i], trained=False)
+            return trajectories, advantages
+        sums[_SUMS.index("sequences")] += len(dropped)
+        sums[_SUMS.index("reward")] += sum(trajectories[i].reward for i in dropped)
+        kept = sorted(set(range(len(trajectories))) - set(dropped))
+        return [trajectories[i] for i in kept], [advantages[i] for i in kept]
 
     @torch.no_grad()
     def _proximal_logprobs(self, trajectories, advantages) -> list[list[float]]:
@@ -315,7 +340,7 @@ class Trainer:
             "fresh_tokens": fresh.sum(), "fresh_mismatch": mismatch.sum(),
             "fresh_kl": (torch.exp(mismatch.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)) - 1 - mismatch).sum(),
         }  # fmt: skip
-        sums += torch.tensor([float(values[k]) for k in _SUMS], dtype=torch.float64)
+        sums += torch.tensor([float(values.get(k, 0)) for k in _SUMS], dtype=torch.float64)  # dropped_*: elsewhere
         if bool(on.any()):
             top = [float(out.ratio[on].max()), -float(out.ratio[on].min()), float(lag[on].max()),
                    float(out.weight[on].max())]  # fmt: skip
@@ -337,6 +362,7 @@ class Trainer:
             step=self.step, loss=s["loss"] / n, pg_loss=s["pg"] / n, kl=s["kl"] / n, entropy=s["entropy"] / n,
             clip_fraction=s["clipped"] / n, dual_clip_fraction=s["dual"] / n, grad_norm=grad_norm,
             tokens=int(s["tokens"]), sequences=int(s["sequences"]), reward_mean=s["reward"] / s["sequences"],
+            dropped_groups=int(s["dropped_groups"]), dropped_sequences=int(s["dropped_sequences"]),
             ratio_mean=s["ratio"] / n, ratio_min=-m["neg_ratio_min"], ratio_max=m["ratio_max"],
             off_policy_fraction=s["off_tokens"] / n,
             off_policy_ratio_mean=s["off_ratio"] / s["off_tokens"] if s["off_tokens"] else math.nan,
