@@ -223,10 +223,23 @@ def _sim_config(cfg: TrainConfig, task: TaskPlan, device: DeviceSpec | None):
                   "optimizer_bytes_per_param": 10,  # the fp32 weights' other half (2) + AdamW's two fp32 moments (8)
                   "recompute_logprobs": False, "reference_model": cfg.trainer.get("kl_coef", 0) > 0,
                   "tensor_parallel": 1, "pipeline_parallel": 1, "activation_recompute": "none",
-                  "micro_batch_tokens": _micro_batch_sequences(cfg) * task.context_tokens, "mini_batches": 1},
+                  "micro_batch_tokens": _micro_batch_tokens(cfg, task), "mini_batches": 1},
         "workload": {"prompts_per_step": cfg.rollout.prompts_per_step, "group_size": cfg.rollout.group_size},
     }  # fmt: skip
     return cfgio.from_dict(SimConfig, cfgio.merge(cfgio.load_yaml(DEFAULT_CONFIG), mirror))
+
+
+def _micro_batch_words(cfg: TrainConfig, task: TaskPlan) -> str:
+    if cfg.trainer.get("micro_batch_tokens"):
+        return f"up to {cfg.trainer['micro_batch_tokens']} padded tokens (trainer.micro_batch_tokens)"
+    return f"{_micro_batch_sequences(cfg)} sequences of up to {task.context_tokens} tokens"
+
+
+def _micro_batch_tokens(cfg: TrainConfig, task: TaskPlan) -> int:
+    """Padded tokens of the largest micro-batch: `trainer.micro_batch_tokens` where set (a sequence longer than
+    that budget is a micro-batch of its own), else `micro_batch_size` sequences of the task's context."""
+    budget = cfg.trainer.get("micro_batch_tokens") or 0
+    return max(budget, task.context_tokens) if budget else _micro_batch_sequences(cfg) * task.context_tokens
 
 
 def _micro_batch_sequences(cfg: TrainConfig) -> int:
@@ -281,8 +294,7 @@ def _work(cfg: TrainConfig, task: TaskPlan, policy: BasePolicy, f: InFlight) -> 
         f"engines: {engines}, backend {cfg.engine.backend}, tensor parallel {tp}, max batch {cfg.engine.max_batch}, "
         f"context {task.context_tokens} tokens",
         _weights_line(cfg),
-        f"trainer: {len(trainers)} train-capable resources, {dp}, micro-batches of {_micro_batch_sequences(cfg)} "
-        f"sequences of up to {task.context_tokens} tokens",
+        f"trainer: {len(trainers)} train-capable resources, {dp}, micro-batches of {_micro_batch_words(cfg, task)}",
         f"in flight: {f.groups} groups of {cfg.rollout.group_size} (rollout.max_concurrency "
         f"{cfg.rollout.max_concurrency}) -> {f.episodes} episodes{limit}{sandboxes}; {f.serving} engines serve at "
         f"the start: up to {f.per_engine} sequences each",
@@ -382,7 +394,10 @@ def _train_problem(cfg: TrainConfig, m: Memory, device: DeviceSpec, task: TaskPl
         if not par.fsdp:
             return f"{head}; most of it the state, whole on every trainer: set trainer_parallel.fsdp=true"
         return f"{head}; most of it the sharded state: add train-capable GPUs"
-    if _micro_batch_sequences(cfg) > 1:
+    if cfg.trainer.get("micro_batch_tokens") and _micro_batch_tokens(cfg, task) > task.context_tokens:
+        one = f"to {task.context_tokens}: one sequence at a time"
+        return f"{head}; most of it activations: lower trainer.micro_batch_tokens ({one})"
+    if not cfg.trainer.get("micro_batch_tokens") and _micro_batch_sequences(cfg) > 1:
         return f"{head}; most of it activations: lower trainer.micro_batch_size (1: one sequence at a time)"
     remedies = [
         *(["trainer_parallel.activation_checkpointing=true"] if not par.activation_checkpointing else []),

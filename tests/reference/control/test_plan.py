@@ -124,3 +124,12 @@ def test_a_single_turn_context_follows_the_runtime_rule(task):
 def test_bad_gpu_settings_are_one_line(overrides, message):
     with pytest.raises(UserError, match=message):
         load_train_config(None, overrides)
+
+
+def test_a_token_budget_sizes_the_micro_batch_and_is_named_when_it_does_not_fit(qwen3_32b):
+    text = plan(load_train_config(GPU_CONFIG, [f"model.dir={qwen3_32b}", "trainer.micro_batch_tokens=65536"]))
+    assert "micro-batches of up to 65536 padded tokens (trainer.micro_batch_tokens)" in text
+    assert "(65536 tokens, bf16, recomputed a layer at a time)" in text
+    assert "lower trainer.micro_batch_tokens (to 32768: one sequence at a time)" in text
+    small = plan(load_train_config(GPU_CONFIG, [f"model.dir={qwen3_32b}", "trainer.micro_batch_tokens=1024"]))
+    assert "(32768 tokens, bf16" in small  # a sequence longer than the budget is a micro-batch of its own
