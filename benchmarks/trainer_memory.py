@@ -114,7 +114,7 @@ def simulated(args):
         model = dataclasses.replace(model, layers=args.layers)
     train = {"grad_bytes_per_param": 4, "optimizer_bytes_per_param": 10, "reference_model": False,
              "tensor_parallel": 1, "pipeline_parallel": 1, "micro_batch_tokens": args.tokens, "mini_batches": 1,
-             "activation_recompute": "full" if args.checkpointing else "none"}  # fmt: skip
+             "activation_recompute": "full" if args.checkpointing else "none", "fsdp_root_gathered": True}  # fmt: skip
     cfg = cfgio.from_dict(SimConfig, cfgio.merge(cfgio.load_yaml(DEFAULT_CONFIG), {"train": train}))
     device = specs.device("h200")  # only the layout's shape is read: one GPU per rank, no tensor parallel
     lay = train_layout.layout(cfg, model, device, args.ranks)

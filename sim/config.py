@@ -143,6 +143,8 @@ class TrainConfig:
     # its longest (null: sequences packed into micro_batch_tokens, no padding); sim/train_layout.py
     zero_advantage_share: float = 0.0  # samples with no gradient (advantage 0), run forward only in the first
     # pass and skipped in later ones, as a trainer without KL or entropy terms does; 0: every sample trained
+    fsdp_root_gathered: bool = False  # the root unit (embeddings, lm_head) stays gathered for the whole step, as
+    # FSDP2 keeps it when only decoder layers are units of their own (false: a trainer that shards them too)
     logit_chunk_tokens: int | None = None  # the loss projects onto the vocabulary this many tokens at a time,
     # in fp32 (null: one bf16 copy of every token's logits, a fused log-prob kernel); sim/train_layout.py
 
@@ -166,6 +168,8 @@ class TrainConfig:
         share = self.zero_advantage_share
         if not (isinstance(share, int | float) and not isinstance(share, bool) and 0.0 <= share <= 1.0):
             raise UserError(f"train.zero_advantage_share must be a fraction in [0, 1], got {share!r}")
+        if not isinstance(self.fsdp_root_gathered, bool):
+            raise UserError(f"train.fsdp_root_gathered must be true or false, got {self.fsdp_root_gathered!r}")
         chunk = self.logit_chunk_tokens
         if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
             raise UserError(f"train.logit_chunk_tokens must be null (every token's logits at once) or an integer "

@@ -419,11 +419,13 @@ def memory(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int
     # PyTorch FSDP holds the unit in use and the one it prefetches unsharded (Zhao et al. 2023, "PyTorch
     # FSDP", sec. 3.3-4.1); a unit is one layer here, its gradient unsharded until reduce-scattered.
     buffers = (2 * BF16_BYTES + t.grad_bytes_per_param) * gathered_layer_params(model, lay.ep) / lay.tp
-    # The root unit (embeddings, lm_head, final norm: what no decoder layer holds) is gathered once for the
-    # whole step, its gradient unsharded until the last reduce-scatter: FSDP2 does not reshard the root after
-    # its forward. At Qwen3's 151,936-token vocabulary that is most of a small model (measured:
-    # benchmarks/trainer_memory.py, docs/training.md).
-    buffers += (BF16_BYTES + t.grad_bytes_per_param) * root_params(model) / lay.tp
+    if t.fsdp_root_gathered:
+        # The root unit (embeddings, lm_head, final norm: what no decoder layer holds) is gathered once for the
+        # whole step, its gradient unsharded until the last reduce-scatter: FSDP2 does not reshard the root after
+        # its forward when only the decoder layers are units of their own (the reference runtime's trainer). At
+        # Qwen3's 151,936-token vocabulary that is most of a small model (measured: benchmarks/trainer_memory.py,
+        # docs/training.md).
+        buffers += (BF16_BYTES + t.grad_bytes_per_param) * root_params(model) / lay.tp
     buffers = buffers if lay.dp > 1 else 0.0
     if t.micro_batch_sequences is None:
         tokens = max(t.micro_batch_tokens, longest)

@@ -223,7 +223,8 @@ def _sim_config(cfg: TrainConfig, task: TaskPlan, device: DeviceSpec | None):
                   "optimizer_bytes_per_param": 10,  # the fp32 weights' other half (2) + AdamW's two fp32 moments (8)
                   "recompute_logprobs": False, "reference_model": cfg.trainer.get("kl_coef", 0) > 0,
                   "tensor_parallel": 1, "pipeline_parallel": 1, "activation_recompute": "none",
-                  "micro_batch_tokens": _micro_batch_tokens(cfg, task), "mini_batches": 1},
+                  "micro_batch_tokens": _micro_batch_tokens(cfg, task), "mini_batches": 1,
+                  "fsdp_root_gathered": True},  # its FSDP shards the decoder layers and the root
         "workload": {"prompts_per_step": cfg.rollout.prompts_per_step, "group_size": cfg.rollout.group_size},
     }  # fmt: skip
     return cfgio.from_dict(SimConfig, cfgio.merge(cfgio.load_yaml(DEFAULT_CONFIG), mirror))

@@ -47,7 +47,7 @@ def test_the_gpu_targets_install_the_pinned_cuda_torch_then_every_extra(tmp_path
     assert pip_installs(tmp_path, target) == [
         "--upgrade pip",
         '"torch==2.14.0"',  # from pip's own indexes: the CUDA build, never the CPU index of `make setup`
-        '-e ".[dev,reference,swe,gpu]"',
+        '-e ".[dev,reference,swe,tensorboard,gpu]"',
     ]
 
 

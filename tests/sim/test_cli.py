@@ -113,7 +113,7 @@ def test_a_kv_cache_too_small_for_the_longest_request(capsys, tmp_path, monkeypa
 def test_a_model_too_big_to_train_says_by_how_much(capsys, tmp_path, monkeypatch, argv):
     monkeypatch.chdir(tmp_path)
     message = fails(capsys, argv)
-    assert "qwen3-32b does not fit for training on 8 GPUs: needs 126.0 GB per GPU, 46.0 GB more than" in message
+    assert "qwen3-32b does not fit for training on 8 GPUs: needs 116.6 GB per GPU, 36.6 GB more than" in message
     assert "optimizer state need 73.7 GB per GPU" in message and "add train GPUs" in message
 
 

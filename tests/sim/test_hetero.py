@@ -215,14 +215,13 @@ def test_memory_checks_run_per_device_and_name_the_device_that_fails(tmp_path, h
 
 
 def test_a_train_device_without_engines_is_only_checked_for_training(tmp_path):
-    """disaggregated runs no engine on the train pool: a device too small to hold an engine (but big enough
-    for the trainer's shard of 16 GPUs) trains; tag, which rolls out on it, refuses."""
-    small = device_file(tmp_path, "small", hbm_gb=19.5)
-    train_on_small = [f"cluster.device={small}", "cluster.rollout_pool.device=h800", "train.activation_gb=1.0",
-                      "rollout.tensor_parallel=1"]  # fmt: skip
+    """disaggregated runs no engine on the train pool: a device too small to hold an engine's KV cache
+    (but big enough for the trainer's shard of 16 GPUs) trains; tag, which rolls out on it, refuses."""
+    small = device_file(tmp_path, "small", hbm_gb=14.0)
+    train_on_small = [f"cluster.device={small}", "cluster.rollout_pool.device=h800", "train.activation_gb=1.0"]
     sim = Simulation(mixed(*train_on_small), "disaggregated")
     assert {e.cost.device.name for e in sim.engines.values()} == {"h800"}
-    with pytest.raises(UserError, match="does not fit for inference: .* usable on one small"):
+    with pytest.raises(UserError, match="KV cache of one engine on small holds"):
         Simulation(mixed(*train_on_small), "tag")
 
 
