@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import shutil
 import time
 from collections import Counter
@@ -281,7 +280,7 @@ class RuntimeExecutor:
             "tokens_per_s_trained": tokens / max(1e-9, max(r["time_s"] for r in results)),
             "episodes": {"exit_reasons": dict(Counter(e.exit_reason for g in groups for e in g.episodes)),
                          **{f"{k}_sum": v for k, v in timings.items()}},
-            **{k: _finite_or_none(results[0][k]) for k in TRAINER_KEYS if k in results[0]},
+            **{k: results[0][k] for k in TRAINER_KEYS if k in results[0]},  # NaN: null in metrics.jsonl (report.py)
         }  # fmt: skip
 
     async def close(self) -> None:
@@ -332,8 +331,3 @@ def _step_record(step: int, start: float, end: float, batch: list[Trajectory]) -
     generated = sum(t.num_generated for t in batch)
     return StepRecord(step, start, end, sum(len(t.token_ids) for t in batch), generated, dict(sorted(lag.items())),
                       len(batch))  # fmt: skip
-
-
-def _finite_or_none(value):
-    """A figure for metrics.jsonl: NaN (a mean over no tokens) as null, which strict JSON readers accept."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -217,6 +217,9 @@ def test_fsdp_in_bf16_with_checkpointing_and_a_kl_reference_trains(tmp_path):
     cfg, out, timeline, metrics, summary = run(tmp_path, "colocated", *extra)
     assert [s["step"] for s in metrics.steps] == [0, 1]
     assert all(s["kl"] >= 0 and s["grad_norm"] > 0 for s in metrics.steps)
+    for s in metrics.steps:  # the trainer's own figures reach metrics.jsonl; trained tokens are generated ones
+        assert {"fresh_mismatch_mean", "is_weight_mean", "dropped_groups", "ratio_mean"} <= s.keys()
+        assert 0 < s["trained_tokens"] <= s["generated_tokens"]
     assert any(e["step"] == 1 and "eval_s" in e for e in metrics.evaluations)  # mid-run, by the shards
     model, _ = load_checkpoint(version_dir(out / "weights", 2))
     assert all(p.dtype.is_floating_point and p.dtype == model.dtype for p in model.parameters())
