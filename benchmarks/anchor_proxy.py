@@ -60,8 +60,10 @@ def _max_tokens(a: Anchor, prompt_len: int, asked: int | None) -> int:
     if asked is None:
         asked = min(DEFAULT_MAX_TOKENS, a.max_context - prompt_len)
     if asked < 1 or prompt_len + asked > a.max_context:
-        raise RequestError(f"the prompt ({prompt_len} tokens) plus max_tokens does not fit the context "
-                           f"({a.max_context})", code="context_length_exceeded")  # fmt: skip
+        raise RequestError(
+            f"the prompt ({prompt_len} tokens) plus max_tokens does not fit the context ({a.max_context})",
+            code="context_length_exceeded",
+        )
     return asked
 
 
@@ -82,8 +84,9 @@ async def chat_completions(request: web.Request) -> web.Response:
     s = chat.sampling
     request_id = f"anchor-{next(a.ids)}"
     try:
-        params = SamplingParams(max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p,
-                                stop_token_ids=a.stop_ids, seed=s.seed)  # fmt: skip
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, stop_token_ids=a.stop_ids, seed=s.seed
+        )
         token_ids, finish = await _generate(a, GenerateRequest(request_id, tuple(prompt), params))
     except ValueError as e:
         return _error(f"the engine rejected the request: {e}", 400)
@@ -98,12 +101,21 @@ async def chat_completions(request: web.Request) -> web.Response:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": a.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-                         "logprobs": None}],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(token_ids),
-                      "total_tokens": len(prompt) + len(token_ids)},
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish,
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(token_ids),
+                "total_tokens": len(prompt) + len(token_ids),
+            },
         }
-    )  # fmt: skip
+    )
 
 
 async def health(request: web.Request) -> web.Response:
@@ -126,12 +138,23 @@ async def serve(engine_url: str, host: str, port: int, model_name: str) -> None:
     runner = None
     try:
         max_context = (await engine.stats()).max_context
-        anchor = Anchor(engine, model_name, tok, max_context, tuple(dict.fromkeys((tok.im_end_id, tok.eos_token_id))),
-                        itertools.count())  # fmt: skip
+        anchor = Anchor(
+            engine,
+            model_name,
+            tok,
+            max_context,
+            tuple(dict.fromkeys((tok.im_end_id, tok.eos_token_id))),
+            itertools.count(),
+        )
         app = web.Application(client_max_size=8 << 20)
         app[ANCHOR_KEY] = anchor
-        app.add_routes([web.post("/s/{session_id}/v1/chat/completions", chat_completions),
-                        web.post("/v1/chat/completions", chat_completions), web.get("/health", health)])  # fmt: skip
+        app.add_routes(
+            [
+                web.post("/s/{session_id}/v1/chat/completions", chat_completions),
+                web.post("/v1/chat/completions", chat_completions),
+                web.get("/health", health),
+            ]
+        )
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)  # as the manager's
         await runner.setup()
         await web.TCPSite(runner, host, port).start()

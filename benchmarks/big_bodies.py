@@ -50,8 +50,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--bodies must be >= 1 and --mib in (0, 8], got {args.bodies} and {args.mib}")
     port = free_port()
     with tempfile.TemporaryDirectory() as root:
-        argv = [sys.executable, "-m", "reference", "serve", "--backend", "fake", "--port", str(port), "--store",
-                f"{root}/t.sqlite", "--no-admin-token"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "reference",
+            "serve",
+            "--backend",
+            "fake",
+            "--port",
+            str(port),
+            "--store",
+            f"{root}/t.sqlite",
+            "--no-admin-token",
+        ]
         proc = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         try:

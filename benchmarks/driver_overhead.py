@@ -26,8 +26,13 @@ def measure(name: str, steps: int, batch: int) -> dict:
     fake.run(max_events=50 * steps * batch)
     cpu = time.process_time() - start
     decisions = fake.driver.dispatched
-    return {"policy": name, "steps": policy.step, "decisions": decisions, "us_per_decision": 1e6 * cpu / decisions,
-            "ms_per_step": 1e3 * cpu / max(1, policy.step)}  # fmt: skip
+    return {
+        "policy": name,
+        "steps": policy.step,
+        "decisions": decisions,
+        "us_per_decision": 1e6 * cpu / decisions,
+        "ms_per_step": 1e3 * cpu / max(1, policy.step),
+    }
 
 
 def main() -> None:
@@ -38,8 +43,10 @@ def main() -> None:
     print(f"{'policy':>13} | {'steps':>6} | {'decisions':>9} | {'us / decision':>13} | {'ms / step':>9}")
     for name in POLICIES:
         r = measure(name, args.steps, args.batch)
-        print(f"{r['policy']:>13} | {r['steps']:>6} | {r['decisions']:>9} | {r['us_per_decision']:>13.1f} | "
-              f"{r['ms_per_step']:>9.3f}")  # fmt: skip
+        print(
+            f"{r['policy']:>13} | {r['steps']:>6} | {r['decisions']:>9} | {r['us_per_decision']:>13.1f} | "
+            f"{r['ms_per_step']:>9.3f}"
+        )
 
 
 if __name__ == "__main__":

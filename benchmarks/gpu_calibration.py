@@ -135,11 +135,18 @@ def tiny_spec() -> ModelSpec:
     """reference/model.py's default model (over the shipped tokenizer) as a spec."""
     t = TINY_DEFAULTS
     return ModelSpec(
-        name=TINY, layers=t["num_hidden_layers"], hidden=t["hidden_size"], heads=t["num_attention_heads"],
-        kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], intermediate=t["intermediate_size"],
-        vocab=default_tokenizer().vocab_size, tie_embeddings=t["tie_word_embeddings"],
-        max_context=t["max_position_embeddings"], qk_norm=True,
-    )  # fmt: skip
+        name=TINY,
+        layers=t["num_hidden_layers"],
+        hidden=t["hidden_size"],
+        heads=t["num_attention_heads"],
+        kv_heads=t["num_key_value_heads"],
+        head_dim=t["head_dim"],
+        intermediate=t["intermediate_size"],
+        vocab=default_tokenizer().vocab_size,
+        tie_embeddings=t["tie_word_embeddings"],
+        max_context=t["max_position_embeddings"],
+        qk_norm=True,
+    )
 
 
 def model_choices() -> dict[str, Callable[[], ModelSpec]]:
@@ -152,11 +159,18 @@ def qwen3_config(spec: ModelSpec) -> Qwen3Config:
     if spec.name == TINY:
         return tiny_config(spec.vocab)
     return Qwen3Config(
-        vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
-        num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
-        head_dim=spec.head_dim, tie_word_embeddings=spec.tie_embeddings, max_position_embeddings=spec.max_context,
-        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-    )  # fmt: skip
+        vocab_size=spec.vocab,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        head_dim=spec.head_dim,
+        tie_word_embeddings=spec.tie_embeddings,
+        max_position_embeddings=spec.max_context,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    )
 
 
 def torch_device(name: str) -> torch.device:
@@ -308,8 +322,10 @@ def measure_decode(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, skipped: li
             _release(plan.device)  # the last point's cache back from torch's allocator, for _free_bytes to see
             need = 2 * spec.layers * spec.kv_heads * spec.head_dim * plan.dtype.itemsize * batch * (context + steps)
             if context + steps > spec.max_context:
-                skipped.append(f"decode batch={batch} context={context}: {context} + {steps} steps is longer than "
-                               f"the model's {spec.max_context}-token context")  # fmt: skip
+                skipped.append(
+                    f"decode batch={batch} context={context}: {context} + {steps} steps is longer than "
+                    f"the model's {spec.max_context}-token context"
+                )
                 continue
             if need > _free_bytes(plan.device):
                 skipped.append(f"decode batch={batch} context={context}: a {need / 1e9:.1f} GB KV cache does not fit")
@@ -531,8 +547,9 @@ class Roofline:
 
     def logprob_s(self, seq_len: int) -> float:
         c = self.cfg.costs
-        return train_layout.forward_s(self.model, self.device, seq_len, c.logprob_mfu, c.logprob_attention_mfu,
-                                      c.logprob_layer_host_s)  # fmt: skip
+        return train_layout.forward_s(
+            self.model, self.device, seq_len, c.logprob_mfu, c.logprob_attention_mfu, c.logprob_layer_host_s
+        )
 
     @staticmethod
     def mfu_of(model: ModelSpec, device: DeviceSpec, seq_len: int, seconds: float) -> float:
@@ -595,7 +612,7 @@ def peak_lines(peaks: Peaks, plan: Plan) -> list[str]:
         ("device copy", f"{plan.peak_sizes[1] >> 20} MiB", peaks.copy_gb_s, "GB/s", spec and spec.hbm_bandwidth_gb_s),
         ("host to device", "pinned", peaks.host_to_device_gb_s, "GB/s", spec and spec.pcie_gb_s),
         ("device to host", "pinned", peaks.device_to_host_gb_s, "GB/s", spec and spec.pcie_gb_s),
-    ]  # fmt: skip
+    ]
     lines = [f"peaks on {plan.device_name}: measured, and the share of the {spec.name if spec else '-'} spec"]
     for what, size, value, unit, datasheet in rows:
         if value is None:
@@ -615,12 +632,18 @@ def run(plan: Plan) -> Profile:
         entries.append(entry)
         print("\n".join(table(entry, spec, plan)), flush=True)
     device = DeviceInfo(
-        name=plan.device_name, dtype=str(plan.dtype).removeprefix("torch."), spec=plan.spec.name if plan.spec else None,
-        torch_device=str(plan.device), torch=torch.__version__, transformers=transformers.__version__,
-        decode_mode="cuda-graphs" if plan.cuda_graphs else "eager", matmul_tflops=round(peaks.matmul_tflops, 3),
-        copy_gb_s=round(peaks.copy_gb_s, 3), host_to_device_gb_s=_round(peaks.host_to_device_gb_s),
+        name=plan.device_name,
+        dtype=str(plan.dtype).removeprefix("torch."),
+        spec=plan.spec.name if plan.spec else None,
+        torch_device=str(plan.device),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        decode_mode="cuda-graphs" if plan.cuda_graphs else "eager",
+        matmul_tflops=round(peaks.matmul_tflops, 3),
+        copy_gb_s=round(peaks.copy_gb_s, 3),
+        host_to_device_gb_s=_round(peaks.host_to_device_gb_s),
         device_to_host_gb_s=_round(peaks.device_to_host_gb_s),
-    )  # fmt: skip
+    )
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return Profile(1, device, tuple(entries), created=created, command=plan.command)
 

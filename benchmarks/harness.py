@@ -89,8 +89,10 @@ def conversation(session: int, turn: int, output_words: int = 0) -> list[dict]:
         return {"role": "user", "content": text}
 
     for k in range(turn):
-        messages += [user(k, f"session {session} step {k}: run the tests and report"),
-                     {"role": "assistant", "content": f"ran step {k}"}]  # fmt: skip
+        messages += [
+            user(k, f"session {session} step {k}: run the tests and report"),
+            {"role": "assistant", "content": f"ran step {k}"},
+        ]
     return [*messages, user(turn, f"session {session} step {turn}: what next?")]
 
 
@@ -217,8 +219,20 @@ def start_manager(
     tag = f"manager-{port}"
     # the benchmarks read /stats: no control token (a version that generates one by default can be told not to)
     quiet = ["--no-admin-token"] if serve_has_flag("--no-admin-token") else []
-    argv = [*_python(profile), "-m", "reference", "serve", "--engine-url", engine_url, "--port", str(port),
-            "--store", str(workdir / f"{tag}.sqlite"), *quiet, *extra]  # fmt: skip
+    argv = [
+        *_python(profile),
+        "-m",
+        "reference",
+        "serve",
+        "--engine-url",
+        engine_url,
+        "--port",
+        str(port),
+        "--store",
+        str(workdir / f"{tag}.sqlite"),
+        *quiet,
+        *extra,
+    ]
     return ServerProcess("the trajectory manager", argv, port, _env(token), workdir / f"{tag}.log")
 
 
@@ -232,8 +246,9 @@ def start_anchor(engine_url: str, workdir: Path, token: str | None, profile: Pat
 @cache
 def serve_help() -> str:
     """`python -m reference serve --help`, to learn which flags this version of the manager has."""
-    out = subprocess.run([sys.executable, "-m", "reference", "serve", "--help"], capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "reference", "serve", "--help"], capture_output=True, text=True, timeout=120
+    )
     return out.stdout
 
 

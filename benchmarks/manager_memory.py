@@ -94,8 +94,14 @@ def stats(url: str) -> dict:
 
 
 def run_budget(engine_url: str, token, budget: int, args, workdir: Path) -> dict:
-    extra = ["--max-tokens-in-memory", str(budget or UNBOUNDED), "--max-session-tokens", str(budget or UNBOUNDED),
-             "--max-in-flight", "0"]  # fmt: skip
+    extra = [
+        "--max-tokens-in-memory",
+        str(budget or UNBOUNDED),
+        "--max-session-tokens",
+        str(budget or UNBOUNDED),
+        "--max-in-flight",
+        "0",
+    ]
     manager = start_manager(engine_url, workdir, token, extra)
     try:
         baseline_kib = vm_kib(manager.pid, "VmRSS")
@@ -136,20 +142,28 @@ def main() -> None:
     args.sessions = args.sessions or (150 if args.quick else 600)
     budgets = [int(b) for b in args.budgets.split(",")]
     rows = []
-    with EngineProcess(EngineSpec(backend="fake", fake_reply_tokens=16)) as engine, \
-            tempfile.TemporaryDirectory() as tmp:  # fmt: skip
+    with (
+        EngineProcess(EngineSpec(backend="fake", fake_reply_tokens=16)) as engine,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         for budget in budgets:
             rows.append(run_budget(engine.url, engine_token(engine), budget, args, Path(tmp)))
-    print(f"{args.sessions} sessions x {args.turns} turns, ~300 new tokens a turn, fake engine; memory of the "
-          f"manager process")  # fmt: skip
-    print("budget (tokens) | held tokens | sessions held | evictions | RSS MB (peak) | B/held token | "
-          "turn p50 ms | comeback oldest / newest ms")  # fmt: skip
+    print(
+        f"{args.sessions} sessions x {args.turns} turns, ~300 new tokens a turn, fake engine; memory of the "
+        f"manager process"
+    )
+    print(
+        "budget (tokens) | held tokens | sessions held | evictions | RSS MB (peak) | B/held token | "
+        "turn p50 ms | comeback oldest / newest ms"
+    )
     for r in rows:
         budget = "unbounded" if r["budget_tokens"] is None else f"{r['budget_tokens']:,}"
         per_token = "-" if r["bytes_per_held_token"] is None else f"{r['bytes_per_held_token']:.0f}"
-        print(f"{budget:>15} | {r['tokens_in_memory']:>11,} | {r['sessions_in_memory']:>13} | {r['evictions']:>9} | "
-              f"{r['rss_mb']:6.0f} ({r['peak_rss_mb']:4.0f}) | {per_token:>12} | {r['turn_p50_ms']:11.1f} | "
-              f"{r['comeback_oldest_ms']:.1f} / {r['comeback_newest_ms']:.1f}")  # fmt: skip
+        print(
+            f"{budget:>15} | {r['tokens_in_memory']:>11,} | {r['sessions_in_memory']:>13} | {r['evictions']:>9} | "
+            f"{r['rss_mb']:6.0f} ({r['peak_rss_mb']:4.0f}) | {per_token:>12} | {r['turn_p50_ms']:11.1f} | "
+            f"{r['comeback_oldest_ms']:.1f} / {r['comeback_newest_ms']:.1f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -185,40 +185,56 @@ async def run_levels(servers: dict[str, ServerProcess], args, engine_pid: int) -
     return levels
 
 
-HEADER = (f"{'run':>11} | {'offered':>7} | {'sent':>5} | {'goodput':>7} | {'429':>5} | {'errors':>6} | "
-          f"{'p50 ms':>7} | {'p99 ms':>7} | {'srv CPU':>7} | {'srv wait':>8} | {'gen+eng CPU':>11} | "
-          f"{'SYN drops':>9}")  # fmt: skip
+HEADER = (
+    f"{'run':>11} | {'offered':>7} | {'sent':>5} | {'goodput':>7} | {'429':>5} | {'errors':>6} | "
+    f"{'p50 ms':>7} | {'p99 ms':>7} | {'srv CPU':>7} | {'srv wait':>8} | {'gen+eng CPU':>11} | "
+    f"{'SYN drops':>9}"
+)
 
 
 def row(name: str, f: dict) -> str:
     cpu = f["cpu_share"]
-    return (f"{name:>11} | {f['offered_rps']:>7} | {f['sent_rps']:5.0f} | {f['goodput_rps']:7.0f} | "
-            f"{f['shed_rps']:5.0f} | {f['error_rps']:6.0f} | {f['p50_ms']:7.1f} | {f['p99_ms']:7.1f} | "
-            f"{100 * cpu['proxy']:6.0f}% | {100 * cpu['proxy_run_queue_wait']:7.0f}% | "
-            f"{100 * (cpu['generator'] + cpu['engine']):10.0f}% | {f['listen_drops']:9}")  # fmt: skip
+    return (
+        f"{name:>11} | {f['offered_rps']:>7} | {f['sent_rps']:5.0f} | {f['goodput_rps']:7.0f} | "
+        f"{f['shed_rps']:5.0f} | {f['error_rps']:6.0f} | {f['p50_ms']:7.1f} | {f['p99_ms']:7.1f} | "
+        f"{100 * cpu['proxy']:6.0f}% | {100 * cpu['proxy_run_queue_wait']:7.0f}% | "
+        f"{100 * (cpu['generator'] + cpu['engine']):10.0f}% | {f['listen_drops']:9}"
+    )
 
 
 def summary(levels: list[dict]) -> dict:
     knee = max(levels, key=lambda f: f["goodput_rps"])
     last = levels[-1]
-    return {"knee_offered_rps": knee["offered_rps"], "knee_goodput_rps": knee["goodput_rps"],
-            "top_offered_rps": last["offered_rps"], "top_goodput_rps": last["goodput_rps"],
-            "top_over_knee": last["goodput_rps"] / knee["goodput_rps"] if knee["goodput_rps"] else 0.0}  # fmt: skip
+    return {
+        "knee_offered_rps": knee["offered_rps"],
+        "knee_goodput_rps": knee["goodput_rps"],
+        "top_offered_rps": last["offered_rps"],
+        "top_goodput_rps": last["goodput_rps"],
+        "top_over_knee": last["goodput_rps"] / knee["goodput_rps"] if knee["goodput_rps"] else 0.0,
+    }
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rates", help="offered requests per second, one level each (default 400,800,...,4000; "
-                    "quick: 800,2400,4000)")  # fmt: skip
+    ap.add_argument(
+        "--rates", help="offered requests per second, one level each (default 400,800,...,4000; quick: 800,2400,4000)"
+    )
     ap.add_argument("--level-s", type=float, help="seconds each level offers load (default 5; quick: 2)")
     ap.add_argument("--timeout-s", type=float, help="a client gives up after this long (default 2 s; quick: 1)")
-    ap.add_argument("--caps", default="0,32,default",
-                    help="runs of the manager: N is --max-in-flight N with lag shedding off (0: no shedding at "
-                         "all); lagX: --max-loop-lag-s X; 'default': the manager's defaults")  # fmt: skip
+    ap.add_argument(
+        "--caps",
+        default="0,32,default",
+        help="runs of the manager: N is --max-in-flight N with lag shedding off (0: no shedding at "
+        "all); lagX: --max-loop-lag-s X; 'default': the manager's defaults",
+    )
     ap.add_argument("--turns", type=int, default=4, help="requests per session (turn k resends k exchanges)")
-    ap.add_argument("--output-words", type=int, default=0,
-                    help="words of a task's files or a tool's output in every user message (an agent's "
-                         "observations; 0: short messages, the cheapest requests to serve)")  # fmt: skip
+    ap.add_argument(
+        "--output-words",
+        type=int,
+        default=0,
+        help="words of a task's files or a tool's output in every user message (an agent's "
+        "observations; 0: short messages, the cheapest requests to serve)",
+    )
     ap.add_argument("--anchor", action="store_true", help="also a run of the anchor proxy (no cap), for reference")
     ap.add_argument("--quick", action="store_true", help="three short levels a run (under a minute in all)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -278,9 +294,11 @@ def main() -> None:
             with pinned(proxy_cpus):
                 for run in plan:
                     servers[run.name] = start(run, engine, Path(tmp))
-            print(f"cores: servers {proxy_cpus}, engine {engine_cpus}, load generator {generator_cpus}; "
-                  f"{args.level_s:g} s a level, clients give up after {args.timeout_s:g} s; rates in requests/s; "
-                  f"load average {load:.1f}\n{HEADER}")  # fmt: skip
+            print(
+                f"cores: servers {proxy_cpus}, engine {engine_cpus}, load generator {generator_cpus}; "
+                f"{args.level_s:g} s a level, clients give up after {args.timeout_s:g} s; rates in requests/s; "
+                f"load average {load:.1f}\n{HEADER}"
+            )
             levels = asyncio.run(run_levels(servers, args, engine.pid))
         finally:
             for server in servers.values():
@@ -294,9 +312,11 @@ def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) 
     """Each run's knee and its goodput at the highest rate; the JSON file."""
     results = {run.name: {"flags": run.flags, "levels": levels[run.name], **summary(levels[run.name])} for run in plan}
     for name, r in results.items():
-        print(f"{name}: knee {r['knee_goodput_rps']:.0f}/s at {r['knee_offered_rps']} offered; at "
-              f"{r['top_offered_rps']} offered {r['top_goodput_rps']:.0f}/s "
-              f"({100 * r['top_over_knee']:.0f}% of the knee)")  # fmt: skip
+        print(
+            f"{name}: knee {r['knee_goodput_rps']:.0f}/s at {r['knee_offered_rps']} offered; at "
+            f"{r['top_offered_rps']} offered {r['top_goodput_rps']:.0f}/s "
+            f"({100 * r['top_over_knee']:.0f}% of the knee)"
+        )
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "json"} | machine
         args.json.write_text(json.dumps({"config": config, "runs": results}, indent=2, default=sorted))

@@ -68,9 +68,11 @@ def direct_request(port: int, token: str | None, tok, reply: int):
     stop = [tok.im_end_id, tok.eos_token_id]
 
     def build(session: int, turn: int) -> bytes:
-        body = {"request_id": f"d{session}.{turn}.{time.monotonic_ns()}",
-                "prompt_token_ids": ChatRenderer(tok).render(conversation(session, turn)),
-                "params": {"max_tokens": reply, "stop_token_ids": stop}}  # fmt: skip
+        body = {
+            "request_id": f"d{session}.{turn}.{time.monotonic_ns()}",
+            "prompt_token_ids": ChatRenderer(tok).render(conversation(session, turn)),
+            "params": {"max_tokens": reply, "stop_token_ids": stop},
+        }
         return request_bytes("POST", "127.0.0.1", port, "/generate", json.dumps(body).encode(), headers)
 
     return build
@@ -81,8 +83,9 @@ def proxy_request(port: int, reply: int):
 
     def build(session: int, turn: int) -> bytes:
         body = {"model": MODEL, "messages": conversation(session, turn), "max_tokens": reply}
-        return request_bytes("POST", "127.0.0.1", port, f"/s/bench-{session}/v1/chat/completions",
-                             json.dumps(body).encode())  # fmt: skip
+        return request_bytes(
+            "POST", "127.0.0.1", port, f"/s/bench-{session}/v1/chat/completions", json.dumps(body).encode()
+        )
 
     return build
 
@@ -95,8 +98,9 @@ def check_answer(path: str, status: int | str, body: bytes) -> None:
         raise RuntimeError(f"{path} answered 200 with {body[:200]!r}")
 
 
-async def run_level(path: str, port: int, build, concurrency: int, turns: int, min_requests: int,
-                    first_session: int) -> tuple[list[float], float]:  # fmt: skip
+async def run_level(
+    path: str, port: int, build, concurrency: int, turns: int, min_requests: int, first_session: int
+) -> tuple[list[float], float]:
     """`concurrency` workers, each running sessions of `turns` turns one after another (closed loop),
     until at least `min_requests` requests were made. Returns the latencies and the wall time."""
     lat: list[float] = []
@@ -174,8 +178,9 @@ def measure_level(args, tok, engine, servers: dict[str, ServerProcess], n: int, 
             port, build = server.port, proxy_request(server.port, args.reply_tokens)
         first_session = (level_index * 100 + k) * 1_000_000  # unique sessions per run
         before = cpu_now(server, engine)
-        lat, wall = asyncio.run(run_level(path, port, build, n, args.turns, per_round if server else args.min_requests,
-                                          first_session))  # fmt: skip
+        lat, wall = asyncio.run(
+            run_level(path, port, build, n, args.turns, per_round if server else args.min_requests, first_session)
+        )
         stats[path].add(lat, wall, before, cpu_now(server, engine))
     figures = {path: s.figures() for path, s in stats.items()}
     figures["cpu_ratio"] = figures["manager"]["cpu_ms_per_request"] / figures["anchor"]["cpu_ms_per_request"]
@@ -187,17 +192,21 @@ def measure_level(args, tok, engine, servers: dict[str, ServerProcess], n: int, 
     return figures
 
 
-HEADER = (f"{'sessions':>8} | {'direct p50/p99':>15} | {'anchor p50/p99':>15} | {'manager p50/p99':>15} | "
-          f"{'req/s dir/anc/mgr':>18} | {'CPU ms anc/mgr':>14} | {'ratio':>5} | {'rounds':>9} | {'mgr thr':>7} | "
-          f"{'busy anc/mgr':>12}")  # fmt: skip
+HEADER = (
+    f"{'sessions':>8} | {'direct p50/p99':>15} | {'anchor p50/p99':>15} | {'manager p50/p99':>15} | "
+    f"{'req/s dir/anc/mgr':>18} | {'CPU ms anc/mgr':>14} | {'ratio':>5} | {'rounds':>9} | {'mgr thr':>7} | "
+    f"{'busy anc/mgr':>12}"
+)
 
 
 def legend(args, proxy_cpus: set[int] | None, load: float) -> str:
-    return (f"fake engine, {args.reply_tokens} tokens a reply, {args.turns} turns a session; latency in ms; CPU: "
-            f"milliseconds per request of the proxy's process; ratio: manager / anchor (rounds: its lowest and "
-            f"highest in single rounds, the machine's noise); mgr thr: the part of the "
-            f"manager's CPU spent in its worker threads; busy: share of a core; proxy cores "
-            f"{sorted(proxy_cpus) if proxy_cpus else 'any'}; load average {load:.1f}")  # fmt: skip
+    return (
+        f"fake engine, {args.reply_tokens} tokens a reply, {args.turns} turns a session; latency in ms; CPU: "
+        f"milliseconds per request of the proxy's process; ratio: manager / anchor (rounds: its lowest and "
+        f"highest in single rounds, the machine's noise); mgr thr: the part of the "
+        f"manager's CPU spent in its worker threads; busy: share of a core; proxy cores "
+        f"{sorted(proxy_cpus) if proxy_cpus else 'any'}; load average {load:.1f}"
+    )
 
 
 def row(n: int, f: dict) -> str:
@@ -205,10 +214,12 @@ def row(n: int, f: dict) -> str:
     lat = " | ".join(f"{x['p50_ms']:6.1f} / {x['p99_ms']:6.1f}" for x in (d, a, m))
     rounds = [r for r in f["cpu_ratio_rounds"] if r is not None]
     spread = f"{min(rounds):.2f}-{max(rounds):.2f}" if rounds else "-"
-    return (f"{n:>8} | {lat} | {d['rps']:6.0f}{a['rps']:6.0f}{m['rps']:6.0f} | "
-            f"{a['cpu_ms_per_request']:6.2f} {m['cpu_ms_per_request']:6.2f} | {f['cpu_ratio']:5.2f} | {spread:>9} | "
-            f"{m['worker_thread_cpu_ms_per_request']:7.2f} | "
-            f"{100 * a['busy']:5.0f}% {100 * m['busy']:4.0f}%")  # fmt: skip
+    return (
+        f"{n:>8} | {lat} | {d['rps']:6.0f}{a['rps']:6.0f}{m['rps']:6.0f} | "
+        f"{a['cpu_ms_per_request']:6.2f} {m['cpu_ms_per_request']:6.2f} | {f['cpu_ratio']:5.2f} | {spread:>9} | "
+        f"{m['worker_thread_cpu_ms_per_request']:7.2f} | "
+        f"{100 * a['busy']:5.0f}% {100 * m['busy']:4.0f}%"
+    )
 
 
 def cpu_plan(pin: bool) -> tuple[set[int] | None, set[int] | None]:
@@ -251,8 +262,9 @@ def main() -> None:
             token = engine_token(engine)
             with pinned(proxy_cpus):
                 servers["anchor"] = start_anchor(engine.url, Path(tmp), token, profile_path(args, "anchor"))
-                servers["manager"] = start_manager(engine.url, Path(tmp), token, no_shedding(),
-                                                   profile=profile_path(args, "manager"))  # fmt: skip
+                servers["manager"] = start_manager(
+                    engine.url, Path(tmp), token, no_shedding(), profile=profile_path(args, "manager")
+                )
             print(legend(args, proxy_cpus, load))
             if args.profile:
                 print("both proxies run under cProfile: their CPU and latency are inflated")
@@ -274,9 +286,12 @@ def report(args, results: list[dict], machine: dict) -> None:
     # What one core could serve at the last level's CPU cost: the ceiling a proxy would reach if the
     # engine and load generator kept up (they share the other cores here).
     capacity = {p: 1e3 / results[-1][p]["cpu_ms_per_request"] for p in PROXIES}
-    print("ceiling (highest req/s over the levels): " + ", ".join(f"{p} {v:.0f}" for p, v in ceiling.items())
-          + "; one core's worth at the last level's CPU cost: "
-          + ", ".join(f"{p} {v:.0f}" for p, v in capacity.items()))  # fmt: skip
+    print(
+        "ceiling (highest req/s over the levels): "
+        + ", ".join(f"{p} {v:.0f}" for p, v in ceiling.items())
+        + "; one core's worth at the last level's CPU cost: "
+        + ", ".join(f"{p} {v:.0f}" for p, v in capacity.items())
+    )
     if args.json:
         config = {k: v for k, v in vars(args).items() if k not in ("json", "profile")}
         config.update(machine, cpus=os.cpu_count())

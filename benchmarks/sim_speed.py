@@ -57,8 +57,10 @@ def main() -> None:
 
     if not args.skip_big:
         wall, events, sim_s = timed(swe(4096, 20), "tag")
-        print(f"swe workload, 4096 x h800, 512 tasks x 8 episodes a step, 20 steps, tag: {wall:.1f} s wall, {events} "
-              f"events ({events / wall:.0f}/s), {sim_s / 3600:.1f} simulated hours (target < 60 s)")  # fmt: skip
+        print(
+            f"swe workload, 4096 x h800, 512 tasks x 8 episodes a step, 20 steps, tag: {wall:.1f} s wall, {events} "
+            f"events ({events / wall:.0f}/s), {sim_s / 3600:.1f} simulated hours (target < 60 s)"
+        )
 
     print("weak scaling: swe workload, tag, 8 steps, prompts per step proportional to GPUs")
     print(f"  {'gpus':>5} {'wall s':>8} {'events':>9} {'wall s per 64 GPUs':>19}")
@@ -68,8 +70,21 @@ def main() -> None:
 
     if not args.skip_search:
         with tempfile.TemporaryDirectory() as out:
-            argv = [sys.executable, "-m", "sim", "search", "--space", "train.tensor_parallel=1,8", "--max-candidates",
-                    "100", "--quiet", "--no-picture", "--out", out, "--overwrite"]  # fmt: skip
+            argv = [
+                sys.executable,
+                "-m",
+                "sim",
+                "search",
+                "--space",
+                "train.tensor_parallel=1,8",
+                "--max-candidates",
+                "100",
+                "--quiet",
+                "--no-picture",
+                "--out",
+                out,
+                "--overwrite",
+            ]
             start = time.perf_counter()
             done = subprocess.run(argv, capture_output=True, text=True, check=True)
             wall = time.perf_counter() - start

@@ -44,8 +44,13 @@ def timed(fn, *args) -> tuple[float, object]:
 
 def sequential(config: SandboxConfig, n: int, execs: int) -> dict[str, list[float]]:
     """Start, exec (`true` and a Python process) and close, one sandbox after another."""
-    phases: dict[str, list[float]] = {"start": [], "exec true": [], "exec python3 -c pass": [],
-                                      "runner true": [], "close": []}  # fmt: skip
+    phases: dict[str, list[float]] = {
+        "start": [],
+        "exec true": [],
+        "exec python3 -c pass": [],
+        "runner true": [],
+        "close": [],
+    }
     for _ in range(n):
         dt, sandbox = timed(Sandbox(config).start)
         phases["start"].append(dt)

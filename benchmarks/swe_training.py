@@ -57,18 +57,40 @@ def task_files(folder: Path, train_tasks: int) -> list[str]:
 
 def make_run(out: Path, args: argparse.Namespace) -> None:
     """A short SWE training run in `out` (its own process, as `make train-swe` runs it)."""
-    items = [f"task.options.sandbox={args.sandbox}", f"task.options.agent={args.agent}",
-             f"task.options.max_turns={args.max_turns}", f"task.options.max_tokens={args.max_tokens}",
-             f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group_size}",
-             "run.eval_every_steps=0", f"warm_start.steps={args.warm_start_steps}", "task.options.overlong=train",
-             *task_files(out.parent / "tasks", args.train_tasks)]  # fmt: skip
+    items = [
+        f"task.options.sandbox={args.sandbox}",
+        f"task.options.agent={args.agent}",
+        f"task.options.max_turns={args.max_turns}",
+        f"task.options.max_tokens={args.max_tokens}",
+        f"rollout.prompts_per_step={args.prompts}",
+        f"rollout.group_size={args.group_size}",
+        "run.eval_every_steps=0",
+        f"warm_start.steps={args.warm_start_steps}",
+        "task.options.overlong=train",
+        *task_files(out.parent / "tasks", args.train_tasks),
+    ]
     config = REPO / "reference" / "configs" / "swe.yaml"
-    cmd = [sys.executable, "-m", "reference", "train", "--config", str(config), "--out", str(out), "--steps",
-           str(args.steps), "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "reference",
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+        "--steps",
+        str(args.steps),
+        "--quiet",
+    ]
     for item in items:
         cmd += ["--set", item]
-    print(f"bench-swe: a {args.steps}-step SWE training run ({args.prompts} tasks x {args.group_size} episodes a step, "
-          f"{args.sandbox} sandboxes) in {out}", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"bench-swe: a {args.steps}-step SWE training run ({args.prompts} tasks x {args.group_size} episodes a step, "
+        f"{args.sandbox} sandboxes) in {out}",
+        file=sys.stderr,
+        flush=True,
+    )
     done = subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL)  # its table is not this benchmark's figures
     if done.returncode != 0:
         raise SystemExit(f"bench-swe: the training run failed (exit {done.returncode}); its error is above")
@@ -93,9 +115,14 @@ def episode_shares(steps: list[dict]) -> dict:
             sums[key] += episodes.get(f"{key}_sum", 0.0)
     total = max(sums["episode_s"], sum(sums[k] for k in PARTS))
     seconds = {k: sums[k] for k in PARTS} | {"other": total - sum(sums[k] for k in PARTS)}
-    return {"episodes": sum(reasons.values()), "exit_reasons": dict(reasons), "episode_s": total, "seconds": seconds,
-            "shares": {k: s / total if total else 0.0 for k, s in seconds.items()},
-            "sandbox_wait_share": sums["sandbox_wait_s"] / total if total else 0.0}  # fmt: skip
+    return {
+        "episodes": sum(reasons.values()),
+        "exit_reasons": dict(reasons),
+        "episode_s": total,
+        "seconds": seconds,
+        "shares": {k: s / total if total else 0.0 for k, s in seconds.items()},
+        "sandbox_wait_share": sums["sandbox_wait_s"] / total if total else 0.0,
+    }
 
 
 def pool_shares(timeline: Timeline) -> dict[str, dict[str, float]]:
@@ -127,21 +154,29 @@ def report(run: Path) -> dict:
     timeline = Timeline.load(run / "intervals.json")
     episodes = episode_shares(last_run(metrics))
     per_minute = episodes["episodes"] / (timeline.wall_s / 60) if timeline.wall_s > 0 else 0.0
-    return {"run": str(run), "wall_s": timeline.wall_s, "episodes_per_minute": per_minute, **episodes,
-            "lanes": len({sb.lane for sb in timeline.sandboxes}), "lane_shares": lane_shares(timeline),
-            "pools": pool_shares(timeline)}  # fmt: skip
+    return {
+        "run": str(run),
+        "wall_s": timeline.wall_s,
+        "episodes_per_minute": per_minute,
+        **episodes,
+        "lanes": len({sb.lane for sb in timeline.sandboxes}),
+        "lane_shares": lane_shares(timeline),
+        "pools": pool_shares(timeline),
+    }
 
 
 def lines(r: dict) -> list[str]:
     """The figures, as `make bench-swe` prints them."""
     s = r["shares"]
     sandbox = s["tool_latency_s"] + s["test_run_s"]
-    out = [f"SWE training: {r['episodes']} training episodes in {r['wall_s']:.0f} s of RL = "
-           f"{r['episodes_per_minute']:.1f} episodes/min (exit reasons: {r['exit_reasons']})",
-           f"episode time ({r['episode_s']:.0f} s summed over episodes): generating (waiting for the model) "
-           f"{s['model_s']:.0%}, in sandboxes {sandbox:.0%} (commands {s['tool_latency_s']:.0%}, test runs "
-           f"{s['test_run_s']:.0%}), other {s['other']:.0%} (the agent, its wait for its workspace); blocked on a "
-           f"container's start {r['sandbox_wait_share']:.0%} (in test runs and other)"]  # fmt: skip
+    out = [
+        f"SWE training: {r['episodes']} training episodes in {r['wall_s']:.0f} s of RL = "
+        f"{r['episodes_per_minute']:.1f} episodes/min (exit reasons: {r['exit_reasons']})",
+        f"episode time ({r['episode_s']:.0f} s summed over episodes): generating (waiting for the model) "
+        f"{s['model_s']:.0%}, in sandboxes {sandbox:.0%} (commands {s['tool_latency_s']:.0%}, test runs "
+        f"{s['test_run_s']:.0%}), other {s['other']:.0%} (the agent, its wait for its workspace); blocked on a "
+        f"container's start {r['sandbox_wait_share']:.0%} (in test runs and other)",
+    ]
     if r["lane_shares"]:
         parts = ", ".join(f"{phase} {share:.0%}" for phase, share in r["lane_shares"].items())
         out.append(f"sandbox lanes ({r['lanes']}, occupied time): {parts}")

@@ -71,7 +71,7 @@ def make_batch(w: Workload, seed: int) -> list[Trajectory]:
             [0] * g,
             i // w.group_size,
             rng.random(),
-        )  # fmt: skip
+        )
         for i in range(w.sequences)
     ]
 
@@ -82,8 +82,12 @@ def time_trainer(w: Workload, steps: int) -> float:
     batch = make_batch(w, 0)
     times = []
     for _ in range(steps + 1):  # the first step warms up
-        restamped = [Trajectory(t.token_ids, t.generated_mask, t.logprobs, (trainer.version,) * t.num_generated,
-                                t.group_id, t.reward) for t in batch]  # fmt: skip
+        restamped = [
+            Trajectory(
+                t.token_ids, t.generated_mask, t.logprobs, (trainer.version,) * t.num_generated, t.group_id, t.reward
+            )
+            for t in batch
+        ]
         start = time.perf_counter()
         trainer.train_step(restamped)
         times.append(time.perf_counter() - start)
@@ -138,8 +142,9 @@ def time_engine(w: Workload, repeats: int) -> float:
     params = SamplingParams(max_tokens=w.generated_tokens, temperature=1.0)
 
     async def sample(engine: BuiltinEngine, tag: str) -> None:
-        requests = [GenerateRequest(f"{tag}.{i}.{j}", p, params) for i, p in enumerate(prompts)
-                    for j in range(w.group_size)]  # fmt: skip
+        requests = [
+            GenerateRequest(f"{tag}.{i}.{j}", p, params) for i, p in enumerate(prompts) for j in range(w.group_size)
+        ]
         results = await asyncio.gather(*(generate(engine, r) for r in requests))
         assert all(len(r.token_ids) == w.generated_tokens for r in results)
 
@@ -206,8 +211,14 @@ def main() -> None:
         engine_s = time_engine(w, steps)
         achieved = sample_flops(w) / engine_s
         tokens = w.sequences * (w.prompt_tokens + w.generated_tokens)
-        row = (w.name, f"{w.sequences}", f"{engine_s:.3f}", f"{tokens / engine_s:.0f}", f"{achieved / 1e9:.2f}",
-               f"{achieved / peak:.0%}")  # fmt: skip
+        row = (
+            w.name,
+            f"{w.sequences}",
+            f"{engine_s:.3f}",
+            f"{tokens / engine_s:.0f}",
+            f"{achieved / 1e9:.2f}",
+            f"{achieved / peak:.0%}",
+        )
         print(" ".join(f"{v:>{width}}" for v, width in zip(row, widths, strict=True)))
     print("tokens/s counts every position (prompt + generated) of every sample, as the trainer's column does")
 

@@ -95,8 +95,9 @@ def _time_conditions(args, own: int, other: int) -> dict[str, list[float]]:
     rng = random.Random(0)
     group = rt.rollout.group_size
     batches = [workload_batch(model_config, task, args.sequences, group, rng) for _ in range(args.batches)]
-    trainer = Trainer(build_model(model_config), TrainerConfig.from_dict(dict(rt.trainer)),
-                      pad_id=task.tokenizer.pad_token_id)  # fmt: skip
+    trainer = Trainer(
+        build_model(model_config), TrainerConfig.from_dict(dict(rt.trainer)), pad_id=task.tokenizer.pad_token_id
+    )
     trainer.train_step(batches[0])  # warm-up
     with tempfile.TemporaryDirectory() as root:
         conditions = {

@@ -54,10 +54,17 @@ def _config(args):
 
     m = specs.model(args.model)
     return Qwen3Config(
-        vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.intermediate, num_attention_heads=m.heads,
-        num_key_value_heads=m.kv_heads, head_dim=m.head_dim, num_hidden_layers=args.layers or m.layers,
-        max_position_embeddings=max(args.tokens, 128), tie_word_embeddings=m.tie_embeddings, rms_norm_eps=1e-6,
-    )  # fmt: skip
+        vocab_size=m.vocab,
+        hidden_size=m.hidden,
+        intermediate_size=m.intermediate,
+        num_attention_heads=m.heads,
+        num_key_value_heads=m.kv_heads,
+        head_dim=m.head_dim,
+        num_hidden_layers=args.layers or m.layers,
+        max_position_embeddings=max(args.tokens, 128),
+        tie_word_embeddings=m.tie_embeddings,
+        rms_norm_eps=1e-6,
+    )
 
 
 def _batch(args, rank: int):
@@ -112,9 +119,17 @@ def simulated(args):
     model = specs.model(args.model)
     if args.layers:
         model = dataclasses.replace(model, layers=args.layers)
-    train = {"grad_bytes_per_param": 4, "optimizer_bytes_per_param": 10, "reference_model": False,
-             "tensor_parallel": 1, "pipeline_parallel": 1, "micro_batch_tokens": args.tokens, "mini_batches": 1,
-             "activation_recompute": "full" if args.checkpointing else "none", "fsdp_root_gathered": True}  # fmt: skip
+    train = {
+        "grad_bytes_per_param": 4,
+        "optimizer_bytes_per_param": 10,
+        "reference_model": False,
+        "tensor_parallel": 1,
+        "pipeline_parallel": 1,
+        "micro_batch_tokens": args.tokens,
+        "mini_batches": 1,
+        "activation_recompute": "full" if args.checkpointing else "none",
+        "fsdp_root_gathered": True,
+    }
     cfg = cfgio.from_dict(SimConfig, cfgio.merge(cfgio.load_yaml(DEFAULT_CONFIG), {"train": train}))
     device = specs.device("h200")  # only the layout's shape is read: one GPU per rank, no tensor parallel
     lay = train_layout.layout(cfg, model, device, args.ranks)
@@ -152,14 +167,18 @@ def main(argv: list[str] | None = None) -> int:
     peak = max(r["peak_added"] for r in ranks) / GB
     state, buffers, act = simulated(args)
     predicted = state + buffers + act
-    what = (f"{args.model} x {args.layers or 'all'} layers, {args.tokens} tokens a sequence "
-            f"({args.generated:.0%} generated), {args.ranks} ranks, fsdp {args.fsdp}, {args.param_dtype}, "
-            f"checkpointing {args.checkpointing}")  # fmt: skip
+    what = (
+        f"{args.model} x {args.layers or 'all'} layers, {args.tokens} tokens a sequence "
+        f"({args.generated:.0%} generated), {args.ranks} ranks, fsdp {args.fsdp}, {args.param_dtype}, "
+        f"checkpointing {args.checkpointing}"
+    )
     print(what)
     print(f"step: {seconds:.1f} s, {2 * args.tokens * args.ranks / seconds:,.0f} tokens/s")
     print(f"peak added per rank: {peak:.2f} GB (before the model: {ranks[0]['baseline'] / GB:.2f} GB resident)")
-    print(f"simulator: {predicted:.2f} GB (state {state:.2f} + buffers {buffers:.2f} + activations {act:.2f}); "
-          f"measured / simulated {peak / predicted:.2f}")  # fmt: skip
+    print(
+        f"simulator: {predicted:.2f} GB (state {state:.2f} + buffers {buffers:.2f} + activations {act:.2f}); "
+        f"measured / simulated {peak / predicted:.2f}"
+    )
     return 0
 
 

@@ -52,10 +52,20 @@ def model_configs() -> dict:
     return {
         "math": (MathRecipe().model_config(task_tokenizer().vocab_size), task_tokenizer()),
         "tiny": (tiny_config(4096), default_tokenizer()),
-        "100m": (tiny_config(32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                             num_key_value_heads=4, head_dim=64, intermediate_size=2048,
-                             max_position_embeddings=2048), default_tokenizer()),
-    }  # fmt: skip
+        "100m": (
+            tiny_config(
+                32000,
+                hidden_size=768,
+                num_hidden_layers=12,
+                num_attention_heads=12,
+                num_key_value_heads=4,
+                head_dim=64,
+                intermediate_size=2048,
+                max_position_embeddings=2048,
+            ),
+            default_tokenizer(),
+        ),
+    }
 
 
 class _Actors:
@@ -99,8 +109,7 @@ def measure(name: str, config, tokenizer, versions: int, work: Path) -> list[tup
     del model
     actor = ray.remote(_RayResourceWorker)
     rows = []
-    for transport_name, dtype in (("directory", "float32"), ("object_store", "float32"),
-                                  ("object_store", "bfloat16")):  # fmt: skip
+    for transport_name, dtype in (("directory", "float32"), ("object_store", "float32"), ("object_store", "bfloat16")):
         specs = WorkerSpec("T00", ("train",), (), str(initial)), WorkerSpec("R00", (), (), str(initial))
         trainer = actor.options(num_cpus=1, resources={"train": 1}).remote(specs[0])
         receiver = actor.options(num_cpus=1, resources={"rollout": 1}).remote(specs[1])
@@ -133,9 +142,16 @@ def main() -> None:
         raise SystemExit(f"unknown model {unknown[0]!r}; choose from {', '.join(configs)}")
     dirs = {n: Path(tempfile.mkdtemp(prefix=f"sfbench{n}-")) for n in "AB"}
     store = 2 * GB
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"train": 1},
-                                                            "temp_dir": str(dirs["A"]), "include_dashboard": False,
-                                                            "object_store_memory": store})  # fmt: skip
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "resources": {"train": 1},
+            "temp_dir": str(dirs["A"]),
+            "include_dashboard": False,
+            "object_store_memory": store,
+        },
+    )
     cluster.add_node(num_cpus=1, resources={"rollout": 1}, temp_dir=str(dirs["B"]), object_store_memory=store)
     ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
     work = Path(tempfile.mkdtemp(prefix="sf-handoff-bench-"))
@@ -148,12 +164,17 @@ def main() -> None:
             config, tokenizer = configs[name]
             for row in measure(name, config, tokenizer, args.versions, work):
                 *text, publish, ready, written = row
-                cells = (*text, *(f"{t * 1e3:.0f} ms" for t in (publish, ready)),
-                         f"{written * 1e3:.0f} ms" if written else "-")  # fmt: skip
+                cells = (
+                    *text,
+                    *(f"{t * 1e3:.0f} ms" for t in (publish, ready)),
+                    f"{written * 1e3:.0f} ms" if written else "-",
+                )
                 print(" ".join(f"{v:>{w}}" for v, w in zip(cells, widths, strict=True)), flush=True)
-        print("publish: what a training step waits for; on B's node: until the engine's node has the version "
-              "(directory: the same, where node B shares this filesystem); B's write: of that, node B's worker "
-              "writing its copy (the rest is Ray moving the bytes)")  # fmt: skip
+        print(
+            "publish: what a training step waits for; on B's node: until the engine's node has the version "
+            "(directory: the same, where node B shares this filesystem); B's write: of that, node B's worker "
+            "writing its copy (the rest is Ray moving the bytes)"
+        )
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -161,8 +161,13 @@ def _git_state() -> dict | None:
 
 def _git(*args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                              timeout=GIT_TIMEOUT_S, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})  # fmt: skip
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), *args],
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None

@@ -249,9 +249,16 @@ def _label_rows(ax, rows: list[tuple[str, str]], max_labelled: int, ylabel: str 
         text = pool_label(pool)
         upright = len(ys) * row_pt > 8 * 0.6 * len(text)  # fits along its rows: rotate, else write it across
         ax.annotate(
-            text, xy=(0, (ys[0] + ys[-1]) / 2), xycoords=("axes fraction", "data"), xytext=(-width_pt, 0),
-            textcoords="offset points", rotation=90 if upright else 0, ha="right", va="center", fontsize=8,
-        )  # fmt: skip
+            text,
+            xy=(0, (ys[0] + ys[-1]) / 2),
+            xycoords=("axes fraction", "data"),
+            xytext=(-width_pt, 0),
+            textcoords="offset points",
+            rotation=90 if upright else 0,
+            ha="right",
+            va="center",
+            fontsize=8,
+        )
 
 
 def time_label(timeline: Timeline) -> str:
@@ -280,9 +287,12 @@ def _legend(ax, phases: list[Phase], steps: bool, labels: dict[Phase, str], over
 
     def patch(phase: Phase) -> Patch:
         return Patch(
-            facecolor=PHASE_COLOURS[phase], edgecolor=HATCH_COLOUR if phase in PHASE_HATCH else "none",
-            hatch=PHASE_HATCH.get(phase), linewidth=0, label={**PHASE_LABELS, **labels}[phase],
-        )  # fmt: skip
+            facecolor=PHASE_COLOURS[phase],
+            edgecolor=HATCH_COLOUR if phase in PHASE_HATCH else "none",
+            hatch=PHASE_HATCH.get(phase),
+            linewidth=0,
+            label={**PHASE_LABELS, **labels}[phase],
+        )
 
     handles = [patch(phase) for phase in phases]
     handles += [
@@ -331,8 +341,16 @@ def _row_caption(timelines: Sequence[Timeline]) -> str:
 
 
 def _caption(ax, text: str) -> None:
-    ax.annotate(text, xy=(0, 0), xycoords="axes fraction", xytext=(0, -34), textcoords="offset points",
-                va="top", fontsize=7.5, color="#444444")  # fmt: skip
+    ax.annotate(
+        text,
+        xy=(0, 0),
+        xycoords="axes fraction",
+        xytext=(0, -34),
+        textcoords="offset points",
+        va="top",
+        fontsize=7.5,
+        color="#444444",
+    )
 
 
 def _min_width_s(fig, ax) -> float:
@@ -434,10 +452,16 @@ def _setup_lanes(ax, timeline: Timeline, lanes: list[str]) -> dict[str, int]:
 
     present = {sb.phase for sb in timeline.sandboxes if sb.end_s > sb.start_s}
     handles = [
-        Patch(facecolor=SANDBOX_COLOURS[k], edgecolor="#7f7f7f" if k in SANDBOX_HATCH else "none",
-              hatch=SANDBOX_HATCH.get(k), linewidth=0.5 if k in SANDBOX_HATCH else 0, label=SANDBOX_LABELS[k])
-        for k in SandboxPhase if k in present
-    ]  # fmt: skip
+        Patch(
+            facecolor=SANDBOX_COLOURS[k],
+            edgecolor="#7f7f7f" if k in SANDBOX_HATCH else "none",
+            hatch=SANDBOX_HATCH.get(k),
+            linewidth=0.5 if k in SANDBOX_HATCH else 0,
+            label=SANDBOX_LABELS[k],
+        )
+        for k in SandboxPhase
+        if k in present
+    ]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
     return {lane: y for y, lane in enumerate(lanes)}
 
@@ -456,8 +480,13 @@ def _draw_lanes(ax, timeline: Timeline, lane_of: dict[str, int], min_width_s: fl
         if not boxes[kind]:
             continue
         hatched = kind in SANDBOX_HATCH
-        bars = PolyCollection(boxes[kind], facecolors=SANDBOX_COLOURS[kind], linewidths=0.5 if hatched else 0,
-                              edgecolors="#7f7f7f" if hatched else "none", antialiaseds=False)  # fmt: skip
+        bars = PolyCollection(
+            boxes[kind],
+            facecolors=SANDBOX_COLOURS[kind],
+            linewidths=0.5 if hatched else 0,
+            edgecolors="#7f7f7f" if hatched else "none",
+            antialiaseds=False,
+        )
         if hatched:
             bars.set_hatch(SANDBOX_HATCH[kind])
         bars.set_label(f"_sandbox_{kind.value}")  # found by tests; the leading _ keeps it out of legends

@@ -40,8 +40,9 @@ def mean_lag(lag_tokens: Mapping) -> float:
     return sum(int(lag) * n for lag, n in lag_tokens.items()) / total if total else 0.0
 
 
-def step_line(done: int, total: int, reward: float | None, tokens_per_s: float, staleness: float,
-              elapsed_s: float) -> str:  # fmt: skip
+def step_line(
+    done: int, total: int, reward: float | None, tokens_per_s: float, staleness: float, elapsed_s: float
+) -> str:
     """One step in one line; `reward` None (a simulated run) leaves it out."""
     shown = "" if reward is None or not math.isfinite(reward) else f"  reward {reward:.3f}"
     return f"step {done}/{total}{shown}  {tokens_per_s:,.0f} tok/s  staleness {staleness:.2f}  {elapsed_s:,.0f} s"
@@ -66,8 +67,14 @@ class ScalarLog:
     """Per-step scalars to TensorBoard event files in `tensorboard` and/or a W&B run of project `wandb`; a
     ScalarLog with neither does nothing. `run_name` names the W&B run; `config` is stored with it."""
 
-    def __init__(self, tensorboard: str | Path | None = None, wandb: str | None = None, run_name: str | None = None,
-                 config: Mapping | None = None, wandb_dir: str | Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tensorboard: str | Path | None = None,
+        wandb: str | None = None,
+        run_name: str | None = None,
+        config: Mapping | None = None,
+        wandb_dir: str | Path | None = None,
+    ) -> None:
         require(tensorboard, wandb)
         self.tensorboard = Path(tensorboard) if tensorboard is not None else None
         self._tb = self._wandb = None

@@ -131,8 +131,13 @@ class SandboxInterval:
     session: str = ""
 
     def as_dict(self) -> dict:
-        return {"lane": self.lane, "phase": self.phase.value, "start_s": self.start_s, "end_s": self.end_s,
-                "session": self.session}  # fmt: skip
+        return {
+            "lane": self.lane,
+            "phase": self.phase.value,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "session": self.session,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> SandboxInterval:
@@ -267,8 +272,10 @@ class TimelineRecorder:
                 self._close(name, now)
             self._open = {name: (Phase.IDLE, now, 0, 0) for name in self._open}
             intervals = sorted(self.intervals, key=lambda i: (i.resource, i.start_s, i.end_s))
-            sandboxes = sorted((sb for sb in self.sandboxes if sb.start_s < now),
-                               key=lambda sb: (_lane_key(sb.lane), sb.start_s, sb.end_s))  # fmt: skip
+            sandboxes = sorted(
+                (sb for sb in self.sandboxes if sb.start_s < now),
+                key=lambda sb: (_lane_key(sb.lane), sb.start_s, sb.end_s),
+            )
             sandboxes = [replace(sb, end_s=min(sb.end_s, now)) for sb in sandboxes]  # the run ended meanwhile
             return Timeline(intervals, list(self.steps), now, dict(meta), dict(counters), sandboxes)
 

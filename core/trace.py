@@ -97,10 +97,17 @@ def _sandbox_events(timeline: Timeline, pid: int) -> tuple[list[dict], list[dict
     meta = [_meta_event("process_name", pid, 0, SANDBOX_PROCESS), _sort_index_event(pid)]
     meta += [_meta_event("thread_name", pid, tid, lane) for lane, tid in tids.items()]
     spans = [
-        {"name": sb.phase.value, "cat": "sandbox", "ph": "X", "pid": pid, "tid": tids[sb.lane],
-         **_span(sb.start_s, sb.end_s), "args": {"session": sb.session}}
+        {
+            "name": sb.phase.value,
+            "cat": "sandbox",
+            "ph": "X",
+            "pid": pid,
+            "tid": tids[sb.lane],
+            **_span(sb.start_s, sb.end_s),
+            "args": {"session": sb.session},
+        }
         for sb in timeline.sandboxes
-    ]  # fmt: skip
+    ]
     return meta, spans
 
 

@@ -66,14 +66,19 @@ DECODE_CONTEXT = 3000  # tokens per running sequence: about a median prompt and 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.heterogeneous", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
-    p.add_argument("--price-ratio", type=float, default=PRICE_RATIO,
-                   help=f"H20 / H800 price per GPU-hour (default {PRICE_RATIO}; an assumption)")  # fmt: skip
+    p.add_argument(
+        "--price-ratio",
+        type=float,
+        default=PRICE_RATIO,
+        help=f"H20 / H800 price per GPU-hour (default {PRICE_RATIO}; an assumption)",
+    )
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     p.add_argument("--out", default="experiments/out/heterogeneous", help="output folder")
     args = p.parse_args(argv)
     if args.steps < 1 or args.price_ratio <= 0 or args.jobs < 1:
-        p.error(f"--steps and --jobs must be >= 1 and --price-ratio > 0, got {args.steps}, {args.jobs}, "
-                f"{args.price_ratio}")  # fmt: skip
+        p.error(
+            f"--steps and --jobs must be >= 1 and --price-ratio > 0, got {args.steps}, {args.jobs}, {args.price_ratio}"
+        )
     return args
 
 
@@ -114,11 +119,14 @@ def run_all(bases: dict[str, list[str]], jobs: int) -> list[dict]:
     plan = []
     for name, overrides in bases.items():
         for seqs, pool_seqs in settings(name):
-            extra = [f"rollout.max_num_seqs={seqs}"] + ([f"cluster.rollout_pool.max_num_seqs={pool_seqs}"]
-                                                         if pool_seqs is not None else [])  # fmt: skip
+            extra = [f"rollout.max_num_seqs={seqs}"] + (
+                [f"cluster.rollout_pool.max_num_seqs={pool_seqs}"] if pool_seqs is not None else []
+            )
             cfg = load(name, [*overrides, *extra])
-            plan += [({"cluster": name, "max_num_seqs": seqs, "pool_max_num_seqs": pool_seqs, "policy": p}, cfg, p)
-                     for p in POLICIES]  # fmt: skip
+            plan += [
+                ({"cluster": name, "max_num_seqs": seqs, "pool_max_num_seqs": pool_seqs, "policy": p}, cfg, p)
+                for p in POLICIES
+            ]
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
         summaries = pool.map(_job, [(cfg, p) for _, cfg, p in plan], chunksize=1)
     return [{**keys, "summary": s} for (keys, _, _), s in zip(plan, summaries, strict=True)]
@@ -166,8 +174,10 @@ def decode_speeds(cfg: SimConfig) -> dict[str, dict[int, float]]:
 
 
 def table(best: dict[str, dict[str, dict]], labels: dict[str, str]) -> str:
-    head = (f"{'cluster':<16}{'GPUs':<18}{'policy':<11}{'seqs':>9}{'tok/s':>8}{'cost/Mtok':>11}{'bubble':>8}"
-            f"{'lag':>6}{'at 256':>9}")  # fmt: skip
+    head = (
+        f"{'cluster':<16}{'GPUs':<18}{'policy':<11}{'seqs':>9}{'tok/s':>8}{'cost/Mtok':>11}{'bubble':>8}"
+        f"{'lag':>6}{'at 256':>9}"
+    )
     lines = [head]
     for name, by_policy in best.items():
         for policy, run in by_policy.items():
@@ -178,8 +188,10 @@ def table(best: dict[str, dict[str, dict]], labels: dict[str, str]) -> str:
                 f"{s['cost_per_million_tokens']:>11.3f}{s['bubble_fraction']:>8.1%}{s['staleness']['mean_lag']:>6.2f}"
                 f"{run['default_token_throughput']:>9,.0f}"
             )
-    lines.append("seqs: the best rollout.max_num_seqs (/ the H20 engines' own); cost/Mtok: H800 GPU-hours per "
-                 "million trained tokens; at 256: tok/s with every engine at the default 256")  # fmt: skip
+    lines.append(
+        "seqs: the best rollout.max_num_seqs (/ the H20 engines' own); cost/Mtok: H800 GPU-hours per "
+        "million trained tokens; at 256: tok/s with every engine at the default 256"
+    )
     return "\n".join(lines)
 
 
@@ -213,10 +225,16 @@ def draw(best: dict[str, dict[str, dict]], legend: dict[str, str], title: str, n
     names, policies = list(best), list(POLICIES)
     fig, axes = plt.subplots(1, 2, figsize=(11, 5.6))
     width = 0.8 / len(names)
-    panels = (("token_throughput", 1e-3, "trained tokens per second (thousands)", "throughput: higher is better",
-               "{:.1f}k"),
-              ("cost_per_million_tokens", 1.0, "H800 GPU-hours per million trained tokens",
-               "cost per trained token: lower is better", "{:.2f}"))  # fmt: skip
+    panels = (
+        ("token_throughput", 1e-3, "trained tokens per second (thousands)", "throughput: higher is better", "{:.1f}k"),
+        (
+            "cost_per_million_tokens",
+            1.0,
+            "H800 GPU-hours per million trained tokens",
+            "cost per trained token: lower is better",
+            "{:.2f}",
+        ),
+    )
     for ax, (key, scale, ylabel, heading, fmt) in zip(axes, panels, strict=True):
         for i, name in enumerate(names):
             xs = [p + (i - (len(names) - 1) / 2) * width for p in range(len(policies))]
@@ -229,8 +247,17 @@ def draw(best: dict[str, dict[str, dict]], legend: dict[str, str], title: str, n
         ax.margins(y=0.12)
         ax.grid(axis="y", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.95), ncol=3, fontsize=8, frameon=False,
-               title="32 H800 train in every cluster; the other GPUs only roll out", title_fontsize=8)  # fmt: skip
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.95),
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+        title="32 H800 train in every cluster; the other GPUs only roll out",
+        title_fontsize=8,
+    )
     fig.suptitle(title, fontsize=10)
     fig.text(0.01, 0.01, note, fontsize=7, color="#555555")
     fig.tight_layout(rect=(0, 0.1, 1, 0.9))
@@ -252,21 +279,36 @@ def main(argv: list[str] | None = None) -> int:
     speeds = decode_speeds(mixed)
     even = {p: round(break_even(best, p, args.price_ratio), 4) for p in POLICIES}
     save_config(mixed, out / "config.yaml")
-    save_json({"source": source, "steps": args.steps, "price_ratio": args.price_ratio, "price_basis": PRICE_BASIS,
-               "clusters": labels, "best": best, "runs": runs, "decode_tokens_per_s": speeds,
-               "decode_context_tokens": DECODE_CONTEXT, "break_even_price_ratio": even},
-              out / "heterogeneous.json")  # fmt: skip
+    save_json(
+        {
+            "source": source,
+            "steps": args.steps,
+            "price_ratio": args.price_ratio,
+            "price_basis": PRICE_BASIS,
+            "clusters": labels,
+            "best": best,
+            "runs": runs,
+            "decode_tokens_per_s": speeds,
+            "decode_context_tokens": DECODE_CONTEXT,
+            "break_even_price_ratio": even,
+        },
+        out / "heterogeneous.json",
+    )
     title = f"What should roll out beside 32 H800 trainers? {mixed.model}, {mixed.workload.kind}, {args.steps} steps"
     legend = {name: legend_label(name, cfg) for name, cfg in configs.items()}
     draw(best, legend, title, footnote(mixed, speeds, args.price_ratio), out / "heterogeneous.png")
     print(f"{title}\nprice ratio H20 / H800 per GPU-hour: {args.price_ratio:.2f} ({PRICE_BASIS})")
     print(table(best, labels))
-    print(f"\none engine ({mixed.rollout.tensor_parallel} GPUs) decoding a batch of {DECODE_CONTEXT}-token sequences, "
-          "tokens/s:")  # fmt: skip
+    print(
+        f"\none engine ({mixed.rollout.tensor_parallel} GPUs) decoding a batch of {DECODE_CONTEXT}-token sequences, "
+        "tokens/s:"
+    )
     for device, by_batch in speeds.items():
         print(f"  {device:<5}" + "".join(f"  batch {b:>3}: {v:>8,.0f}" for b, v in by_batch.items()))
-    print("H20 price (fraction of an H800's) below which mixed is the cheapest per trained token: "
-          + ", ".join(f"{p} {r:.2f}" for p, r in even.items()))  # fmt: skip
+    print(
+        "H20 price (fraction of an H800's) below which mixed is the cheapest per trained token: "
+        + ", ".join(f"{p} {r:.2f}" for p, r in even.items())
+    )
     print(f"outputs: {out}/")
     return 0
 

@@ -116,8 +116,9 @@ def measure_engine(model_config, tokenizer, grid: Grid, engine_cores: set[int], 
     async def step_s(engine, batch: int, context: int, tokens: int) -> float:
         before = (await engine.stats()).extra
         params = SamplingParams(max_tokens=tokens, temperature=1.0)
-        await asyncio.gather(*(generate(engine, GenerateRequest(f"v{next(ids)}", p, params))
-                               for p in prompts(batch, context)))  # fmt: skip
+        await asyncio.gather(
+            *(generate(engine, GenerateRequest(f"v{next(ids)}", p, params)) for p in prompts(batch, context))
+        )
         after = (await engine.stats()).extra
         steps = after["steps"] - before["steps"]  # a step or two more where requests arrive a step apart
         if steps < tokens:
@@ -160,8 +161,16 @@ def measure_engine(model_config, tokenizer, grid: Grid, engine_cores: set[int], 
             os.sched_setaffinity(0, mask)
 
 
-def measure_host(model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int], groups: int,
-                 repeats: int, weights: str | None = None) -> dict:  # fmt: skip
+def measure_host(
+    model_config,
+    task,
+    rt_cfg,
+    engine_cores: set[int],
+    client_cores: set[int],
+    groups: int,
+    repeats: int,
+    weights: str | None = None,
+) -> dict:
     """The host's CPU-seconds a generated token (`costs.host_token_s`): this process, on `client_cores`, runs the
     runtime's trajectory manager (embedded, as the driver holds it) and rollout manager with the run's rollout
     settings, `groups` groups of the workload at a time through one built-in engine process on `engine_cores`;
@@ -172,13 +181,16 @@ def measure_host(model_config, task, rt_cfg, engine_cores: set[int], client_core
     with _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores, client_cores, weights) as rig:
         rounds = rig.rounds(groups, repeats)
     per_token = [cpu / max(1, tokens) for _, _, cpu, tokens in rounds]
-    return {"host_token_s": statistics.median(per_token),
-            "rounds": [{"cpu_s": cpu, "tokens": tokens} for _, _, cpu, tokens in rounds]}  # fmt: skip
+    return {
+        "host_token_s": statistics.median(per_token),
+        "rounds": [{"cpu_s": cpu, "tokens": tokens} for _, _, cpu, tokens in rounds],
+    }
 
 
 @contextmanager
-def _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int],
-                            weights: str | None = None):  # fmt: skip
+def _host_feeding_an_engine(
+    model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int], weights: str | None = None
+):
     """One built-in engine process on `engine_cores` (it inherits the mask), this process on `client_cores`
     running the runtime's trajectory manager (embedded, as the driver holds it) in front of it; yields a
     `_HostRig` whose rounds feed it groups of the workload through the run's rollout manager. The engine serves
@@ -192,18 +204,27 @@ def _host_feeding_an_engine(model_config, task, rt_cfg, engine_cores: set[int], 
     config = ManagerConfig(model_name="seamlessflow-host", max_pause_s=0, max_in_flight_requests=0, max_loop_lag_s=0)
     with tempfile.TemporaryDirectory() as root:
         if weights is None:
-            weights = publish_weights(build_model(model_config).state_dict(), model_config, root, 0,
-                                      task.tokenizer).path  # fmt: skip
+            weights = publish_weights(
+                build_model(model_config).state_dict(), model_config, root, 0, task.tokenizer
+            ).path
         mask = os.sched_getaffinity(0)
         os.sched_setaffinity(0, engine_cores)  # the engine process inherits it
         try:
-            engine = EngineProcess(EngineSpec(model=str(weights), max_batch=rt_cfg.engine.max_batch, torch_threads=1,
-                                              coalesce_s=rt_cfg.engine.coalesce_s))  # fmt: skip
+            engine = EngineProcess(
+                EngineSpec(
+                    model=str(weights),
+                    max_batch=rt_cfg.engine.max_batch,
+                    torch_threads=1,
+                    coalesce_s=rt_cfg.engine.coalesce_s,
+                )
+            )
         finally:
             os.sched_setaffinity(0, client_cores)
         try:
-            with engine, ManagerThread({"host": engine.client()}, task.tokenizer, Path(root) / "store.sqlite",
-                                       config) as m:  # fmt: skip
+            with (
+                engine,
+                ManagerThread({"host": engine.client()}, task.tokenizer, Path(root) / "store.sqlite", config) as m,
+            ):
                 yield _HostRig(m, task, rt_cfg, str(weights))
         finally:
             os.sched_setaffinity(0, mask)
@@ -263,8 +284,9 @@ class _HostRig:
                 synced.append(await self._sync(version))
                 version += 1
 
-        async with RolloutManager(self.task, self.m.url, self.rollout_config, f"host{seed}", seed,
-                                  finished.put_nowait) as rollout:  # fmt: skip
+        async with RolloutManager(
+            self.task, self.m.url, self.rollout_config, f"host{seed}", seed, finished.put_nowait
+        ) as rollout:
             start, cpu = time.perf_counter(), time.process_time()
             rollout.submit(groups)
             syncing = asyncio.create_task(keep_syncing()) if sync_every_s else None
@@ -279,8 +301,16 @@ class _HostRig:
         return (start, end, cpu, sum(e.tokens for g in done for e in g.episodes)), synced
 
 
-def measure_sync_in_place(model_config, task, rt_cfg, engine_cores: set[int], client_cores: set[int], groups: int,
-                          every_s: float = 0.25, weights: str | None = None) -> dict:  # fmt: skip
+def measure_sync_in_place(
+    model_config,
+    task,
+    rt_cfg,
+    engine_cores: set[int],
+    client_cores: set[int],
+    groups: int,
+    every_s: float = 0.25,
+    weights: str | None = None,
+) -> dict:
     """A weight sync as a run meets it: the built-in engine in its own process behind the runtime's trajectory
     manager, synced through the manager's own calls as the executor syncs it (`_HostRig.syncs`). `sync_s`
     (`costs.sync_fixed_s`): the median of syncs with nothing generating; `sync_busy_s` (`costs.sync_busy_s`):
@@ -293,12 +323,25 @@ def measure_sync_in_place(model_config, task, rt_cfg, engine_cores: set[int], cl
     if not busy:
         raise RuntimeError(f"no weight sync completed in a round of {groups} groups (one every {every_s} s)")
     alone = statistics.median(idle)
-    return {"sync_s": alone, "sync_busy_s": max(0.0, statistics.median(busy) - alone), "idle_s": idle,
-            "generating_s": busy}  # fmt: skip
+    return {
+        "sync_s": alone,
+        "sync_busy_s": max(0.0, statistics.median(busy) - alone),
+        "idle_s": idle,
+        "generating_s": busy,
+    }
 
 
-def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_core: int, groups: int,
-                           repeats: int, trainer_config: dict, weights: str | None = None) -> dict:  # fmt: skip
+def measure_host_placement(
+    model_config,
+    task,
+    rt_cfg,
+    engine_core: int,
+    train_core: int,
+    groups: int,
+    repeats: int,
+    trainer_config: dict,
+    weights: str | None = None,
+) -> dict:
     """Where the host's work runs when a rollout core and a training core are both busy
     (`costs.host_train_placement`): one built-in engine process on `engine_core` serving this process's
     trajectory and rollout managers (`groups` groups a round), and a trainer process on `train_core` stepping
@@ -314,11 +357,12 @@ def measure_host_placement(model_config, task, rt_cfg, engine_core: int, train_c
     batch = workload_batch(model_config, task, group, group, random.Random(2))  # one group: a short step
     ctx = multiprocessing.get_context("spawn")
     steps, stop = ctx.Queue(), ctx.Event()
-    trainer = ctx.Process(target=_busy_trainer, args=(train_core, model_config, trainer_config,
-                                                      task.tokenizer.pad_token_id, batch, stop, steps))  # fmt: skip
+    trainer = ctx.Process(
+        target=_busy_trainer,
+        args=(train_core, model_config, trainer_config, task.tokenizer.pad_token_id, batch, stop, steps),
+    )
     records: list[tuple[float, float, float]] = []
-    with _host_feeding_an_engine(model_config, task, rt_cfg, {engine_core}, {engine_core, train_core},
-                                 weights) as rig:  # fmt: skip
+    with _host_feeding_an_engine(model_config, task, rt_cfg, {engine_core}, {engine_core, train_core}, weights) as rig:
         trainer.start()
         try:
             for _ in range(3):  # warm-up steps
@@ -466,8 +510,16 @@ def random_batch(model_config, lengths: list[tuple[int, int]], group_size: int, 
     out = []
     for i, (prompt, response) in enumerate(lengths):
         ids = [rng.randrange(model_config.vocab_size) for _ in range(prompt + response)]
-        out.append(Trajectory(ids, [0] * prompt + [1] * response, [-rng.uniform(0.5, 6) for _ in range(response)],
-                              [0] * response, i // group_size, rng.random()))  # fmt: skip
+        out.append(
+            Trajectory(
+                ids,
+                [0] * prompt + [1] * response,
+                [-rng.uniform(0.5, 6) for _ in range(response)],
+                [0] * response,
+                i // group_size,
+                rng.random(),
+            )
+        )
     return out
 
 
@@ -526,8 +578,9 @@ def _trainer_points(model_config, task, group_size: int, grid: Grid, trainer, rn
     return points
 
 
-def _dp_rank(rank: int, world: int, init: str, core: int, model_config, trainer_config: dict, pad_id: int,
-             shards: list, results) -> None:  # fmt: skip
+def _dp_rank(
+    rank: int, world: int, init: str, core: int, model_config, trainer_config: dict, pad_id: int, shards: list, results
+) -> None:
     """One rank of `measure_data_parallel` (a process of its own): each step's seconds, into `results`."""
     import torch
 
@@ -540,8 +593,12 @@ def _dp_rank(rank: int, world: int, init: str, core: int, model_config, trainer_
     torch.set_num_threads(1)
     torch.manual_seed(0)
     init_process_group("gloo", init, rank, world)
-    trainer = Trainer(build_model(model_config), TrainerConfig.from_dict(trainer_config), pad_id=pad_id,
-                      parallel=DataParallel(rank, world))  # fmt: skip
+    trainer = Trainer(
+        build_model(model_config),
+        TrainerConfig.from_dict(trainer_config),
+        pad_id=pad_id,
+        parallel=DataParallel(rank, world),
+    )
     import torch.distributed as dist
 
     times = []
@@ -554,8 +611,9 @@ def _dp_rank(rank: int, world: int, init: str, core: int, model_config, trainer_
     dist.destroy_process_group()
 
 
-def measure_data_parallel(model_config, task, pad_id: int, group_size: int, grid: Grid, trainer_config: dict,
-                          cores: list[int]) -> list[dict]:  # fmt: skip
+def measure_data_parallel(
+    model_config, task, pad_id: int, group_size: int, grid: Grid, trainer_config: dict, cores: list[int]
+) -> list[dict]:
     """The runtime's trainer on its data-parallel layout: one gloo rank per core of `cores`, each a process on
     its core with one torch thread, on batches drawn from the workload (`repeats` at each size of
     `grid.train_sequences`, the first a warm-up) split as the runtime splits them (whole groups, balanced by
@@ -569,8 +627,10 @@ def measure_data_parallel(model_config, task, pad_id: int, group_size: int, grid
         return []
     rng = random.Random(1)
     least = len(cores) * group_size  # a group for every rank
-    sizes = [max(least, n) for n in [min(grid.train_sequences)] + [n for n in grid.train_sequences
-                                                                   for _ in range(grid.repeats)]]  # fmt: skip
+    sizes = [
+        max(least, n)
+        for n in [min(grid.train_sequences)] + [n for n in grid.train_sequences for _ in range(grid.repeats)]
+    ]
     steps = []
     for n in sizes:
         batch = workload_batch(model_config, task, n, group_size, rng)
@@ -580,9 +640,13 @@ def measure_data_parallel(model_config, task, pad_id: int, group_size: int, grid
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as root:
         init = f"file://{root}/rendezvous"
-        procs = [ctx.Process(target=_dp_rank, args=(rank, len(cores), init, core, model_config, trainer_config,
-                                                    pad_id, steps, results))  # fmt: skip
-                 for rank, core in enumerate(cores)]  # fmt: skip
+        procs = [
+            ctx.Process(
+                target=_dp_rank,
+                args=(rank, len(cores), init, core, model_config, trainer_config, pad_id, steps, results),
+            )
+            for rank, core in enumerate(cores)
+        ]
         for proc in procs:
             proc.start()
         try:
@@ -592,9 +656,14 @@ def measure_data_parallel(model_config, task, pad_id: int, group_size: int, grid
                 proc.join(timeout=60)
                 if proc.is_alive():
                     proc.kill()
-    return [{"shards": [[len(t.token_ids) for t in shard] for shard in step],
-             "seconds": max(times[rank][i] for rank in times)}
-            for i, step in enumerate(steps) if i > 0]  # fmt: skip
+    return [
+        {
+            "shards": [[len(t.token_ids) for t in shard] for shard in step],
+            "seconds": max(times[rank][i] for rank in times),
+        }
+        for i, step in enumerate(steps)
+        if i > 0
+    ]
 
 
 @dataclass(frozen=True)
@@ -652,8 +721,18 @@ def measure_batch_read(lengths: tuple[int, int], prompts: int, group_size: int, 
             key, samples = f"g{g}", []
             for i in range(group_size):
                 rid = f"g{g}.{i}"
-                store.append(key, rid, None, 0, list(range(prompt)), [1] * response, [-1.0] * response,
-                             [0] * response, "length", "x" * response)  # fmt: skip
+                store.append(
+                    key,
+                    rid,
+                    None,
+                    0,
+                    list(range(prompt)),
+                    [1] * response,
+                    [-1.0] * response,
+                    [0] * response,
+                    "length",
+                    "x" * response,
+                )
                 samples.append(Episode(key, (rid,), 1.0, True, 0, 0, response))
             store.annotate(key, {"reward": 1.0})
             groups.append(GroupResult(g, key, Problem(key, "p", "a"), tuple(samples)))

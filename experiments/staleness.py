@@ -50,9 +50,26 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "staleness"
 
 def run_one(policy: str, bound: int, seed: int, steps: int, out: Path) -> dict:
     """One training run; its per-step rewards, times and lags, and the final held-out evaluation."""
-    cmd = [sys.executable, "-m", "reference", "train", "--task", "math", "--policy", policy, "--seed", str(seed),
-           "--set", f"policy.num_steps={steps}", "--set", f"policy.max_staleness={bound}",
-           "--set", "run.eval_every_steps=0", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "reference",
+        "train",
+        "--task",
+        "math",
+        "--policy",
+        policy,
+        "--seed",
+        str(seed),
+        "--set",
+        f"policy.num_steps={steps}",
+        "--set",
+        f"policy.max_staleness={bound}",
+        "--set",
+        "run.eval_every_steps=0",
+        "--out",
+        str(out),
+    ]
     start = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -94,15 +111,20 @@ def summarise(data: dict, target: float, window: int) -> list[dict]:
         steps_to = [s for s, _ in reached if s is not None]
         secs_to = [t for _, t in reached if t is not None]
         step_s = [r["steps"][-1]["time_s"] / len(r["steps"]) for r in runs.values() if r["steps"]]
-        rows.append({
-            "setting": label, "seeds": len(runs), "reached": len(steps_to),
-            "steps_to_target": statistics.fmean(steps_to) if steps_to else None,
-            "seconds_to_target": statistics.fmean(secs_to) if secs_to else None,
-            "seconds_a_step": statistics.fmean(step_s) if step_s else None,
-            "mean_lag": statistics.fmean(r["mean_lag"] for r in runs.values()),
-            "held_out_end": statistics.fmean(ends) if (ends := [r["held_out_end"] for r in runs.values()
-                                                                 if r["held_out_end"] is not None]) else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "setting": label,
+                "seeds": len(runs),
+                "reached": len(steps_to),
+                "steps_to_target": statistics.fmean(steps_to) if steps_to else None,
+                "seconds_to_target": statistics.fmean(secs_to) if secs_to else None,
+                "seconds_a_step": statistics.fmean(step_s) if step_s else None,
+                "mean_lag": statistics.fmean(r["mean_lag"] for r in runs.values()),
+                "held_out_end": statistics.fmean(ends)
+                if (ends := [r["held_out_end"] for r in runs.values() if r["held_out_end"] is not None])
+                else None,
+            }
+        )
     return rows
 
 
@@ -113,8 +135,10 @@ def print_table(rows: list[dict], target: float, window: int) -> None:
         steps = "-" if r["steps_to_target"] is None else f"{r['steps_to_target']:.0f}"
         secs = "-" if r["seconds_to_target"] is None else f"{r['seconds_to_target']:.1f}"
         held = "-" if r["held_out_end"] is None else f"{r['held_out_end']:.3f}"
-        print(f"{r['setting']:<14}{r['reached']:>5}/{r['seeds']:<3}{steps:>8}{secs:>9}{r['seconds_a_step']:>8.3f}"
-              f"{r['mean_lag']:>6.2f}{held:>10}")  # fmt: skip
+        print(
+            f"{r['setting']:<14}{r['reached']:>5}/{r['seeds']:<3}{steps:>8}{secs:>9}{r['seconds_a_step']:>8.3f}"
+            f"{r['mean_lag']:>6.2f}{held:>10}"
+        )
 
 
 def plot(data: dict, path: Path, target: float) -> None:

@@ -153,10 +153,16 @@ def runtime_setup(steps: int, workload: str = "math"):
         cfg = load_train_config(None, ["task.name=throughput", *overrides])
     task = make_task(cfg.task.name, **cfg.task.options)
     m = cfg.model
-    model_config = tiny_config(task.tokenizer.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-                               num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
-                               head_dim=m.head_dim, intermediate_size=m.intermediate_size,
-                               max_position_embeddings=task_context(task))  # fmt: skip
+    model_config = tiny_config(
+        task.tokenizer.vocab_size,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=task_context(task),
+    )
     return cfg, task, model_config
 
 
@@ -198,8 +204,11 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict, measured: dict
     from reference.trainer.config import TrainerConfig
     from sim.config import WorkloadConfig
 
-    workload = {**task.simulator_workload(), "prompts_per_step": rt.rollout.prompts_per_step,
-                "group_size": rt.rollout.group_size}  # fmt: skip
+    workload = {
+        **task.simulator_workload(),
+        "prompts_per_step": rt.rollout.prompts_per_step,
+        "group_size": rt.rollout.group_size,
+    }
     if measured:
         workload.update({k: v for k, v in measured.items() if k in WorkloadConfig.__dataclass_fields__})
     if workload.get("kind") == "swe":
@@ -228,7 +237,7 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict, measured: dict
             "affinity_slack": ManagerConfig().affinity_slack,
             # the runtime's rollout manager runs at most this many samples, whole groups, at once
             "max_concurrency": rt.rollout.max_concurrency,
-        },  # fmt: skip
+        },
         "train": {
             "recompute_logprobs": False,
             "reference_model": False,
@@ -240,7 +249,7 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict, measured: dict
             "ppo_epochs": trainer.epochs,  # optimiser steps on a step's data
             # the runs' samples whose advantage is 0, which the runtime's trainer runs forward only (round_workload)
             "zero_advantage_share": (measured or {}).get("zero_advantage_share", 0.0),
-        },  # fmt: skip
+        },
         "workload": workload,
         "policy": {
             "max_staleness": rt.policy.max_staleness,
@@ -248,7 +257,7 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict, measured: dict
             "fill_idle": rt.policy.fill_idle,
             "stale_samples": rt.policy.stale_samples,
             "drain": rt.policy.drain,
-        },  # fmt: skip
+        },
         "costs": {
             "profile": config_path(out / "profile.yaml"),
             "broadcast_hop_s": 0.0,
@@ -256,15 +265,21 @@ def sim_config_dict(rt, task, steps: int, out: Path, costs: dict, measured: dict
             "network_efficiency": 1.0,
             "pcie_efficiency": 1.0,
             **costs,
-        },  # fmt: skip
+        },
     }
 
 
 # ---- stages 2 and 3 ----
 
 
-def run_round(steps: int, policies: tuple[str, ...], out: Path, round_: int, repeats: int,
-              task_args: tuple[str, ...] = ("--task", "throughput")) -> tuple[dict, dict]:  # fmt: skip
+def run_round(
+    steps: int,
+    policies: tuple[str, ...],
+    out: Path,
+    round_: int,
+    repeats: int,
+    task_args: tuple[str, ...] = ("--task", "throughput"),
+) -> tuple[dict, dict]:
     """Round `round_` (from 0) of `repeats`: one `python -m reference train` per policy (and `task_args`), as
     `train --compare` runs them, into `out`/<policy> (one round) or `out`/<policy>-r<round> (several): each
     policy's summary, and the CPU its processes used (`CpuSampler`)."""
@@ -273,8 +288,22 @@ def run_round(steps: int, policies: tuple[str, ...], out: Path, round_: int, rep
     summaries, cpu = {}, {}
     for policy in policies:
         where = run_dir(out, policy, round_, repeats)
-        argv = [sys.executable, "-m", "reference", "train", *task_args, "--policy", policy, "--steps", str(steps),
-                "--set", "run.eval_every_steps=0", "--out", str(where), "--quiet"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "reference",
+            "train",
+            *task_args,
+            "--policy",
+            policy,
+            "--steps",
+            str(steps),
+            "--set",
+            "run.eval_every_steps=0",
+            "--out",
+            str(where),
+            "--quiet",
+        ]
         print(f"runtime: {policy}, {steps} steps (round {round_ + 1} of {repeats}) ...", flush=True)
         with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
             sampler = CpuSampler(proc.pid)
@@ -325,8 +354,11 @@ def docker_cpu_s() -> float:
             except OSError:
                 continue
             fields = stat[stat.rindex(")") + 2 :].split()
-            processes[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
-                                     stat[stat.index("(") + 1 : stat.rindex(")")])  # fmt: skip
+            processes[int(entry)] = (
+                int(fields[1]),
+                (int(fields[11]) + int(fields[12])) / tick,
+                stat[stat.index("(") + 1 : stat.rindex(")")],
+            )
     return sum(docker_processes(processes).values())
 
 
@@ -440,8 +472,11 @@ class CpuSampler:
         if zero is None or len(self._series) < 2:
             return None
         spans = [(i.start_s + zero, i.end_s + zero) for i in run.intervals if i.phase is phase]
-        others = [(i.start_s + zero, i.end_s + zero) for i in run.intervals
-                  if exclusive and i.phase is not phase and i.phase in (Phase.ROLLOUT, Phase.TRAIN)]  # fmt: skip
+        others = [
+            (i.start_s + zero, i.end_s + zero)
+            for i in run.intervals
+            if exclusive and i.phase is not phase and i.phase in (Phase.ROLLOUT, Phase.TRAIN)
+        ]
         seconds, cpu = 0.0, dict.fromkeys(self.ROLES, 0.0)
         for (t0, c0), (t1, c1) in zip(self._series, self._series[1:], strict=False):
             middle = (t0 + t1) / 2
@@ -492,8 +527,16 @@ def compare(measured: dict[str, dict | list[dict]], predicted: dict[str, dict | 
             m, p = statistics.fmean(values), statistics.fmean(guessed)
             half = (max(values) - min(values)) / 2
             spread = half if kind == "points" else (half / m if m else math.nan)
-            row[label] = {"measured": m, "low": min(values), "high": max(values), "spread": spread, "runs": len(runs),
-                          "predicted": p, "error": _error(p, m, kind), "error_kind": kind}  # fmt: skip
+            row[label] = {
+                "measured": m,
+                "low": min(values),
+                "high": max(values),
+                "spread": spread,
+                "runs": len(runs),
+                "predicted": p,
+                "error": _error(p, m, kind),
+                "error_kind": kind,
+            }
             if len(guesses) == len(runs) > 1:
                 row[label]["round_predicted"] = guessed
                 row[label]["round_errors"] = [_error(g, v, kind) for g, v in zip(guessed, values, strict=True)]
@@ -523,8 +566,11 @@ def agreement(rows: dict[str, dict]) -> dict:
     out: dict = {}
     for label in ("trained tok/s", "step (s)"):
         errors = [abs(row[label]["error"]) for row in rows.values()]
-        out[label] = {"mean_abs_error": statistics.fmean(errors), "max_abs_error": max(errors),
-                      "largest_spread": max(row[label]["spread"] for row in rows.values())}  # fmt: skip
+        out[label] = {
+            "mean_abs_error": statistics.fmean(errors),
+            "max_abs_error": max(errors),
+            "largest_spread": max(row[label]["spread"] for row in rows.values()),
+        }
     for side in ("measured", "predicted"):
         out[f"order_{side}"] = sorted(rows, key=lambda p: -rows[p]["trained tok/s"][side])
     out["same_order"] = out["order_measured"] == out["order_predicted"]
@@ -561,15 +607,23 @@ def separated_pairs(rows: dict[str, dict]) -> list[dict]:
 def cpu_table(cpu: dict[str, dict], cores: int) -> str:
     """CPU-seconds of each runtime run's processes by role, and the share of the machine's cores used."""
     roles = CpuSampler.ROLES
-    lines = [f"runtime CPU-seconds by process ({cores} cores): {'policy':<14} " + " ".join(f"{r:>12}" for r in roles)
-             + f" {'wall s':>8} {'cores used':>10}"]  # fmt: skip
+    lines = [
+        f"runtime CPU-seconds by process ({cores} cores): {'policy':<14} "
+        + " ".join(f"{r:>12}" for r in roles)
+        + f" {'wall s':>8} {'cores used':>10}"
+    ]
     for policy, row in cpu.items():
         total = sum(row["cpu_s"].values())
         used = total / row["wall_s"] if row["wall_s"] else math.nan
-        lines.append(f"{'':<37} {policy:<14} " + " ".join(f"{row['cpu_s'][r]:12.1f}" for r in roles)
-                     + f" {row['wall_s']:8.1f} {used:10.2f}")  # fmt: skip
-    for key, title in (("while_generating", "cores busy while engines generate:      "),
-                       ("while_training_only", "cores busy while only trainers work:    ")):  # fmt: skip
+        lines.append(
+            f"{'':<37} {policy:<14} "
+            + " ".join(f"{row['cpu_s'][r]:12.1f}" for r in roles)
+            + f" {row['wall_s']:8.1f} {used:10.2f}"
+        )
+    for key, title in (
+        ("while_generating", "cores busy while engines generate:      "),
+        ("while_training_only", "cores busy while only trainers work:    "),
+    ):
         spans = {p: row[key] for p, row in cpu.items() if row.get(key) and row[key]["seconds"]}
         if not spans:
             continue
@@ -577,8 +631,11 @@ def cpu_table(cpu: dict[str, dict], cores: int) -> str:
         for policy, row in spans.items():
             cores = row["cores"]
             total = sum(v for v in cores.values() if v is not None)
-            lines.append(f"{'':<41} {policy:<14} " + " ".join(f"{(cores[r] or 0):12.2f}" for r in roles)
-                         + f" {row['seconds']:8.1f} {total:10.2f}")  # fmt: skip
+            lines.append(
+                f"{'':<41} {policy:<14} "
+                + " ".join(f"{(cores[r] or 0):12.2f}" for r in roles)
+                + f" {row['seconds']:8.1f} {total:10.2f}"
+            )
     return "\n".join(lines)
 
 
@@ -593,8 +650,10 @@ def table(rows: dict[str, dict]) -> str:
             spread = ""
             if "low" in cell:
                 spread = f"{fmt.format(cell['low'])}-{fmt.format(cell['high'])} ({cell['runs']})"
-            lines.append(f"{policy:<14} {label:<19} {fmt.format(cell['measured']):>10} {spread:>24} "
-                         f"{fmt.format(cell['predicted']):>10} {shown:>8}")  # fmt: skip
+            lines.append(
+                f"{policy:<14} {label:<19} {fmt.format(cell['measured']):>10} {spread:>24} "
+                f"{fmt.format(cell['predicted']):>10} {shown:>8}"
+            )
             policy = ""
     return "\n".join(lines)
 
@@ -603,20 +662,26 @@ def agreement_text(agree: dict) -> str:
     lines = []
     for label in ("trained tok/s", "step (s)"):
         a = agree[label]
-        lines.append(f"{label}: mean |error| {a['mean_abs_error']:.0%}, largest {a['max_abs_error']:.0%} "
-                     f"(the runtime's own spread: up to +-{a['largest_spread']:.0%})")  # fmt: skip
+        lines.append(
+            f"{label}: mean |error| {a['mean_abs_error']:.0%}, largest {a['max_abs_error']:.0%} "
+            f"(the runtime's own spread: up to +-{a['largest_spread']:.0%})"
+        )
     same = "the same" if agree["same_order"] else "a different"
     lines.append(f"by throughput, measured: {' > '.join(agree['order_measured'])}")
     lines.append(f"by throughput, simulated: {' > '.join(agree['order_predicted'])} ({same} order)")
     if "separated_pairs" in agree:  # (validate.json files written before it have none)
         pairs, n = agree["separated_pairs"], len(agree["order_measured"])
         wrong = [f"{p['faster']} > {p['slower']}" for p in pairs if not p["same"]]
-        lines.append(f"pairs the runtime's runs tell apart (one's slowest run above the other's fastest): {len(pairs)} "
-                     f"of {n * (n - 1) // 2}; the simulator orders {len(pairs) - len(wrong)} of them the same"
-                     + (f" (not: {', '.join(wrong)})" if wrong else ""))  # fmt: skip
+        lines.append(
+            f"pairs the runtime's runs tell apart (one's slowest run above the other's fastest): {len(pairs)} "
+            f"of {n * (n - 1) // 2}; the simulator orders {len(pairs) - len(wrong)} of them the same"
+            + (f" (not: {', '.join(wrong)})" if wrong else "")
+        )
     for i, entry in enumerate(agree.get("rounds", [])):
-        cells = [f"{label} mean |error| {entry[label]['mean_abs_error']:.0%}, "
-                 f"largest {entry[label]['max_abs_error']:.0%}" for label in ("trained tok/s", "step (s)")]  # fmt: skip
+        cells = [
+            f"{label} mean |error| {entry[label]['mean_abs_error']:.0%}, largest {entry[label]['max_abs_error']:.0%}"
+            for label in ("trained tok/s", "step (s)")
+        ]
         same = "the same order" if entry["same_order"] else f"order {' > '.join(entry['order_predicted'])}"
         lines.append(f"round {i + 1} (its own parts and runs): " + "; ".join(cells) + f"; {same}")
     return "\n".join(lines)
@@ -639,15 +704,19 @@ def draw(rows: dict[str, dict], path: Path, note: str) -> None:
         if side == "measured" and all("low" in c for c in cells):  # the runtime's repeats: their range
             span = [[c["measured"] - c["low"] for c in cells], [c["high"] - c["measured"] for c in cells]]
         if side == "predicted" and all("round_predicted" in c for c in cells):  # a prediction a round: their range
-            span = [[c["predicted"] - min(c["round_predicted"]) for c in cells],
-                    [max(c["round_predicted"]) - c["predicted"] for c in cells]]  # fmt: skip
+            span = [
+                [c["predicted"] - min(c["round_predicted"]) for c in cells],
+                [max(c["round_predicted"]) - c["predicted"] for c in cells],
+            ]
             name = "simulator (range: each round's own parts)"
         if side == "measured":
             name = "runtime (measured, range of runs)"
         bars = ax1.bar(x + (k - 0.5) * 0.38, values, 0.38, color=colour, yerr=span, capsize=3, label=name)
         ax1.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7, padding=2)
-    top = max(max(c.get("high", 0), c["measured"], c["predicted"], *c.get("round_predicted", ()))
-              for c in (rows[p]["trained tok/s"] for p in policies))  # fmt: skip
+    top = max(
+        max(c.get("high", 0), c["measured"], c["predicted"], *c.get("round_predicted", ()))
+        for c in (rows[p]["trained tok/s"] for p in policies)
+    )
     ax1.set_ylim(0, 1.4 * top)  # room for the legend above the bars
     ax1.set_xticks(x, policies)
     ax1.set_ylabel("trained tokens / s")
@@ -658,8 +727,16 @@ def draw(rows: dict[str, dict], path: Path, note: str) -> None:
         bottom = np.zeros(len(policies))
         for phase, colour in colours.items():
             values = np.array([rows[p][f"{phase} dev-s/step"][side] for p in policies])
-            ax2.bar(x + (k - 0.5) * 0.38, values, 0.36, bottom=bottom, color=colour, hatch="" if k == 0 else "//",
-                    edgecolor="white", label=phase if k == 0 else None)  # fmt: skip
+            ax2.bar(
+                x + (k - 0.5) * 0.38,
+                values,
+                0.36,
+                bottom=bottom,
+                color=colour,
+                hatch="" if k == 0 else "//",
+                edgecolor="white",
+                label=phase if k == 0 else None,
+            )
             bottom += values
     ax2.set_ylim(0, 1.2 * ax2.get_ylim()[1])
     ax2.set_xticks(x, policies)
@@ -697,37 +774,79 @@ def measure_parts(model_config, task, out: Path, grid: Grid, rt_cfg, weights: st
         (out / "cpu-core.yaml").write_text(yaml.safe_dump(device, sort_keys=False))
         lengths = mean_lengths(task)
         print("measuring: the trainer (batches drawn from the workload, and of one length each) ...", flush=True)
-        trainer = measure_trainer(model_config, task, task.tokenizer.pad_token_id, rt_cfg.rollout.group_size, grid,
-                                  dict(rt_cfg.trainer))  # fmt: skip
+        trainer = measure_trainer(
+            model_config, task, task.tokenizer.pad_token_id, rt_cfg.rollout.group_size, grid, dict(rt_cfg.trainer)
+        )
         print("measuring: a weight sync and a role switch ...", flush=True)
         sync = measure_sync_and_switch(model_config, max(3, grid.repeats))
-        sync["batch_read_s"] = measure_batch_read(lengths, rt_cfg.rollout.prompts_per_step, rt_cfg.rollout.group_size,
-                                                  max(3, grid.repeats))  # fmt: skip
+        sync["batch_read_s"] = measure_batch_read(
+            lengths, rt_cfg.rollout.prompts_per_step, rt_cfg.rollout.group_size, max(3, grid.repeats)
+        )
     print("measuring: the trainer on its data-parallel layout (a gloo rank a core) ...", flush=True)
     trainer_cores = sorted(cores)[: rt_cfg.resources.count]
-    data_parallel = measure_data_parallel(model_config, task, task.tokenizer.pad_token_id, rt_cfg.rollout.group_size,
-                                          grid, dict(rt_cfg.trainer), trainer_cores)  # fmt: skip
+    data_parallel = measure_data_parallel(
+        model_config,
+        task,
+        task.tokenizer.pad_token_id,
+        rt_cfg.rollout.group_size,
+        grid,
+        dict(rt_cfg.trainer),
+        trainer_cores,
+    )
     print("measuring: the host's work a token (trajectory and rollout managers feeding an engine) ...", flush=True)
-    host = measure_host(model_config, task, rt_cfg, {min(cores)}, (cores - {min(cores)}) or cores, grid.host_groups,
-                        grid.repeats, weights)  # fmt: skip
+    host = measure_host(
+        model_config,
+        task,
+        rt_cfg,
+        {min(cores)},
+        (cores - {min(cores)}) or cores,
+        grid.host_groups,
+        grid.repeats,
+        weights,
+    )
     print("measuring: a weight sync as a run meets it (through the trajectory manager) ...", flush=True)
-    sync["sync_in_place"] = measure_sync_in_place(model_config, task, rt_cfg, {min(cores)},
-                                                  (cores - {min(cores)}) or cores, 2 * grid.host_groups,
-                                                  grid.sync_every_s, weights)  # fmt: skip
+    sync["sync_in_place"] = measure_sync_in_place(
+        model_config,
+        task,
+        rt_cfg,
+        {min(cores)},
+        (cores - {min(cores)}) or cores,
+        2 * grid.host_groups,
+        grid.sync_every_s,
+        weights,
+    )
     if len(cores) >= 2:
         print("measuring: where the host's work runs beside a busy engine and a busy trainer ...", flush=True)
-        host["placement"] = measure_host_placement(model_config, task, rt_cfg, min(cores), max(cores),
-                                                   2 * grid.host_groups, grid.placement_rounds,
-                                                   dict(rt_cfg.trainer), weights)  # fmt: skip
+        host["placement"] = measure_host_placement(
+            model_config,
+            task,
+            rt_cfg,
+            min(cores),
+            max(cores),
+            2 * grid.host_groups,
+            grid.placement_rounds,
+            dict(rt_cfg.trainer),
+            weights,
+        )
     model_name = config_path(out / "model" / "config.json")  # the profile's entry: named as the config names it
-    info = DeviceInfo(name=platform.processor() or platform.machine(), dtype="float32", spec=DEVICE_NAME,
-                      torch_device="cpu", torch=torch.__version__)  # fmt: skip
-    profile = Profile(version=1, device=info,
-                      models=(ModelProfile(model_name, tuple(decode), tuple(prefill)),))  # fmt: skip
+    info = DeviceInfo(
+        name=platform.processor() or platform.machine(),
+        dtype="float32",
+        spec=DEVICE_NAME,
+        torch_device="cpu",
+        torch=torch.__version__,
+    )
+    profile = Profile(version=1, device=info, models=(ModelProfile(model_name, tuple(decode), tuple(prefill)),))
     write_profile(profile, out / "profile.yaml")
-    return {"device": device, "decode": [asdict(p) for p in decode], "prefill": [asdict(p) for p in prefill],
-            "trainer": {"points": trainer, "data_parallel": data_parallel}, **sync, "host": host,
-            "model": model_name}  # fmt: skip
+    return {
+        "device": device,
+        "decode": [asdict(p) for p in decode],
+        "prefill": [asdict(p) for p in prefill],
+        "trainer": {"points": trainer, "data_parallel": data_parallel},
+        **sync,
+        "host": host,
+        "model": model_name,
+    }
 
 
 def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
@@ -736,8 +855,9 @@ def costs_from_parts(parts: dict, rt, task, steps: int, out: Path) -> dict:
     from core import specs
     from sim.config import DEFAULT_CONFIG, SimConfig
 
-    mirror = cfgio.merge(cfgio.load_yaml(DEFAULT_CONFIG),
-                         sim_config_dict(rt, task, steps, out, {}, parts.get("workload")))  # fmt: skip
+    mirror = cfgio.merge(
+        cfgio.load_yaml(DEFAULT_CONFIG), sim_config_dict(rt, task, steps, out, {}, parts.get("workload"))
+    )
     cfg = cfgio.from_dict(SimConfig, mirror)  # as load_config reads the file the mirror is written to
     model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
     fitted = fit_trainer(cfg, model, device, parts["trainer"]["points"])
@@ -769,27 +889,42 @@ def _yaml(data: dict) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workload", default="math", choices=WORKLOADS,
-                    help="math: the throughput task (default); swe: make train-swe's recipe, in Docker sandboxes, "
-                         "from one warm start")  # fmt: skip
-    ap.add_argument("--steps", type=int, default=None,
-                    help="training steps of each run, runtime and simulator (10; swe: 3)")  # fmt: skip
+    ap.add_argument(
+        "--workload",
+        default="math",
+        choices=WORKLOADS,
+        help="math: the throughput task (default); swe: make train-swe's recipe, in Docker sandboxes, "
+        "from one warm start",
+    )
+    ap.add_argument(
+        "--steps", type=int, default=None, help="training steps of each run, runtime and simulator (10; swe: 3)"
+    )
     ap.add_argument("--policies", default="all", help=f"comma-separated, or all ({', '.join(POLICIES)})")
-    ap.add_argument("--out", type=Path, default=None,
-                    help=f"output folder ({DEFAULT_OUT}; swe: {DEFAULT_OUTS['swe']})")  # fmt: skip
-    ap.add_argument("--warm", type=Path, default=None,
-                    help="swe: start every run from this checkpoint (a run's weights/v00000000) instead of warm "
-                         "starting once first")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=None, help=f"output folder ({DEFAULT_OUT}; swe: {DEFAULT_OUTS['swe']})")
+    ap.add_argument(
+        "--warm",
+        type=Path,
+        default=None,
+        help="swe: start every run from this checkpoint (a run's weights/v00000000) instead of warm "
+        "starting once first",
+    )
     ap.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
     ap.add_argument("--quick", action="store_true", help="fewer points measured (a smoke test, not a result)")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="runtime runs of each policy, interleaved round by round (3)")  # fmt: skip
-    ap.add_argument("--resimulate", action="store_true",
-                    help="measure nothing: the simulator side again, from the parts and runtime summaries already "
-                         "in --out (after a change to the cost model)")  # fmt: skip
-    ap.add_argument("--measure-busy-sandboxes", action="store_true",
-                    help="swe, with --resimulate: first measure the sandboxes' work with every core busy (a part "
-                         "runs made before it lack; Docker, about 5 minutes)")  # fmt: skip
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="runtime runs of each policy, interleaved round by round (3)"
+    )
+    ap.add_argument(
+        "--resimulate",
+        action="store_true",
+        help="measure nothing: the simulator side again, from the parts and runtime summaries already "
+        "in --out (after a change to the cost model)",
+    )
+    ap.add_argument(
+        "--measure-busy-sandboxes",
+        action="store_true",
+        help="swe, with --resimulate: first measure the sandboxes' work with every core busy (a part "
+        "runs made before it lack; Docker, about 5 minutes)",
+    )
     args = ap.parse_args(argv)
     args.steps = DEFAULT_STEPS[args.workload] if args.steps is None else args.steps
     args.out = DEFAULT_OUTS[args.workload] if args.out is None else args.out
@@ -860,14 +995,19 @@ def trainer_in_run(out: Path, parts: list[dict], policies: tuple[str, ...]) -> d
                     continue
                 alone = train_layout.step(setup, model, device, lengths[record["step"]], replicas).total_s - outside
                 ratios[policy].append(record["train_s"] / alone)
-    return {p: {"median": statistics.median(r), "low": min(r), "high": max(r), "steps": len(r)}
-            for p, r in ratios.items() if r}  # fmt: skip
+    return {
+        p: {"median": statistics.median(r), "low": min(r), "high": max(r), "steps": len(r)}
+        for p, r in ratios.items()
+        if r
+    }
 
 
 def trainer_in_run_text(in_run: dict[str, dict]) -> str:
     cells = [f"{p} {r['median']:.2f} ({r['low']:.2f}-{r['high']:.2f})" for p, r in in_run.items()]
-    return "the trainer inside the runs against the part alone, on each step's own sequences (train_s over its " \
-        "prediction, median and range): " + ", ".join(cells)  # fmt: skip
+    return (
+        "the trainer inside the runs against the part alone, on each step's own sequences (train_s over its "
+        "prediction, median and range): " + ", ".join(cells)
+    )
 
 
 def _dist_mean(d: dict) -> float:
@@ -886,9 +1026,11 @@ def sandboxes_in_run(out: Path, data: dict) -> dict[str, dict]:
     if not sandboxes:
         return {}
     turns = statistics.fmean(_dist_mean(p["workload"]["turns"]) for p in parts if "workload" in p)
-    alone = {"tool_s": _dist_mean(sandboxes["tool_latency_s"]) * max(0.0, turns - 1),
-             "test_s": _dist_mean(sandboxes["test_run_s"]),
-             "wait_s": sandboxes.get("start_s", {}).get("median", 0.0)}  # fmt: skip
+    alone = {
+        "tool_s": _dist_mean(sandboxes["tool_latency_s"]) * max(0.0, turns - 1),
+        "test_s": _dist_mean(sandboxes["test_run_s"]),
+        "wait_s": sandboxes.get("start_s", {}).get("median", 0.0),
+    }
     keys = {"tool_s": "tool_latency_s_sum", "test_s": "test_run_s_sum", "wait_s": "sandbox_wait_s_sum"}
     out_rows: dict[str, dict] = {}
     for policy in data["measured"]:
@@ -905,17 +1047,19 @@ def sandboxes_in_run(out: Path, data: dict) -> dict[str, dict]:
                     for k, name in keys.items():
                         sums[k] += e.get(name, 0.0)
         if episodes:
-            out_rows[policy] = {"episodes": episodes, **{k: v / episodes for k, v in sums.items()},
-                                "alone": alone}  # fmt: skip
+            out_rows[policy] = {"episodes": episodes, **{k: v / episodes for k, v in sums.items()}, "alone": alone}
     return out_rows
 
 
 def sandboxes_in_run_text(rows: dict[str, dict]) -> str:
     alone = next(iter(rows.values()))["alone"]
     cells = [f"{p} {r['tool_s']:.1f} / {r['test_s']:.1f} / {r['wait_s']:.1f}" for p, r in rows.items()]
-    return ("an episode's seconds in tool calls / the test run / waiting for its workspace, in the runs: "
-            + ", ".join(cells) + f"; the parts alone: {alone['tool_s']:.2f} / {alone['test_s']:.2f} / "
-            f"{alone['wait_s']:.2f} (a start)")  # fmt: skip
+    return (
+        "an episode's seconds in tool calls / the test run / waiting for its workspace, in the runs: "
+        + ", ".join(cells)
+        + f"; the parts alone: {alone['tool_s']:.2f} / {alone['test_s']:.2f} / "
+        f"{alone['wait_s']:.2f} (a start)"
+    )
 
 
 def report(out: Path, data: dict, resources: int) -> None:
@@ -936,8 +1080,9 @@ def report(out: Path, data: dict, resources: int) -> None:
     kind = "SWE workload in Docker sandboxes" if data.get("workload") == "swe" else "throughput workload"
     note = f"{data['steps']} steps, {repeats} runs a policy, {resources} one-core resources, {kind}"
     draw(rows, out / "validate.png", note)
-    save_json({**data, "comparison": rows, "agreement": agree, "sim_sources": source_fingerprint()},
-              out / "validate.json")  # fmt: skip
+    save_json(
+        {**data, "comparison": rows, "agreement": agree, "sim_sources": source_fingerprint()}, out / "validate.json"
+    )
     print(f"outputs: {out}/")
 
 
@@ -956,8 +1101,9 @@ def resimulate(out: Path, busy: bool = False) -> int:
         parts = runs_of(data["parts"])
         if data.get("workload") == "swe":  # the rounds' workloads again, from their runs' stores
             for round_, part in enumerate(parts):
-                part["workload"] = round_workload(out / "runtime", policies, round_, len(parts), data["sandboxes"],
-                                                  dict(rt.trainer))  # fmt: skip
+                part["workload"] = round_workload(
+                    out / "runtime", policies, round_, len(parts), data["sandboxes"], dict(rt.trainer)
+                )
         data.update(predict_rounds(out, rt, task, data["steps"], parts, policies))
         report(out, data, rt.resources.count)
     finally:
@@ -1025,9 +1171,15 @@ def measure_sandboxes(task, starts: int = 8) -> dict:
     with SandboxPool(len(instances), 0) as pool, ThreadPoolExecutor(len(instances)) as threads:
         together = max(threads.map(lambda instance: started(pool, instance), instances))
     lanes = max(1, min(len(instances), round(len(instances) * statistics.median(seconds) / together)))
-    return {**timed, "docker_cpu_s": docker / len(pairs), "client_cpu_s": own / len(pairs),
-            "start_s": fit(seconds, integer=False), "start_slots": lanes, "start_together_s": together,
-            **busy_stretch(task, starts)}  # fmt: skip
+    return {
+        **timed,
+        "docker_cpu_s": docker / len(pairs),
+        "client_cpu_s": own / len(pairs),
+        "start_s": fit(seconds, integer=False),
+        "start_slots": lanes,
+        "start_together_s": together,
+        **busy_stretch(task, starts),
+    }
 
 
 def _pooled(pool, c):
@@ -1114,18 +1266,20 @@ def zero_advantage_share(stores, negative_weight: float, normalize_std: bool) ->
     zero = total = 0
     for path in stores:
         with TrajectoryStore(path) as store:
-            groups = {key: [float(e["reward"]) for e in store.annotations(sid)["meta"]["episodes"]]
-                      for key, sid in newest_group_records(store).items()}  # fmt: skip
+            groups = {
+                key: [float(e["reward"]) for e in store.annotations(sid)["meta"]["episodes"]]
+                for key, sid in newest_group_records(store).items()
+            }
         for key, rewards in groups.items():
-            advantages = group_advantages(rewards, [key] * len(rewards), normalize_std,
-                                          negative_weight=negative_weight)  # fmt: skip
+            advantages = group_advantages(rewards, [key] * len(rewards), normalize_std, negative_weight=negative_weight)
             zero += sum(a == 0 for a in advantages)
             total += len(advantages)
     return zero / total if total else None
 
 
-def round_workload(runtime: Path, policies: tuple[str, ...], round_: int, repeats: int, sandboxes: dict,
-                   trainer: dict | None = None) -> dict:  # fmt: skip
+def round_workload(
+    runtime: Path, policies: tuple[str, ...], round_: int, repeats: int, sandboxes: dict, trainer: dict | None = None
+) -> dict:
     """The SWE workload the simulator runs for a round: the lengths of the episodes the round's runs played
     (their stores, every policy's together: turns, prompt, replies, tool outputs; `fit_stores`) and the
     sandboxes' times measured alone (`measure_sandboxes`). The runs' lengths are an input, as the throughput
@@ -1137,8 +1291,12 @@ def round_workload(runtime: Path, policies: tuple[str, ...], round_: int, repeat
     from swebench_env.sim_workload import fit_stores
 
     stores = [run_dir(runtime, p, round_, repeats) / "trajectories.sqlite" for p in policies]
-    out = {"kind": "swe", **fit_stores(stores), "tool_latency_s": sandboxes["tool_latency_s"],
-           "test_run_s": sandboxes["test_run_s"]}  # fmt: skip
+    out = {
+        "kind": "swe",
+        **fit_stores(stores),
+        "tool_latency_s": sandboxes["tool_latency_s"],
+        "test_run_s": sandboxes["test_run_s"],
+    }
     if "start_s" in sandboxes:  # a container's start, and how many start at once
         out.update(sandbox_start_s=sandboxes["start_s"], sandbox_start_slots=sandboxes.get("start_slots", 1))
     if "busy_stretch" in sandboxes:  # the sandboxes' work slowed by busy cores
@@ -1175,8 +1333,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.measure_busy_sandboxes:
             raise UserError("--measure-busy-sandboxes: only with --resimulate (a new run measures it anyway)")
         if args.warm is not None and not (swe and args.warm.is_dir()):
-            raise UserError(f"--warm {str(args.warm)!r}: " + ("not a directory (a checkpoint)" if swe else
-                            "only with --workload swe"))  # fmt: skip
+            raise UserError(
+                f"--warm {str(args.warm)!r}: "
+                + ("not a directory (a checkpoint)" if swe else "only with --workload swe")
+            )
         if swe:
             from swebench_env.docker_util import docker_available
 
@@ -1208,8 +1368,16 @@ def measure_all(args: argparse.Namespace, policies: tuple[str, ...], out: Path, 
     if swe:
         warm = str(args.warm.resolve()) if args.warm else warm_weights(rt, task, out)
         sandboxes = measure_sandboxes(task)
-        task_args = ("--config", str(SWE_CONFIG), "--model", warm, "--set", "warm_start.steps=0", "--set",
-                     "run.evaluate=false")  # fmt: skip
+        task_args = (
+            "--config",
+            str(SWE_CONFIG),
+            "--model",
+            warm,
+            "--set",
+            "warm_start.steps=0",
+            "--set",
+            "run.evaluate=false",
+        )
     parts: list[dict] = []
     measured: dict[str, list[dict]] = {p: [] for p in policies}
     cpu: dict[str, list[dict]] = {p: [] for p in policies}
@@ -1219,8 +1387,9 @@ def measure_all(args: argparse.Namespace, policies: tuple[str, ...], out: Path, 
         parts.append(measure_parts(model_config, task, where, grid, rt, warm))
         summaries, usage = run_round(args.steps, policies, out / "runtime", round_, args.repeats, task_args)
         if swe:
-            parts[-1]["workload"] = round_workload(out / "runtime", policies, round_, args.repeats, sandboxes,
-                                                   dict(rt.trainer))  # fmt: skip
+            parts[-1]["workload"] = round_workload(
+                out / "runtime", policies, round_, args.repeats, sandboxes, dict(rt.trainer)
+            )
         for policy in policies:
             measured[policy].append(summaries[policy])
             cpu[policy].append(usage[policy])

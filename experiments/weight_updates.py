@@ -120,11 +120,17 @@ async def agent(http, base: str, index: int, state: State, tally: Tally, args) -
     while not state.stop:
         await state.gate.wait()
         if body is None:  # a new turn (an abandoned one is sent again unchanged)
-            body = {"model": MODEL, "messages": messages, "stream": True, "seed": rng.randrange(1 << 30),
-                    "max_tokens": response_length(rng, args.median_tokens, args.max_tokens)}  # fmt: skip
+            body = {
+                "model": MODEL,
+                "messages": messages,
+                "stream": True,
+                "seed": rng.randrange(1 << 30),
+                "max_tokens": response_length(rng, args.median_tokens, args.max_tokens),
+            }
             start = time.perf_counter()
-        done = await one_turn(http, f"{base}/s/{state.strategy}-{index}-{episode}/v1/chat/completions", body,
-                              state, tally)  # fmt: skip
+        done = await one_turn(
+            http, f"{base}/s/{state.strategy}-{index}-{episode}/v1/chat/completions", body, state, tally
+        )
         if done is None:
             continue  # abandoned by `restart`
         body = None
@@ -179,8 +185,10 @@ async def run_strategy(strategy: str, m: ManagerThread, engine, args) -> dict:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
         start = time.perf_counter()
         agents = [asyncio.create_task(agent(http, m.url, i, state, tally, args)) for i in range(args.agents)]
-        background = [asyncio.create_task(controller(m, state, args.interval_s)),
-                      asyncio.create_task(sample_occupancy(engine, state, occupancy))]  # fmt: skip
+        background = [
+            asyncio.create_task(controller(m, state, args.interval_s)),
+            asyncio.create_task(sample_occupancy(engine, state, occupancy)),
+        ]
         await asyncio.sleep(args.seconds)
         state.stop = True
         state.gate.set()
@@ -356,8 +364,16 @@ def main(argv: list[str] | None = None) -> None:
     write_chrome_trace(timeline, out / "weight_updates_trace.json")
     draw_activity(timeline, results, data["args"], out / "weight_updates_timeline.png")
     plot(results, out / "weight_updates.png")
-    keys = ("useful_tokens_per_s", "batch_occupancy", "idle_share", "wasted_share", "turn_latency_p50_s",
-            "turn_latency_p99_s", "stale_token_share", "updates")  # fmt: skip
+    keys = (
+        "useful_tokens_per_s",
+        "batch_occupancy",
+        "idle_share",
+        "wasted_share",
+        "turn_latency_p50_s",
+        "turn_latency_p99_s",
+        "stale_token_share",
+        "updates",
+    )
     print(f"{'strategy':>9} " + " ".join(f"{k:>20}" for k in keys))
     for r in results:
         print(f"{r['strategy']:>9} " + " ".join(f"{r[k]:20.3f}" for k in keys))

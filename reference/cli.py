@@ -38,15 +38,27 @@ EXIT_USAGE, EXIT_INTERRUPTED = 2, 130  # a user's mistake (one `error:` line, as
 # The values each numeric flag allows: (lowest, highest or None). Checked before anything starts, so a bad
 # value is one line naming the flag, not an error from deep inside a constructor or an engine process.
 ENGINE_FLAG_RANGES = {
-    "--seed": (0, MAX_SEED), "--max-batch": (1, None), "--token-delay-s": (0, None), "--fake-reply-tokens": (1, None),
-    "--tensor-parallel": (1, None), "--coalesce-s": (0, None), "--torch-threads": (0, None),
-}  # fmt: skip
+    "--seed": (0, MAX_SEED),
+    "--max-batch": (1, None),
+    "--token-delay-s": (0, None),
+    "--fake-reply-tokens": (1, None),
+    "--tensor-parallel": (1, None),
+    "--coalesce-s": (0, None),
+    "--torch-threads": (0, None),
+}
 SERVE_FLAG_RANGES = {
-    "--engines": (1, None), "--default-max-tokens": (1, None), "--max-in-flight": (0, None),
-    "--max-loop-lag-s": (0, None), "--max-tokens-in-memory": (1, None), "--max-session-tokens": (1, None),
-    "--max-pause-s": (0, None), "--gc-young": (0, None), "--body-timeout-s": (0.001, 3600),
-    "--max-body-bytes-in-flight": (1, None), "--idle-timeout-s": (0.001, 86400),
-}  # fmt: skip
+    "--engines": (1, None),
+    "--default-max-tokens": (1, None),
+    "--max-in-flight": (0, None),
+    "--max-loop-lag-s": (0, None),
+    "--max-tokens-in-memory": (1, None),
+    "--max-session-tokens": (1, None),
+    "--max-pause-s": (0, None),
+    "--gc-young": (0, None),
+    "--body-timeout-s": (0.001, 3600),
+    "--max-body-bytes-in-flight": (1, None),
+    "--idle-timeout-s": (0.001, 86400),
+}
 CHECK_FLAG_RANGES = {"--seed": (0, MAX_SEED), "--version": (0, None)}
 
 
@@ -61,21 +73,35 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fake-reply-tokens", type=int, default=12, help="fake backend: tokens before a stop token")
     p.add_argument("--tensor-parallel", type=int, default=1, help="vllm backend: GPUs per engine")
     p.add_argument("--heartbeat-s", type=float, default=5.0, help="heartbeat of a quiet generation stream")
-    p.add_argument("--torch-threads", type=int, default=None,
-                   help="builtin backend: CPU threads per engine (default: cores / engines)")  # fmt: skip
-    p.add_argument("--coalesce-s", type=float, default=0.0,
-                   help="wait this long after a token for more to send in one line (default 0)")  # fmt: skip
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="builtin backend: CPU threads per engine (default: cores / engines)",
+    )
+    p.add_argument(
+        "--coalesce-s",
+        type=float,
+        default=0.0,
+        help="wait this long after a token for more to send in one line (default 0)",
+    )
 
 
 def _spec(args):
     from reference.engine.process import EngineSpec
 
     return EngineSpec(
-        backend=args.backend, model=args.model, seed=args.seed, max_batch=args.max_batch,
-        token_delay_s=args.token_delay_s, fake_reply_tokens=args.fake_reply_tokens,
-        tensor_parallel=args.tensor_parallel, heartbeat_s=args.heartbeat_s, coalesce_s=args.coalesce_s,
+        backend=args.backend,
+        model=args.model,
+        seed=args.seed,
+        max_batch=args.max_batch,
+        token_delay_s=args.token_delay_s,
+        fake_reply_tokens=args.fake_reply_tokens,
+        tensor_parallel=args.tensor_parallel,
+        heartbeat_s=args.heartbeat_s,
+        coalesce_s=args.coalesce_s,
         torch_threads=_threads(args),
-    )  # fmt: skip
+    )
 
 
 def _threads(args) -> int:
@@ -92,47 +118,102 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--engines", type=int, default=1, help="engine processes to start (default 1)")
-    s.add_argument("--engine-url", action="append", default=[],
-                   help="use a running engine server instead of starting engines (repeatable)")  # fmt: skip
+    s.add_argument(
+        "--engine-url",
+        action="append",
+        default=[],
+        help="use a running engine server instead of starting engines (repeatable)",
+    )
     s.add_argument("--store", default="results/trajectories.sqlite", help="SQLite trajectory store (WAL)")
     s.add_argument("--model-name", default=None, help="the name agents pass as `model` (default: from --model)")
     s.add_argument("--default-max-tokens", type=int, default=1024)
     s.add_argument("--admin-token", default=None, help=argparse.SUPPRESS)  # refused with a message, see admin_token
-    s.add_argument("--no-admin-token", action="store_true",
-                   help="loopback only: no control token (without this and without a token given, one is "
-                        "generated and written to STORE.admin-token, readable by this user alone)")  # fmt: skip
-    s.add_argument("--admin-token-file", default=None,
-                   help=f"a file holding the token that everything but the agents' calls needs "
-                        f"(default: ${ADMIN_TOKEN_ENV}; none). Required to bind a non-loopback --host")  # fmt: skip
-    s.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
-                   help="a host name clients may use in their Host header besides loopback names and IP addresses "
-                        "(repeatable; '*': any). Other names get 403: a web page that rebinds its domain to this "
-                        "machine still sends its own name")  # fmt: skip
-    s.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
-                   help="a web origin (scheme://host:port) whose pages may call the server (repeatable; '*': any); "
-                        "browsers' other cross-site requests get 403")  # fmt: skip
-    s.add_argument("--max-in-flight", type=int, default=4096,
-                   help="agent requests served at once; beyond it 429 (0: no cap; default 4096)")  # fmt: skip
-    s.add_argument("--body-timeout-s", type=float, default=30.0,
-                   help="an agent request's body must arrive within this, else 408; until it has, it holds no "
-                        "in-flight slot (default 30)")  # fmt: skip
-    s.add_argument("--idle-timeout-s", type=float, default=75.0,
-                   help="a connection with no request under way (or its headers not all in) closes after this "
-                        "(default 75)")  # fmt: skip
-    s.add_argument("--max-body-bytes-in-flight", type=int, default=64 << 20,
-                   help="request bodies read, parsed or tokenised at once, all connections; beyond it 429 before a "
-                        "body is read (default 64 MiB)")  # fmt: skip
-    s.add_argument("--max-loop-lag-s", type=float, default=0.1,
-                   help="the in-flight limit falls while the loop lags more than this (0: a fixed cap)")  # fmt: skip
-    s.add_argument("--max-tokens-in-memory", type=int, default=16_000_000,
-                   help="tokens all sessions in memory may hold; idle ones beyond it leave for the store")  # fmt: skip
-    s.add_argument("--max-session-tokens", type=int, default=2_000_000,
-                   help="an idle session holding more tokens than this leaves memory for the store")  # fmt: skip
-    s.add_argument("--max-pause-s", type=float, default=900.0,
-                   help="resume engines paused longer than this without a resume (0: never; default 900)")  # fmt: skip
-    s.add_argument("--gc-young", type=int, default=GC_YOUNG_OBJECTS,
-                   help=f"collect young garbage every this many objects (default {GC_YOUNG_OBJECTS:,}; 0: "
-                        "Python's 700, which costs the manager a quarter of its core under load)")  # fmt: skip
+    s.add_argument(
+        "--no-admin-token",
+        action="store_true",
+        help="loopback only: no control token (without this and without a token given, one is "
+        "generated and written to STORE.admin-token, readable by this user alone)",
+    )
+    s.add_argument(
+        "--admin-token-file",
+        default=None,
+        help=f"a file holding the token that everything but the agents' calls needs "
+        f"(default: ${ADMIN_TOKEN_ENV}; none). Required to bind a non-loopback --host",
+    )
+    s.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients may use in their Host header besides loopback names and IP addresses "
+        "(repeatable; '*': any). Other names get 403: a web page that rebinds its domain to this "
+        "machine still sends its own name",
+    )
+    s.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web origin (scheme://host:port) whose pages may call the server (repeatable; '*': any); "
+        "browsers' other cross-site requests get 403",
+    )
+    s.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=4096,
+        help="agent requests served at once; beyond it 429 (0: no cap; default 4096)",
+    )
+    s.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=30.0,
+        help="an agent request's body must arrive within this, else 408; until it has, it holds no "
+        "in-flight slot (default 30)",
+    )
+    s.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=75.0,
+        help="a connection with no request under way (or its headers not all in) closes after this (default 75)",
+    )
+    s.add_argument(
+        "--max-body-bytes-in-flight",
+        type=int,
+        default=64 << 20,
+        help="request bodies read, parsed or tokenised at once, all connections; beyond it 429 before a "
+        "body is read (default 64 MiB)",
+    )
+    s.add_argument(
+        "--max-loop-lag-s",
+        type=float,
+        default=0.1,
+        help="the in-flight limit falls while the loop lags more than this (0: a fixed cap)",
+    )
+    s.add_argument(
+        "--max-tokens-in-memory",
+        type=int,
+        default=16_000_000,
+        help="tokens all sessions in memory may hold; idle ones beyond it leave for the store",
+    )
+    s.add_argument(
+        "--max-session-tokens",
+        type=int,
+        default=2_000_000,
+        help="an idle session holding more tokens than this leaves memory for the store",
+    )
+    s.add_argument(
+        "--max-pause-s",
+        type=float,
+        default=900.0,
+        help="resume engines paused longer than this without a resume (0: never; default 900)",
+    )
+    s.add_argument(
+        "--gc-young",
+        type=int,
+        default=GC_YOUNG_OBJECTS,
+        help=f"collect young garbage every this many objects (default {GC_YOUNG_OBJECTS:,}; 0: "
+        "Python's 700, which costs the manager a quarter of its core under load)",
+    )
     s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     _engine_args(s)
     e = sub.add_parser("engine", help="one engine process behind HTTP")
@@ -141,12 +222,18 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes")
     _engine_args(e)
     c = sub.add_parser("check", help="consistency of stored trajectories against the model")
-    c.add_argument("--store", default="results/trajectories.sqlite",
-                   help="a trajectory store, or a training run's folder (the store in it)")  # fmt: skip
-    c.add_argument("--model", default=None,
-                   help="'default' (the tiny serving model) or a local checkpoint directory (default: for a training "
-                        "run's store, the run's own tokenizer and each token's version of its weights; else "
-                        "'default')")  # fmt: skip
+    c.add_argument(
+        "--store",
+        default="results/trajectories.sqlite",
+        help="a trajectory store, or a training run's folder (the store in it)",
+    )
+    c.add_argument(
+        "--model",
+        default=None,
+        help="'default' (the tiny serving model) or a local checkpoint directory (default: for a training "
+        "run's store, the run's own tokenizer and each token's version of its weights; else "
+        "'default')",
+    )
     c.add_argument("--seed", type=int, default=0, help="seed of the default model")
     c.add_argument("--session", action="append", help="only these sessions (repeatable)")
     c.add_argument("--version", type=int, default=None, help="compare logprobs only of tokens of this version")
@@ -230,14 +317,20 @@ def _config(args, model_name: str, token: str | None):
     from reference.manager.manager import ManagerConfig
 
     return ManagerConfig(
-        model_name=model_name, default_max_tokens=args.default_max_tokens, admin_token=token,
-        max_in_flight_requests=args.max_in_flight, max_tokens_in_memory=args.max_tokens_in_memory,
-        max_session_tokens_in_memory=args.max_session_tokens, max_pause_s=args.max_pause_s,
-        max_loop_lag_s=args.max_loop_lag_s, allowed_hosts=tuple(args.allowed_host),
-        body_timeout_s=args.body_timeout_s, max_body_bytes_in_flight=args.max_body_bytes_in_flight,
+        model_name=model_name,
+        default_max_tokens=args.default_max_tokens,
+        admin_token=token,
+        max_in_flight_requests=args.max_in_flight,
+        max_tokens_in_memory=args.max_tokens_in_memory,
+        max_session_tokens_in_memory=args.max_session_tokens,
+        max_pause_s=args.max_pause_s,
+        max_loop_lag_s=args.max_loop_lag_s,
+        allowed_hosts=tuple(args.allowed_host),
+        body_timeout_s=args.body_timeout_s,
+        max_body_bytes_in_flight=args.max_body_bytes_in_flight,
         idle_timeout_s=args.idle_timeout_s,
         allowed_origins=tuple(args.allowed_origin),
-    )  # fmt: skip
+    )
 
 
 def _check_flags(args, ranges: dict[str, tuple[float, float | None]]) -> None:
@@ -253,14 +346,17 @@ def _check_engine_flags(args) -> None:
     """What `serve` and `engine` check before an engine process starts (there, a bad value is a traceback)."""
     _check_flags(args, ENGINE_FLAG_RANGES)
     if not args.heartbeat_s > 0:
-        raise UserError(f"--heartbeat-s must be > 0 (seconds between heartbeats of a quiet stream), "
-                        f"got {args.heartbeat_s}")  # fmt: skip
+        raise UserError(
+            f"--heartbeat-s must be > 0 (seconds between heartbeats of a quiet stream), got {args.heartbeat_s}"
+        )
     if args.backend == "vllm":
         if args.model == "default":
             raise UserError("--backend vllm needs --model CHECKPOINT_DIR (a local checkpoint directory)")
         if importlib.util.find_spec("vllm") is None:
-            raise UserError("--backend vllm needs NVIDIA GPUs and the gpu extra (pip install -e '.[gpu]'); "
-                            "on this machine use --backend builtin")  # fmt: skip
+            raise UserError(
+                "--backend vllm needs NVIDIA GPUs and the gpu extra (pip install -e '.[gpu]'); "
+                "on this machine use --backend builtin"
+            )
 
 
 def _check_serve_flags(args) -> None:
@@ -302,8 +398,11 @@ def serve(args) -> int:
             for sock in sockets:
                 sock.close()
             raise
-        print(f"control token: {generated} (trajectories, rewards, stats and the control endpoints need "
-              f"'Authorization: Bearer <its content>'; --no-admin-token for none)", file=sys.stderr)  # fmt: skip
+        print(
+            f"control token: {generated} (trajectories, rewards, stats and the control endpoints need "
+            f"'Authorization: Bearer <its content>'; --no-admin-token for none)",
+            file=sys.stderr,
+        )
         config = dataclasses.replace(config, admin_token=token)
     tune_gc(args.gc_young)
     procs: dict[str, EngineProcess] = {}
@@ -345,8 +444,11 @@ async def _serve_manager(args, model_name: str, sockets, procs, tokenizer, store
         manager = TrajectoryManager(engines, tokenizer, store, config, processes=procs)
         runner = await start_manager_server(manager, sockets=sockets)
         host = f"[{args.host}]" if ":" in args.host else args.host
-        print(f"trajectory manager on http://{host}:{bound_port(runner)}/s/<session_id>/v1 (model {model_name!r}); "
-              f"trajectories in {args.store}; Ctrl-C stops", file=sys.stderr)  # fmt: skip
+        print(
+            f"trajectory manager on http://{host}:{bound_port(runner)}/s/<session_id>/v1 (model {model_name!r}); "
+            f"trajectories in {args.store}; Ctrl-C stops",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED if await stopped == signal.SIGINT else 0
     finally:
         if runner is not None:
@@ -398,8 +500,10 @@ def check(args) -> int:
         weights = RunWeights(run / "weights")
         tokenizer = weights.tokenizer()
         if args.version is not None and args.version not in weights.versions:
-            raise UserError(f"--version {args.version}: the run keeps no weights of it in {run / 'weights'} "
-                            f"(kept: {', '.join(map(str, weights.versions))})")  # fmt: skip
+            raise UserError(
+                f"--version {args.version}: the run keeps no weights of it in {run / 'weights'} "
+                f"(kept: {', '.join(map(str, weights.versions))})"
+            )
     else:
         model, tokenizer = _load_model(args.model or "default", args.seed)
     with TrajectoryStore(path) as store:
@@ -407,9 +511,12 @@ def check(args) -> int:
         if missing := [s for s in sessions if not store.has_session(s)]:
             raise UserError(f"--session {missing[0]!r}: no such session in {path}")
         if weights is not None:
-            print(f"check: the store of training run {run}: its tokenizer; each token re-scored with the weights of "
-                  f"the version that sampled it where the run kept them (versions {_spans(weights.versions)}), the "
-                  f"others' token ids checked", file=sys.stderr)  # fmt: skip
+            print(
+                f"check: the store of training run {run}: its tokenizer; each token re-scored with the weights of "
+                f"the version that sampled it where the run kept them (versions {_spans(weights.versions)}), the "
+                f"others' token ids checked",
+                file=sys.stderr,
+            )
         with CheckProgress(len(sessions)) as progress:
             report = check_store(store, model, tokenizer, sessions, args.version, weights=weights, progress=progress)
     print(json.dumps(report.to_dict(), indent=2), flush=True)

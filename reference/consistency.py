@@ -81,8 +81,14 @@ def check_store(
         for branch in branches:
             if tokenizer.encode(tokenizer.decode(list(branch.token_ids))) != list(branch.token_ids):
                 retok += 1
-            wanted = {v for i, v in enumerate(branch.versions) if i and branch.generated_mask[i]
-                      and branch.logprobs[i] is not None and (version is None or v == version)}  # fmt: skip
+            wanted = {
+                v
+                for i, v in enumerate(branch.versions)
+                if i
+                and branch.generated_mask[i]
+                and branch.logprobs[i] is not None
+                and (version is None or v == version)
+            }
             for v in sorted(wanted):
                 scorer = lookup(v) if lookup is not None else None
                 if scorer is not None:
@@ -162,8 +168,9 @@ class RunWeights:
         from reference.trainer.handoff import version_dir
 
         self.root = Path(root)
-        self.versions = sorted(int(p.name[1:]) for p in self.root.glob("v*") if p.name[1:].isdigit()
-                               and (p / "config.json").is_file())  # fmt: skip
+        self.versions = sorted(
+            int(p.name[1:]) for p in self.root.glob("v*") if p.name[1:].isdigit() and (p / "config.json").is_file()
+        )
         self._dir = lambda v: version_dir(self.root, v)
         size = sum(f.stat().st_size for f in self._dir(self.versions[0]).glob("*.safetensors")) if self.versions else 0
         self.cache = cache if cache is not None else (8 if size < SMALL_WEIGHTS_BYTES else 1)  # a checkpoint's
@@ -198,12 +205,17 @@ def run_of_store(store: Path) -> Path | None:
 
 def verdict(report: ConsistencyReport) -> str:
     """The last line of `python -m reference check`: OK or FAILED, and the figures it rests on."""
-    scored = (f"; {report.scored_tokens:,} tokens re-scored, largest logprob difference {report.max_logprob_diff:.2g}"
-              if report.scored_tokens else "; no logprob re-scored")  # fmt: skip
+    scored = (
+        f"; {report.scored_tokens:,} tokens re-scored, largest logprob difference {report.max_logprob_diff:.2g}"
+        if report.scored_tokens
+        else "; no logprob re-scored"
+    )
     if report.ok:
         return f"check: OK — {report.requests:,} records, 0 token mismatches{scored}"
-    return (f"check: FAILED — {report.mismatched_requests:,} of {report.requests:,} records differ from what the "
-            f"engine reported ({report.token_mismatches:,} token mismatches){scored}")  # fmt: skip
+    return (
+        f"check: FAILED — {report.mismatched_requests:,} of {report.requests:,} records differ from what the "
+        f"engine reported ({report.token_mismatches:,} token mismatches){scored}"
+    )
 
 
 PROGRESS_LINE_S = 10.0  # off a terminal: a progress line at most this often
@@ -231,8 +243,11 @@ class CheckProgress:
         now = self._clock()
         if self.lines and now - self.last >= PROGRESS_LINE_S:
             self.last = now
-            print(f"check: {done:,} of {total:,} sessions ({done / total:.0%}), {now - self.start:,.0f} s",
-                  file=self._stderr, flush=True)  # fmt: skip
+            print(
+                f"check: {done:,} of {total:,} sessions ({done / total:.0%}), {now - self.start:,.0f} s",
+                file=self._stderr,
+                flush=True,
+            )
 
     def __enter__(self) -> CheckProgress:
         return self

@@ -37,8 +37,9 @@ from reference.tasks import make_task
 from reference.tokenizer import Tokenizer
 
 
-def train(cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = True,
-          resume: bool = False) -> tuple[Timeline, MetricsLog]:  # fmt: skip
+def train(
+    cfg: TrainConfig, out: Path, workers_factory=None, progress: bool = True, resume: bool = False
+) -> tuple[Timeline, MetricsLog]:
     """Run `cfg` to its last step; returns the timeline and the per-step metrics (also written in `out`).
     `resume`: continue the run in `out` from its last checkpoint (the steps after it are trained again)."""
     check_feasible(cfg)
@@ -65,8 +66,9 @@ def _close(task) -> None:
         close()
 
 
-def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
-           resume: bool) -> tuple[Timeline, MetricsLog]:  # fmt: skip
+def _train(
+    cfg: TrainConfig, task, out: Path, workers_factory, progress: bool, resume: bool
+) -> tuple[Timeline, MetricsLog]:
     checkpoint = last_checkpoint(out, cfg.policy.num_steps) if resume else None
     done = checkpoint.step if checkpoint else 0  # steps trained before this run: the policy counts from here
     pcfg = policy_config(cfg, cfg.policy.num_steps - done)
@@ -89,10 +91,17 @@ def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
         local = cfg.run.ray_address is None
         owned = {n: WorkerEngine(workers, n, engines[n].base_url, workers.get(n, "engine_pid"), local) for n in engines}
         # The rollout manager bounds the requests in flight itself, so the manager sheds nothing here.
-        config = ManagerConfig(model_name=f"seamlessflow-{cfg.task.name}", admin_token=admin, max_pause_s=0,
-                               max_in_flight_requests=0, max_loop_lag_s=0)  # fmt: skip
-        with ManagerThread(engines, tokenizer, out / "trajectories.sqlite", config, processes=owned) as m, \
-                _closing_first(task):  # fmt: skip
+        config = ManagerConfig(
+            model_name=f"seamlessflow-{cfg.task.name}",
+            admin_token=admin,
+            max_pause_s=0,
+            max_in_flight_requests=0,
+            max_loop_lag_s=0,
+        )
+        with (
+            ManagerThread(engines, tokenizer, out / "trajectories.sqlite", config, processes=owned) as m,
+            _closing_first(task),
+        ):
             for name in engines:  # a resource that starts on its train tag takes no request
                 m.call_soon(m.manager.set_serving, name, policy.initial_active(name) is Tag.ROLLOUT)
             trainer = {**cfg.trainer, "seed": cfg.run.seed, "checkpoint_every_steps": cfg.run.checkpoint_every_steps}
@@ -108,7 +117,14 @@ def _train(cfg: TrainConfig, task, out: Path, workers_factory, progress: bool,
             with Progress(cfg.policy.num_steps, enabled=progress, done=done) as bar:
                 run = run_policy(cfg, task, policy, workers, m, recorder, metrics, bar, admin, out, done, adopted)
                 wall = m.call(run, timeout_s=cfg.run.time_limit_s + 120)
-    meta = {"policy": policy.name, "model": cfg.model.dir or "tiny", "device": "cpu", "num_gpus": cfg.resources.count,
-            "workload": cfg.task.name, "seed": cfg.run.seed, "clock": "measured",
-            "clock_zero_epoch_s": metrics.clock_zero_epoch_s}  # fmt: skip
+    meta = {
+        "policy": policy.name,
+        "model": cfg.model.dir or "tiny",
+        "device": "cpu",
+        "num_gpus": cfg.resources.count,
+        "workload": cfg.task.name,
+        "seed": cfg.run.seed,
+        "clock": "measured",
+        "clock_zero_epoch_s": metrics.clock_zero_epoch_s,
+    }
     return recorder.finish(wall, meta, metrics.counters), metrics

@@ -77,8 +77,16 @@ PREFILL = ("prefill_mfu", "prefill_attention_mfu", "prefill_layer_host_s")
 TRAIN = ("train_mfu", "train_layer_host_s", "train_attention_mfu")
 LOGPROB = ("logprob_mfu", "logprob_attention_mfu", "logprob_layer_host_s")
 PARTS = ("decode", "prefill", "train", "logprob")
-FITTED_KEYS = ("hbm_efficiency", "kv_hbm_efficiency", *DECODE, *PER_STEP, *PREFILL, "prefill_overhead_s", *TRAIN,
-               *LOGPROB)  # fmt: skip
+FITTED_KEYS = (
+    "hbm_efficiency",
+    "kv_hbm_efficiency",
+    *DECODE,
+    *PER_STEP,
+    *PREFILL,
+    "prefill_overhead_s",
+    *TRAIN,
+    *LOGPROB,
+)
 
 
 @dataclass(frozen=True)
@@ -137,9 +145,7 @@ def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: pr
     entry = profiles.entry_for(profile, model, cfg.model)
     fit = _device_fit(_fit_key(cfg), device, profile, (entry.model, model) if entry else None)
     calibrated = measured_setup(cfg, **fit.values)
-    by_model = {
-        name: _errors(CostModel(calibrated, spec, device), calibrated, e) for name, spec, e in fit.entries
-    }  # fmt: skip
+    by_model = {name: _errors(CostModel(calibrated, spec, device), calibrated, e) for name, spec, e in fit.entries}
     own = by_model.get(entry.model, {}) if entry else {}
     return Calibration(
         profile=cfg.costs.profile,
@@ -200,8 +206,12 @@ def _device_fit(cfg: SimConfig, device: DeviceSpec, profile: profiles.Profile, r
         values["hbm_efficiency"] = weights_at
         measured["hbm_efficiency"] = f"the device's copy: {copy:.6g} GB/s of the spec's {device.hbm_bandwidth_gb_s:g}"
     units = {name: CostModel(_unit_setup(cfg), spec, device) for name, spec, _ in entries}
-    for part, fit_part in (("decode", _fit_decode), ("prefill", _fit_prefill), ("train", _fit_train),
-                           ("logprob", _fit_logprob)):  # fmt: skip
+    for part, fit_part in (
+        ("decode", _fit_decode),
+        ("prefill", _fit_prefill),
+        ("train", _fit_train),
+        ("logprob", _fit_logprob),
+    ):
         points = [(units[name], spec, p) for name, spec, e in entries for p in getattr(e, part)]
         result = fit_part(cfg, device, points, values, weights_at)
         values.update(result.values)
@@ -285,8 +295,11 @@ def _least_squares(predict, t, free: list[_Param], fixed: dict[str, float]) -> t
         return predict(values_at(x)) / t - 1
 
     default = np.clip([p.to_x(p.default) if p.default else 0.0 for p in free], lo, hi)
-    starts = [default, np.clip(np.where([p.seconds for p in free], scale, 2.0), lo, hi),
-              np.clip(np.where([p.seconds for p in free], scale * 30, 5.0), lo, hi)]  # fmt: skip
+    starts = [
+        default,
+        np.clip(np.where([p.seconds for p in free], scale, 2.0), lo, hi),
+        np.clip(np.where([p.seconds for p in free], scale * 30, 5.0), lo, hi),
+    ]
     x, _ = min((_lm(residual, x0, lo, hi, scale) for x0 in starts), key=lambda fit: fit[1])
     jac = _jacobian(residual, x, lo, hi, scale, at_bounds=False)
     r = residual(x)
@@ -353,9 +366,23 @@ def _fit_decode(cfg, device, points, values, weights_at) -> _Part:
     if not points:
         return _Part({}, (), dict.fromkeys(("decode_mfu", *DECODE[1:]), "no decode points"))
     c = cfg.costs
-    weights, kv, compute, layers, batch, ctx, t = (np.array(v, dtype=float) for v in zip(*(
-        (*unit.decode_memory_s(p.batch, p.batch * p.context), unit.decode_lines(p.batch, p.batch * p.context).p2,
-         spec.layers, p.batch, p.context, p.step_s) for unit, spec, p in points), strict=True))  # fmt: skip
+    weights, kv, compute, layers, batch, ctx, t = (
+        np.array(v, dtype=float)
+        for v in zip(
+            *(
+                (
+                    *unit.decode_memory_s(p.batch, p.batch * p.context),
+                    unit.decode_lines(p.batch, p.batch * p.context).p2,
+                    spec.layers,
+                    p.batch,
+                    p.context,
+                    p.step_s,
+                )
+                for unit, spec, p in points
+            ),
+            strict=True,
+        )
+    )
     kv_key = "kv_hbm_efficiency" if weights_at is not None else "hbm_efficiency"
     kv_default = (c.kv_hbm_efficiency or c.hbm_efficiency) if weights_at is not None else c.hbm_efficiency
 
@@ -365,10 +392,13 @@ def _fit_decode(cfg, device, points, values, weights_at) -> _Part:
         return np.maximum(read, compute / v["decode_mfu"]) + layers * (per_layer + ctx * v["decode_ctx_latency_s"])
 
     top = _slowest(t, layers)
-    params = [_Param(kv_key, kv_default, 1.0), _Param("decode_mfu", c.decode_mfu, 1.0),
-              _Param("decode_layer_overhead_s", c.decode_layer_overhead_s, top),
-              _Param("decode_seq_layer_overhead_s", c.decode_seq_layer_overhead_s, top / float(batch.max())),
-              _Param("decode_ctx_latency_s", c.decode_ctx_latency_s, top / float(ctx.max()))]  # fmt: skip
+    params = [
+        _Param(kv_key, kv_default, 1.0),
+        _Param("decode_mfu", c.decode_mfu, 1.0),
+        _Param("decode_layer_overhead_s", c.decode_layer_overhead_s, top),
+        _Param("decode_seq_layer_overhead_s", c.decode_seq_layer_overhead_s, top / float(batch.max())),
+        _Param("decode_ctx_latency_s", c.decode_ctx_latency_s, top / float(ctx.max())),
+    ]
     part = _fit_part(predict, t, params, "decode")
     result = {**{p.name: p.default for p in params}, **part.values, **dict.fromkeys(PER_STEP, 0.0)}
     kept = dict(part.kept)
@@ -389,17 +419,26 @@ def _eager_pass_params(part: str, c, t: np.ndarray, layers: np.ndarray) -> list[
     """An eager forward's constants (`<part>_mfu`, `<part>_attention_mfu`, `<part>_layer_host_s`), their
     defaults the config's (attention at the matmuls' efficiency when null)."""
     mfu = getattr(c, f"{part}_mfu")
-    return [_Param(f"{part}_mfu", mfu, 1.0),
-            _Param(f"{part}_attention_mfu", getattr(c, f"{part}_attention_mfu") or mfu, 1.0),
-            _Param(f"{part}_layer_host_s", getattr(c, f"{part}_layer_host_s"), _slowest(t, layers))]  # fmt: skip
+    return [
+        _Param(f"{part}_mfu", mfu, 1.0),
+        _Param(f"{part}_attention_mfu", getattr(c, f"{part}_attention_mfu") or mfu, 1.0),
+        _Param(f"{part}_layer_host_s", getattr(c, f"{part}_layer_host_s"), _slowest(t, layers)),
+    ]
 
 
 def _fit_prefill(cfg, device, points, values, weights_at) -> _Part:
     c = cfg.costs
     if not points:
         return _Part({}, (), dict.fromkeys((*PREFILL, "prefill_overhead_s"), "no prefill points"))
-    rows = [(*unit.prefill_flops(p.tokens, p.tokens * p.tokens / 2), unit.weight_bytes_read(p.tokens), spec.layers,
-             p.seconds) for unit, spec, p in points]  # fmt: skip
+    rows = [
+        (
+            *unit.prefill_flops(p.tokens, p.tokens * p.tokens / 2),
+            unit.weight_bytes_read(p.tokens),
+            spec.layers,
+            p.seconds,
+        )
+        for unit, spec, p in points
+    ]
     matmul, attention, weights, layers, t = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
     peak = device.peak_tflops * 1e12
     memory = weights / (device.hbm_bandwidth_gb_s * 1e9 * values["hbm_efficiency"])
@@ -424,8 +463,13 @@ def _fit_train(cfg, device, points, values, weights_at) -> _Part:
     c = cfg.costs
     if not points:
         return _Part({}, (), dict.fromkeys(TRAIN, "no training points"))
-    setup = measured_setup(cfg, hbm_efficiency=values["hbm_efficiency"], train_mfu=TRAIN_MFU_CAP,
-                           train_layer_host_s=0.0, train_attention_mfu=None)  # fmt: skip
+    setup = measured_setup(
+        cfg,
+        hbm_efficiency=values["hbm_efficiency"],
+        train_mfu=TRAIN_MFU_CAP,
+        train_layer_host_s=0.0,
+        train_attention_mfu=None,
+    )
     flops, share, rest, layers = [], [], [], []
     for _, spec, p in points:
         parts = train_layout.step(setup, spec, device, [p.seq_len], 1)
@@ -441,9 +485,11 @@ def _fit_train(cfg, device, points, values, weights_at) -> _Part:
         compute = flops * ((1 - share) / v["train_mfu"] + share / v["train_attention_mfu"])
         return np.hypot(compute, layers * v["train_layer_host_s"]) + rest
 
-    params = [_Param("train_mfu", c.train_mfu, TRAIN_MFU_CAP),
-              _Param("train_layer_host_s", c.train_layer_host_s, _slowest(t, layers)),
-              _Param("train_attention_mfu", c.train_attention_mfu or c.train_mfu, TRAIN_MFU_CAP)]  # fmt: skip
+    params = [
+        _Param("train_mfu", c.train_mfu, TRAIN_MFU_CAP),
+        _Param("train_layer_host_s", c.train_layer_host_s, _slowest(t, layers)),
+        _Param("train_attention_mfu", c.train_attention_mfu or c.train_mfu, TRAIN_MFU_CAP),
+    ]
     part = _fit_part(predict, t, params, "training")
     result = {**{p.name: p.default for p in params}, **part.values}
     if "train_attention_mfu" not in part.fitted:
@@ -488,13 +534,14 @@ def _errors(cm: CostModel, setup: SimConfig, entry: profiles.ModelProfile) -> di
         ],
         "logprob": [
             (
-                train_layout.forward_s(cm.model, cm.device, p.seq_len, c.logprob_mfu, c.logprob_attention_mfu,
-                                       c.logprob_layer_host_s),
+                train_layout.forward_s(
+                    cm.model, cm.device, p.seq_len, c.logprob_mfu, c.logprob_attention_mfu, c.logprob_layer_host_s
+                ),
                 p.seq_len / p.tokens_per_s,
             )
             for p in entry.logprob
         ],
-    }  # fmt: skip
+    }
     return {
         part: round(float(np.sqrt(np.mean([(s / m - 1) ** 2 for s, m in got]))), 6)
         for part, got in pairs.items()

@@ -32,9 +32,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--policy", default="tag", help=f"one of: {', '.join(POLICIES)} (default: tag)")
     p.add_argument("--compare", action="store_true", help="run every policy on the same config and seed")
-    p.add_argument("--config", action="append", default=None, metavar="FILE",
-                   help="YAML merged over sim/configs/default.yaml (repeatable: later files win key by key; "
-                        "a chosen workload.kind brings its own defaults first)")  # fmt: skip
+    p.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="YAML merged over sim/configs/default.yaml (repeatable: later files win key by key; "
+        "a chosen workload.kind brings its own defaults first)",
+    )
     p.add_argument(
         "--out", default=None, help="output folder, new or empty (default: results/sim-<policy>-<time>-seed<seed>)"
     )
@@ -47,9 +52,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set cluster.num_gpus=128 (repeatable)",
     )
-    p.add_argument("--tensorboard", default=None, metavar="DIR",
-                   help="also write each simulated step's metrics as TensorBoard event files in DIR (--compare: "
-                        "DIR/<policy>; needs tensorboardX: pip install tensorboardX)")  # fmt: skip
+    p.add_argument(
+        "--tensorboard",
+        default=None,
+        metavar="DIR",
+        help="also write each simulated step's metrics as TensorBoard event files in DIR (--compare: "
+        "DIR/<policy>; needs tensorboardX: pip install tensorboardX)",
+    )
     p.add_argument("--no-picture", action="store_true", help="skip timeline.png (faster for big clusters)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -130,10 +139,18 @@ def write_steps(timeline, board: Path) -> None:
     with ScalarLog(board) as log:
         for done, step in enumerate(sorted(timeline.steps, key=lambda s: s.step), 1):
             trained += step.tokens
-            log.log(done, {"tokens_per_s": trained / step.end_s if step.end_s > 0 else 0.0,
-                           "staleness_mean": mean_lag(step.lag_tokens), "trained_tokens": float(step.tokens),
-                           "generated_tokens": float(step.generated_tokens), "samples": float(step.samples),
-                           "step_s": step.end_s - step.start_s, "time_s": step.end_s})  # fmt: skip
+            log.log(
+                done,
+                {
+                    "tokens_per_s": trained / step.end_s if step.end_s > 0 else 0.0,
+                    "staleness_mean": mean_lag(step.lag_tokens),
+                    "trained_tokens": float(step.tokens),
+                    "generated_tokens": float(step.generated_tokens),
+                    "samples": float(step.samples),
+                    "step_s": step.end_s - step.start_s,
+                    "time_s": step.end_s,
+                },
+            )
 
 
 def remove_empty(folder: Path) -> None:

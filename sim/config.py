@@ -172,12 +172,15 @@ class TrainConfig:
             raise UserError(f"train.fsdp_root_gathered must be true or false, got {self.fsdp_root_gathered!r}")
         chunk = self.logit_chunk_tokens
         if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
-            raise UserError(f"train.logit_chunk_tokens must be null (every token's logits at once) or an integer "
-                            f">= 1, got {chunk!r}")  # fmt: skip
+            raise UserError(
+                f"train.logit_chunk_tokens must be null (every token's logits at once) or an integer "
+                f">= 1, got {chunk!r}"
+            )
         n = self.micro_batch_sequences
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-            raise UserError(f"train.micro_batch_sequences must be null (packed micro-batches) or an integer >= 1, "
-                            f"got {n!r}")  # fmt: skip
+            raise UserError(
+                f"train.micro_batch_sequences must be null (packed micro-batches) or an integer >= 1, got {n!r}"
+            )
         tp = self.tensor_parallel
         if tp > gpus_per_node or gpus_per_node % tp:
             raise UserError(
@@ -312,8 +315,9 @@ class SimConfig:
         if self.workload.sandbox_start_s is not None:
             self.workload.sandbox_start_s.validate("workload.sandbox_start_s")
         cpu = self.workload.sandbox_cpu_cores
-        if cpu is not None and not (isinstance(cpu, int | float) and not isinstance(cpu, bool)
-                                    and math.isfinite(cpu) and cpu > 0):  # fmt: skip
+        if cpu is not None and not (
+            isinstance(cpu, int | float) and not isinstance(cpu, bool) and math.isfinite(cpu) and cpu > 0
+        ):
             raise UserError(f"workload.sandbox_cpu_cores must be null or a finite number > 0, got {cpu!r}")
         stretch = self.workload.sandbox_busy_stretch
         number = isinstance(stretch, int | float) and not isinstance(stretch, bool)

@@ -169,9 +169,12 @@ class CostModel:
             overhead += self.alltoall_s(batch)
         walk, grow = (k[6] * sum_ctx / batch, k[6]) if batch else (0.0, 0.0)
         return DecodeLines(
-            p1=w + k[1] * sum_ctx + walk, q1=k[1] * batch + grow, p2=k[2] * batch + k[3] * sum_ctx + walk,
-            q2=k[3] * batch + grow, overhead=overhead,
-        )  # fmt: skip
+            p1=w + k[1] * sum_ctx + walk,
+            q1=k[1] * batch + grow,
+            p2=k[2] * batch + k[3] * sum_ctx + walk,
+            q2=k[3] * batch + grow,
+            overhead=overhead,
+        )
 
     def decode_step_s(self, batch: int, sum_ctx: int) -> float:
         return self.decode_run_s(batch, sum_ctx, 1)

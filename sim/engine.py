@@ -133,9 +133,15 @@ class Seq:
 
 class SimEngine:
     def __init__(
-        self, sim: Simulation, name: str, index: int, kv_capacity: int, max_seqs: int, state: EngineState,
+        self,
+        sim: Simulation,
+        name: str,
+        index: int,
+        kv_capacity: int,
+        max_seqs: int,
+        state: EngineState,
         cost: CostModel,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`cost`: the cost model of the device this engine runs on (its decode and prefill speed)."""
         self.sim, self.name, self.index, self.cost = sim, name, index, cost
         self.max_seqs = max_seqs

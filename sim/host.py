@@ -38,8 +38,9 @@ from collections.abc import Iterable
 MAX_HOST_SHARE = 0.5  # of one busy core: a device's process keeps at least half its core
 
 
-def slowdowns(training: int, other: int, host_demand_cores: float, total_cores: int,
-              train_placement: float = 0.5) -> tuple[float, float]:  # fmt: skip
+def slowdowns(
+    training: int, other: int, host_demand_cores: float, total_cores: int, train_placement: float = 0.5
+) -> tuple[float, float]:
     """(slowdown of a busy training device, of a busy rollout or syncing device): how many times longer their
     work takes with `training` and `other` devices busy, `host_demand_cores` of the host's work and
     `total_cores` cores in all, a training core taking `train_placement` parts of the host's spill for each

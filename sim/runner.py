@@ -203,9 +203,13 @@ class Simulation:
     def run(self) -> Timeline:
         # The bar starts here, not in __init__: a CLI builds every simulation (checking its config) first.
         self._bar = tqdm(
-            total=self.cfg.num_steps, desc=f"sim {self.policy.name}", unit="step", delay=2.0,
-            disable=not self.progress, leave=False,
-        )  # fmt: skip
+            total=self.cfg.num_steps,
+            desc=f"sim {self.policy.name}",
+            unit="step",
+            delay=2.0,
+            disable=not self.progress,
+            leave=False,
+        )
         self._emit(ev.Started())
         try:
             self.env.run(until=self._done)

@@ -82,13 +82,25 @@ class Candidate:
         s = self.summary
         figures = None
         if s is not None:
-            figures = {"token_throughput": s["token_throughput"], "mean_lag": s["staleness"]["mean_lag"],
-                       "max_lag": s["staleness"]["max_lag"], "bubble_fraction": s["bubble_fraction"],
-                       "step_time_mean_s": s["step_time_s"]["mean"], "wall_s": s["wall_s"]}  # fmt: skip
+            figures = {
+                "token_throughput": s["token_throughput"],
+                "mean_lag": s["staleness"]["mean_lag"],
+                "max_lag": s["staleness"]["max_lag"],
+                "bubble_fraction": s["bubble_fraction"],
+                "step_time_mean_s": s["step_time_s"]["mean"],
+                "wall_s": s["wall_s"],
+            }
             if COST in s:
                 figures[COST] = s[COST]
-        return {"index": self.index, "policy": self.policy, "overrides": self.overrides, "figures": figures,
-                "pareto": self.pareto, "pruned": self.pruned, "run_s": round(self.run_s, 3)}  # fmt: skip
+        return {
+            "index": self.index,
+            "policy": self.policy,
+            "overrides": self.overrides,
+            "figures": figures,
+            "pareto": self.pareto,
+            "pruned": self.pruned,
+            "run_s": round(self.run_s, 3),
+        }
 
 
 def parse_space(items: list[str]) -> dict[str, list]:
@@ -166,8 +178,13 @@ def pareto(cands: list[Candidate]) -> list[Candidate]:
     return front
 
 
-_ABBREVIATIONS = {"tensor_parallel": "tp", "pipeline_parallel": "pp", "max_num_seqs": "seqs",
-                  "pools.train_fraction": "train_frac", "cluster.rollout_pool.": "rollout_pool."}  # fmt: skip
+_ABBREVIATIONS = {
+    "tensor_parallel": "tp",
+    "pipeline_parallel": "pp",
+    "max_num_seqs": "seqs",
+    "pools.train_fraction": "train_frac",
+    "cluster.rollout_pool.": "rollout_pool.",
+}
 
 
 def label(key: str) -> str:
@@ -188,10 +205,19 @@ def table(cands: list[Candidate], keys: list[str]) -> str:
     rows = []
     for c in shown:
         s = c.summary
-        rows.append(["*" if c.pareto else "", c.policy, *(str(c.overrides.get(k, "-")) for k in keys),
-                     f"{s['token_throughput']:,.0f}", f"{s['staleness']['mean_lag']:.2f}",
-                     str(s["staleness"]["max_lag"]), f"{s['bubble_fraction']:.1%}",
-                     f"{s['step_time_s']['mean']:.1f}", *([f"{s[COST]:,.2f}"] if priced else [])])  # fmt: skip
+        rows.append(
+            [
+                "*" if c.pareto else "",
+                c.policy,
+                *(str(c.overrides.get(k, "-")) for k in keys),
+                f"{s['token_throughput']:,.0f}",
+                f"{s['staleness']['mean_lag']:.2f}",
+                str(s["staleness"]["max_lag"]),
+                f"{s['bubble_fraction']:.1%}",
+                f"{s['step_time_s']['mean']:.1f}",
+                *([f"{s[COST]:,.2f}"] if priced else []),
+            ]
+        )
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     numeric = len(head) - (6 if priced else 5)  # the figures: right-aligned
 
@@ -231,9 +257,18 @@ def draw(cands: list[Candidate], path: Path, title: str, keys: list[str]) -> Non
             varied = " ".join(f"{label(k)}={v}" for k, v in c.overrides.items() if k in keys)
             cost = f" ({c.summary[COST]:,.2f}/Mtok)" if COST in c.summary else ""
             names.append(f"{n}: {c.policy} {varied}".strip() + cost)
-        ax.text(0.99, 0.02, "Pareto front (fastest first)\n" + "\n".join(names), transform=ax.transAxes,
-                ha="right", va="bottom", multialignment="left", fontsize=7.5, family="monospace",
-                bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85, "edgecolor": "0.7"})  # fmt: skip
+        ax.text(
+            0.99,
+            0.02,
+            "Pareto front (fastest first)\n" + "\n".join(names),
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            multialignment="left",
+            fontsize=7.5,
+            family="monospace",
+            bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85, "edgecolor": "0.7"},
+        )
     ax.set_xlabel("mean trained-token lag (policy versions; lower is more on-policy)")
     ax.set_ylabel("token throughput (tok/s)")
     ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
@@ -248,12 +283,28 @@ def draw(cands: list[Candidate], path: Path, title: str, keys: list[str]) -> Non
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m sim search", description=__doc__.split("\n")[0])
-    p.add_argument("--config", action="append", default=None, metavar="FILE",
-                   help="YAML merged over the default config (repeatable: later files win key by key)")  # fmt: skip
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key for every candidate (repeatable)")  # fmt: skip
-    p.add_argument("--space", action="append", default=[], metavar="KEY=V1,V2",
-                   help="search these values of a config key (repeatable; KEY= drops a default key)")  # fmt: skip
+    p.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="YAML merged over the default config (repeatable: later files win key by key)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key for every candidate (repeatable)",
+    )
+    p.add_argument(
+        "--space",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="search these values of a config key (repeatable; KEY= drops a default key)",
+    )
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default: {','.join(POLICIES)})")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per core)")
     p.add_argument("--max-candidates", type=int, default=100, help="sample this many when the space is larger")
@@ -277,8 +328,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    for name, value, lowest in (("--jobs", args.jobs, 1), ("--max-candidates", args.max_candidates, 1),
-                                ("--steps", args.steps or 1, 1)):  # fmt: skip
+    for name, value, lowest in (
+        ("--jobs", args.jobs, 1),
+        ("--max-candidates", args.max_candidates, 1),
+        ("--steps", args.steps or 1, 1),
+    ):
         if value < lowest:
             raise UserError(f"{name} must be >= {lowest}, got {value}")
     data, files = resolve(args.config, args.overrides)  # a bad base config fails here, once
@@ -323,18 +377,29 @@ def _search(args: argparse.Namespace) -> int:
     keys = [k for k, values in space.items() if len(values) > 1]  # the columns: what varies
     pruned = Counter(_blank_numbers(c.pruned) for c in done if c.pruned)
     ran = [c for c in done if c.summary]
-    print(f"{base.model} | {base.workload.kind} | {base.cluster_label} | "
-          f"{args.steps or base.num_steps} steps | seed {base.seed}")  # fmt: skip
+    print(
+        f"{base.model} | {base.workload.kind} | {base.cluster_label} | "
+        f"{args.steps or base.num_steps} steps | seed {base.seed}"
+    )
     sampled = f" (sampled from {total})" if total > len(done) else ""
-    print(f"{len(done)} candidates{sampled}: {len(ran)} ran, {len(done) - len(ran)} pruned; {wall:.1f} s with "
-          f"{args.jobs} process(es)")  # fmt: skip
+    print(
+        f"{len(done)} candidates{sampled}: {len(ran)} ran, {len(done) - len(ran)} pruned; {wall:.1f} s with "
+        f"{args.jobs} process(es)"
+    )
     for reason, n in pruned.most_common():
         print(f"  pruned {n:>3}: {reason}")
     given = args.config or [str(DEFAULT_CONFIG)]
     given = given[0] if len(given) == 1 else given
-    summary = {"config": given, "overrides": args.overrides, "space": space, "policies": policies,
-               "candidates_in_space": total, "wall_s": round(wall, 3), "pruned": dict(pruned.most_common()),
-               "candidates": [c.to_json() for c in done]}  # fmt: skip
+    summary = {
+        "config": given,
+        "overrides": args.overrides,
+        "space": space,
+        "policies": policies,
+        "candidates_in_space": total,
+        "wall_s": round(wall, 3),
+        "pruned": dict(pruned.most_common()),
+        "candidates": [c.to_json() for c in done],
+    }
     (out / "search.json").write_text(json.dumps(summary, indent=2) + "\n")
     if not ran:
         print(f"no candidate can run; outputs: {out}/")
@@ -344,8 +409,10 @@ def _search(args: argparse.Namespace) -> int:
     print(table(done, keys))
     best = front[0]
     cfg, _ = _prepare(args.config, args.overrides, best, args.steps)
-    (out / "best.yaml").write_text(f"# python -m sim --config {out / 'best.yaml'} --policy {best.policy}\n"
-                                   + yaml.safe_dump(config_dict(cfg), sort_keys=False))  # fmt: skip
+    (out / "best.yaml").write_text(
+        f"# python -m sim --config {out / 'best.yaml'} --policy {best.policy}\n"
+        + yaml.safe_dump(config_dict(cfg), sort_keys=False)
+    )
     if not args.no_picture:
         title = f"layout search: {base.model}, {base.workload.kind}, {base.cluster_label} ({len(ran)} layouts)"
         draw(done, out / "pareto.png", title, keys)

@@ -146,9 +146,17 @@ def layout(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, train_gpus: int
     network = device.network_gb_s * GB * c.network_efficiency
     node = device.gpus_per_node
     return Layout(
-        tp, pp, dp, -(-model.layers // pp), nvlink, nvlink if train_gpus <= node else network,
-        nvlink if tp * dp <= node else network, ep, nvlink if tp * ep <= node else network, c.alltoall_latency_s,
-    )  # fmt: skip
+        tp,
+        pp,
+        dp,
+        -(-model.layers // pp),
+        nvlink,
+        nvlink if train_gpus <= node else network,
+        nvlink if tp * dp <= node else network,
+        ep,
+        nvlink if tp * ep <= node else network,
+        c.alltoall_latency_s,
+    )
 
 
 # ---- step time ----
@@ -192,15 +200,32 @@ class _Pass:
 
 def _scaled(p: _Pass, share: float) -> _Pass:
     """A pass doing `share` of its samples' work (the gradients' reduction over the replicas stays whole)."""
-    return replace(p, compute=p.compute * share, tp_comm=p.tp_comm * share, ep_comm=p.ep_comm * share,
-                   p2p=p.p2p * share, bubble=p.bubble * share, host_exposed=p.host_exposed * share)  # fmt: skip
+    return replace(
+        p,
+        compute=p.compute * share,
+        tp_comm=p.tp_comm * share,
+        ep_comm=p.ep_comm * share,
+        p2p=p.p2p * share,
+        bubble=p.bubble * share,
+        host_exposed=p.host_exposed * share,
+    )
 
 
 def _run_pass(
-    lay: Layout, model: ModelSpec, *, tokens: float, flops: float, flops_per_s: float, micro_tokens: int,
-    allreduces: int, sends: int, dp_bytes_per_param: float, alltoalls: int, layer_host_s: float = 0.0,
+    lay: Layout,
+    model: ModelSpec,
+    *,
+    tokens: float,
+    flops: float,
+    flops_per_s: float,
+    micro_tokens: int,
+    allreduces: int,
+    sends: int,
+    dp_bytes_per_param: float,
+    alltoalls: int,
+    layer_host_s: float = 0.0,
     micro_batches: int | None = None,
-) -> _Pass:  # fmt: skip
+) -> _Pass:
     """`tokens` and `flops` of the pass over all replicas, at `flops_per_s` per GPU; `allreduces` per
     layer and token (tensor parallel), `sends` per token between stages (activations forward, gradients
     back), `dp_bytes_per_param` of ZeRO-3 traffic per micro-batch and parameter of a model-parallel shard,
@@ -250,9 +275,13 @@ def forward_split(model: ModelSpec, seq_lens: list[int]) -> tuple[float, float]:
 
 
 def forward_s(
-    model: ModelSpec, device: DeviceSpec, seq_len: int, mfu: float, attention_mfu: float | None = None,
+    model: ModelSpec,
+    device: DeviceSpec,
+    seq_len: int,
+    mfu: float,
+    attention_mfu: float | None = None,
     layer_host_s: float = 0.0,
-) -> float:  # fmt: skip
+) -> float:
     """Seconds of one forward (log-prob) pass over one sequence on one GPU, its matmuls at `mfu` of the
     device's peak and its attention at `attention_mfu` (None: `mfu`), the host's launches `layer_host_s` a
     layer overlapping them partly: what a profile's log-prob points measure."""
@@ -313,14 +342,19 @@ def step(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, seq_lens: list[in
         attention_flops = 3 * attention + (attention if recompute in ("full", "selective") else 0.0)
         train_flops += attention_flops * (c.train_mfu / c.train_attention_mfu - 1)
     train = _run_pass(
-        lay, model, tokens=tokens / t.mini_batches,
+        lay,
+        model,
+        tokens=tokens / t.mini_batches,
         flops=train_flops / t.mini_batches,
-        flops_per_s=peak * c.train_mfu * HFU_PER_MFU, micro_tokens=micro_tokens,
+        flops_per_s=peak * c.train_mfu * HFU_PER_MFU,
+        micro_tokens=micro_tokens,
         allreduces=TP_ALLREDUCES_FORWARD * (2 if recompute == "full" else 1) + TP_ALLREDUCES_BACKWARD,
-        sends=2, dp_bytes_per_param=2 * BF16_BYTES + t.grad_bytes_per_param,  # gather twice, reduce-scatter once
+        sends=2,
+        dp_bytes_per_param=2 * BF16_BYTES + t.grad_bytes_per_param,  # gather twice, reduce-scatter once
         alltoalls=2 * (2 if recompute == "full" else 1) + 2,  # dispatch + combine: forward (again), backward
-        layer_host_s=c.train_layer_host_s, micro_batches=micro_batches and -(-micro_batches // t.mini_batches),
-    )  # fmt: skip
+        layer_host_s=c.train_layer_host_s,
+        micro_batches=micro_batches and -(-micro_batches // t.mini_batches),
+    )
     # Samples with no gradient (train.zero_advantage_share, z): forward only (a third of a training pass) in
     # the first pass, skipped in the later ones; their share of every pass's time goes with them.
     z, epochs = t.zero_advantage_share, t.ppo_epochs
@@ -330,10 +364,19 @@ def step(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, seq_lens: list[in
     forwards = int(t.recompute_logprobs) + int(t.reference_model)
     scaled = fwd if c.logprob_attention_mfu is None else matmul + attention * c.logprob_mfu / c.logprob_attention_mfu
     fwd_pass = _run_pass(
-        lay, model, tokens=tokens, flops=scaled, flops_per_s=peak * c.logprob_mfu, micro_tokens=micro_tokens,
-        allreduces=TP_ALLREDUCES_FORWARD, sends=1, dp_bytes_per_param=BF16_BYTES, alltoalls=2,
-        layer_host_s=c.logprob_layer_host_s, micro_batches=micro_batches,
-    )  # fmt: skip
+        lay,
+        model,
+        tokens=tokens,
+        flops=scaled,
+        flops_per_s=peak * c.logprob_mfu,
+        micro_tokens=micro_tokens,
+        allreduces=TP_ALLREDUCES_FORWARD,
+        sends=1,
+        dp_bytes_per_param=BF16_BYTES,
+        alltoalls=2,
+        layer_host_s=c.logprob_layer_host_s,
+        micro_batches=micro_batches,
+    )
     state = (BF16_BYTES + t.grad_bytes_per_param + t.optimizer_bytes_per_param) * model.params / train_gpus
     return TrainStep(
         train_compute_s=steps * train.compute,

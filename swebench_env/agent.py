@@ -190,15 +190,30 @@ class BashAgent:
     def run(self, task: Instance, runner: CommandRunner, manager_url: str, session_id: str) -> Episode:
         start = time.monotonic()
         state = _State(instance_messages(task, self.config), random.Random(session_id))
-        client = openai.OpenAI(base_url=session_base_url(manager_url, session_id), api_key=self.api_key,
-                               max_retries=0, timeout=self.config.request_timeout_s,
-                               http_client=shared_http_client())  # fmt: skip
+        client = openai.OpenAI(
+            base_url=session_base_url(manager_url, session_id),
+            api_key=self.api_key,
+            max_retries=0,
+            timeout=self.config.request_timeout_s,
+            http_client=shared_http_client(),
+        )
         reason, error = self._loop(client, runner, state)
         diff_start = time.monotonic()
         patch, diff_error = final_patch(task, runner, self.config)
         state.commands_s += time.monotonic() - diff_start
-        return Episode(task.instance_id, session_id, reason, state.turns, state.format_errors, state.commands, patch,
-                       error or diff_error, state.model_s, state.commands_s, time.monotonic() - start)  # fmt: skip
+        return Episode(
+            task.instance_id,
+            session_id,
+            reason,
+            state.turns,
+            state.format_errors,
+            state.commands,
+            patch,
+            error or diff_error,
+            state.model_s,
+            state.commands_s,
+            time.monotonic() - start,
+        )
 
     def _loop(self, client: openai.OpenAI, runner: CommandRunner, state: _State) -> tuple[ExitReason, str | None]:
         try:
@@ -219,9 +234,14 @@ class BashAgent:
         calls = message.tool_calls or []
         reply: dict = {"role": "assistant", "content": message.content}
         if calls:  # sent back as received, so the manager splices in the exact tokens it sampled
-            reply["tool_calls"] = [{"id": c.id, "type": "function",
-                                    "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                                   for c in calls]  # fmt: skip
+            reply["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
+                for c in calls
+            ]
         state.messages.append(reply)
         if not calls:
             state.format_errors += 1
@@ -238,8 +258,9 @@ class BashAgent:
         extra = {} if self.config.max_tokens is None else {"max_tokens": self.config.max_tokens}
         if self.config.seed is not None:
             extra["seed"] = self.config.seed
-        return client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
-                                              temperature=self.config.temperature, **extra)  # fmt: skip
+        return client.chat.completions.create(
+            model=model, messages=messages, tools=TOOLS, temperature=self.config.temperature, **extra
+        )
 
     def _act(self, name: str, arguments: str, runner: CommandRunner, state: _State) -> str:
         """Run one tool call; its observation (an unknown tool or bad arguments is a format error)."""
@@ -318,8 +339,20 @@ def diff_command(task: Instance) -> str:
     files included, the task's judged test files and Python bytecode left out."""
     excluded = [f":(exclude,literal){path}" for path in judged_files(task)]
     excluded += [":(exclude,glob)**/__pycache__/**", ":(exclude,glob)**/*.pyc"]
-    diff = ["git", "-c", "core.quotepath=false", "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
-            task.base_commit, "--", ".", *excluded]  # fmt: skip
+    diff = [
+        "git",
+        "-c",
+        "core.quotepath=false",
+        "diff",
+        "--cached",
+        "--binary",
+        "--no-color",
+        "--no-ext-diff",
+        task.base_commit,
+        "--",
+        ".",
+        *excluded,
+    ]
     return f"git add -A >/dev/null 2>&1; {shlex.join(diff)}"
 
 

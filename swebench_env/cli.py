@@ -35,8 +35,9 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("file", type=Path)
     check.add_argument("--ids", nargs="+", default=None, help="check only these instance ids")
     check.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    derive = sub.add_parser("derive-tests", help="compute FAIL_TO_PASS and PASS_TO_PASS from runs before and after "
-                            "the gold patch")  # fmt: skip
+    derive = sub.add_parser(
+        "derive-tests", help="compute FAIL_TO_PASS and PASS_TO_PASS from runs before and after the gold patch"
+    )
     derive.add_argument("file", type=Path, help="task file (JSON or JSONL); the lists may be absent")
     derive.add_argument("--ids", nargs="+", default=None, help="derive only these instance ids")
     derive.add_argument("--out", type=Path, default=None, help="write the file with the derived lists here")
@@ -51,34 +52,53 @@ def parser() -> argparse.ArgumentParser:
     checkout.add_argument("dest", type=Path, help="an absent or empty folder")
     evaluate = sub.add_parser("eval", help="grade a SWE-bench predictions file in Docker sandboxes")
     evaluate.add_argument("--tasks", type=Path, required=True, help="task file (JSON or JSONL)")
-    evaluate.add_argument("--predictions", type=Path, required=True,
-                          help="predictions (JSON list, JSONL or an object keyed by instance id) with instance_id, "
-                          "model_patch, model_name_or_path")  # fmt: skip
+    evaluate.add_argument(
+        "--predictions",
+        type=Path,
+        required=True,
+        help="predictions (JSON list, JSONL or an object keyed by instance id) with instance_id, "
+        "model_patch, model_name_or_path",
+    )
     evaluate.add_argument("--out", type=Path, required=True, help="an absent or empty folder for the reports")
     evaluate.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
     evaluate.add_argument("--run-id", default=None, help="names the run's folder and summary (default: a fresh id)")
     evaluate.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 2), help="sandboxes at once")
     evaluate.add_argument("--timeout-s", type=float, default=300.0, help="each instance's test run")
-    evaluate.add_argument("--image", default=None, help="sandbox image for local-repository tasks (default: the "
-                          "offline base image, built on first use)")  # fmt: skip
+    evaluate.add_argument(
+        "--image",
+        default=None,
+        help="sandbox image for local-repository tasks (default: the offline base image, built on first use)",
+    )
     _wheelhouse_argument(evaluate)
     _rollout_parsers(sub)
     return p
 
 
 def _sandbox_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sandbox", choices=("docker", "local"), default="docker",
-                   help="where the tests run: each task's Docker sandbox, as grading runs them (default), or this "
-                   "machine's Python, unisolated (trusted tasks on a machine without Docker)")  # fmt: skip
-    p.add_argument("--image", default=None, help="Docker image for tasks that name none (default: the offline base "
-                   "image, built on first use)")  # fmt: skip
+    p.add_argument(
+        "--sandbox",
+        choices=("docker", "local"),
+        default="docker",
+        help="where the tests run: each task's Docker sandbox, as grading runs them (default), or this "
+        "machine's Python, unisolated (trusted tasks on a machine without Docker)",
+    )
+    p.add_argument(
+        "--image",
+        default=None,
+        help="Docker image for tasks that name none (default: the offline base image, built on first use)",
+    )
     p.add_argument("--timeout-s", type=float, default=300.0, help="each test run")
     _wheelhouse_argument(p)
 
 
 def _wheelhouse_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--wheelhouse", type=Path, default=None, help="a folder of wheels that tasks' install recipes "
-                   "are built from, offline (default: $SEAMLESSFLOW_WHEELHOUSE, else pip download)")  # fmt: skip
+    p.add_argument(
+        "--wheelhouse",
+        type=Path,
+        default=None,
+        help="a folder of wheels that tasks' install recipes "
+        "are built from, offline (default: $SEAMLESSFLOW_WHEELHOUSE, else pip download)",
+    )
 
 
 def _rollout_parsers(sub) -> None:
@@ -91,18 +111,34 @@ def _rollout_parsers(sub) -> None:
         p.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
         p.add_argument("--concurrency", type=int, default=4 if p is rollout else 2, help="episodes at once")
         p.add_argument("--command-timeout-s", type=float, default=60.0, help="each bash command")
-        p.add_argument("--sandbox", choices=("docker", "local"), default="docker",
-                       help="where commands and tests run: a Docker sandbox per episode and per grading (default), "
-                       "or this machine, unisolated (trusted tasks only)")  # fmt: skip
-        p.add_argument("--image", default=None, help="Docker image for local-repository tasks (default: the offline "
-                       "base image, built on first use)")  # fmt: skip
+        p.add_argument(
+            "--sandbox",
+            choices=("docker", "local"),
+            default="docker",
+            help="where commands and tests run: a Docker sandbox per episode and per grading (default), "
+            "or this machine, unisolated (trusted tasks only)",
+        )
+        p.add_argument(
+            "--image",
+            default=None,
+            help="Docker image for local-repository tasks (default: the offline base image, built on first use)",
+        )
         _wheelhouse_argument(p)
     rollout.add_argument("--base-url", required=True, help="the trajectory manager, http://HOST:PORT")
     rollout.add_argument("--agent", default="builtin", help="the agent: builtin or mini-swe-agent")
-    rollout.add_argument("--mini-config", type=Path, default=None, help="for --agent mini-swe-agent: its config file "
-                         "(YAML with agent: and model: sections; default: the SWE-bench config it ships)")  # fmt: skip
-    rollout.add_argument("--admin-token-file", type=Path, default=None,
-                         help="the manager's admin token (default: $SEAMLESSFLOW_ADMIN_TOKEN)")  # fmt: skip
+    rollout.add_argument(
+        "--mini-config",
+        type=Path,
+        default=None,
+        help="for --agent mini-swe-agent: its config file "
+        "(YAML with agent: and model: sections; default: the SWE-bench config it ships)",
+    )
+    rollout.add_argument(
+        "--admin-token-file",
+        type=Path,
+        default=None,
+        help="the manager's admin token (default: $SEAMLESSFLOW_ADMIN_TOKEN)",
+    )
     rollout.add_argument("--run-id", default=None, help="session ids are RUN_ID:INSTANCE_ID (default: a fresh id)")
     rollout.add_argument("--max-turns", type=int, default=30, help="model calls an episode")
     rollout.add_argument("--max-tokens", type=int, default=None, help="per model call (default: the server's)")
@@ -240,8 +276,16 @@ def _use_wheelhouse(path: Path | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    commands = {"suite": suite, "validate": validate, "check": check, "derive-tests": derive_tests,
-                "checkout": checkout, "eval": evaluate, "rollout": rollout, "replay": replay}  # fmt: skip
+    commands = {
+        "suite": suite,
+        "validate": validate,
+        "check": check,
+        "derive-tests": derive_tests,
+        "checkout": checkout,
+        "eval": evaluate,
+        "rollout": rollout,
+        "replay": replay,
+    }
     try:
         _use_wheelhouse(getattr(args, "wheelhouse", None))
         return commands[args.command](args)

@@ -173,9 +173,30 @@ def fetch_wheels(recipe: InstallRecipe, target: Target, dest: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix="fetch-", dir=dest.parent))
     platforms = [arg for p in target.platforms for arg in ("--platform", p)]
     abi = "cp" + target.python.replace(".", "")
-    argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input", "--quiet",
-            "--only-binary=:all:", "--python-version", target.python, "--implementation", "cp",
-            "--abi", abi, "--abi", "abi3", "--abi", "none", *platforms, "--dest", str(tmp), *recipe.pip]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--quiet",
+        "--only-binary=:all:",
+        "--python-version",
+        target.python,
+        "--implementation",
+        "cp",
+        "--abi",
+        abi,
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        *platforms,
+        "--dest",
+        str(tmp),
+        *recipe.pip,
+    ]
     try:
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
@@ -227,11 +248,15 @@ def build_context(name: str, base_id: str, recipe: InstallRecipe, wheels: Path |
     """The `docker build` context (a tar) of task image `name`: a Dockerfile from `base_id`, the wheels, the
     requirements and the install script; the build directory is removed in the same step that uses it."""
     copies = [f"COPY wheels/ {BUILD_DIR}/wheels/"] if wheels else []
-    dockerfile = "\n".join([
-        f"FROM {base_id}", *copies, f"COPY install.sh requirements.txt {BUILD_DIR}/",
-        f"RUN bash {BUILD_DIR}/install.sh && rm -rf {BUILD_DIR}",
-        f'LABEL seamlessflow.task_image="{name.rsplit(":", 1)[1]}" seamlessflow.base="{base_id}"',
-    ])  # fmt: skip
+    dockerfile = "\n".join(
+        [
+            f"FROM {base_id}",
+            *copies,
+            f"COPY install.sh requirements.txt {BUILD_DIR}/",
+            f"RUN bash {BUILD_DIR}/install.sh && rm -rf {BUILD_DIR}",
+            f'LABEL seamlessflow.task_image="{name.rsplit(":", 1)[1]}" seamlessflow.base="{base_id}"',
+        ]
+    )
     files = {"Dockerfile": dockerfile, "install.sh": install_script(recipe), "requirements.txt": "\n".join(recipe.pip)}
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:

@@ -144,8 +144,19 @@ PROTECTED_SUFFIXES = (".pth", ".pyc", ".pyo")
 PROTECTED_DIRS = frozenset({"tests", "test", "__pycache__", ".git"})
 TEST_FILE = re.compile(r"(test_.*|.*_test)\.py")
 # Modules `python -m pytest` imports that a top-level file of the repository would shadow.
-SHADOWED = sys.stdlib_module_names | {"pytest", "_pytest", "py", "pluggy", "iniconfig", "packaging", "exceptiongroup",
-                                      "tomli", "pygments", "attr", "xdist"}  # fmt: skip
+SHADOWED = sys.stdlib_module_names | {
+    "pytest",
+    "_pytest",
+    "py",
+    "pluggy",
+    "iniconfig",
+    "packaging",
+    "exceptiongroup",
+    "tomli",
+    "pygments",
+    "attr",
+    "xdist",
+}
 _IMPORTABLE = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
 _PATCH_PATH = re.compile(r"^(?:diff --git |--- |\+\+\+ |\*\*\* |Index: |(?:rename|copy) (?:from|to) )(.+)$", re.M)
 
@@ -201,8 +212,12 @@ def _header_names(field: str) -> list[str]:
 
 def _unquote(quoted: str) -> str:
     """Git's C-style quoting (`\\t`, `\\"`, octal bytes of UTF-8) undone."""
-    return quoted.encode("latin-1", "backslashreplace").decode("unicode_escape").encode("latin-1").decode(
-        "utf-8", "replace")  # fmt: skip
+    return (
+        quoted.encode("latin-1", "backslashreplace")
+        .decode("unicode_escape")
+        .encode("latin-1")
+        .decode("utf-8", "replace")
+    )
 
 
 def protected_paths(task: Instance, patch: str, unstripped: bool = True) -> list[str]:

@@ -257,8 +257,17 @@ def swebench_resolved(task: Instance, log: str, patch: str) -> bool | None:
     except ImportError:
         return None
     parser = task.extra.get("log_parser", "parse_log_pytest")
-    spec = TestSpec(task.instance_id, "", [], task.repo, task.version, list(task.FAIL_TO_PASS),
-                    list(task.PASS_TO_PASS), parser, task.extra.get("eval_type", "pass_and_fail"))  # fmt: skip
+    spec = TestSpec(
+        task.instance_id,
+        "",
+        [],
+        task.repo,
+        task.version,
+        list(task.FAIL_TO_PASS),
+        list(task.PASS_TO_PASS),
+        parser,
+        task.extra.get("eval_type", "pass_and_fail"),
+    )
     prediction = {"instance_id": task.instance_id, "model_patch": patch, "model_name_or_path": "check"}
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
         f.write(log)
@@ -294,9 +303,16 @@ class DockerGrader:
     def _sandbox(self, task: Instance) -> Iterator[Sandbox]:
         c = self.config
         labels = {"seamlessflow.role": "grader", "seamlessflow.instance": task.instance_id}
-        config = SandboxConfig(image=self._image(task), memory_mb=c.memory_mb, cpus=c.cpus, pids_limit=c.pids_limit,
-                               workdir=TESTBED if is_official(task) else "/", output_limit_bytes=c.output_limit_bytes,
-                               disk_mb=c.disk_mb, labels=labels)  # fmt: skip
+        config = SandboxConfig(
+            image=self._image(task),
+            memory_mb=c.memory_mb,
+            cpus=c.cpus,
+            pids_limit=c.pids_limit,
+            workdir=TESTBED if is_official(task) else "/",
+            output_limit_bytes=c.output_limit_bytes,
+            disk_mb=c.disk_mb,
+            labels=labels,
+        )
         try:
             with Sandbox(config, self._client) as sandbox:
                 yield sandbox
@@ -316,9 +332,12 @@ def docker_workspace(
     """A sandbox with `task`'s repository at /testbed (its base commit), commands running there: the `Workspace`
     a rollout gives its agent. `limits`: SandboxConfig fields (memory_mb, cpus, pids_limit, ...)."""
     grader = DockerGrader(DockerGraderConfig(image=image), client)
-    config = SandboxConfig(image=grader._image(task), workdir=TESTBED,
-                           labels={"seamlessflow.role": "agent", "seamlessflow.instance": task.instance_id},
-                           **dict(limits or {}))  # fmt: skip
+    config = SandboxConfig(
+        image=grader._image(task),
+        workdir=TESTBED,
+        labels={"seamlessflow.role": "agent", "seamlessflow.instance": task.instance_id},
+        **dict(limits or {}),
+    )
     with Sandbox(config, client) as sandbox:
         if not is_official(task):
             copy_in(sandbox, checkout_archive(task), TESTBED)

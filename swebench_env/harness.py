@@ -183,8 +183,10 @@ def grade_one(
     if evaluation is not None:
         (folder / "test_output.txt").write_text(evaluation.log, encoding="utf-8")
         verdict = swebench_resolved(task, evaluation.log, patch)
-        lines.append(f"graded in {seconds:.1f} s: resolved={evaluation.resolved}"
-                     + (f" ({evaluation.problem})" if evaluation.problem else ""))  # fmt: skip
+        lines.append(
+            f"graded in {seconds:.1f} s: resolved={evaluation.resolved}"
+            + (f" ({evaluation.problem})" if evaluation.problem else "")
+        )
     if error is None:
         report = report_entry(task, prediction, evaluation)
         (folder / "report.json").write_text(json.dumps(report, indent=4) + "\n", encoding="utf-8")
@@ -239,8 +241,11 @@ def _summary(tasks: Sequence[Instance], chosen: list[Prediction], graded: list[G
     completed = [g for g in graded if not g.error]
     resolved = sorted(g.prediction.instance_id for g in completed if g.evaluation.resolved)
     problems.extend(g.error for g in sorted(graded, key=lambda g: g.prediction.instance_id) if g.error)
-    disagree = sorted(g.prediction.instance_id for g in graded
-                      if g.swebench_resolved is not None and g.swebench_resolved != g.evaluation.resolved)  # fmt: skip
+    disagree = sorted(
+        g.prediction.instance_id
+        for g in graded
+        if g.swebench_resolved is not None and g.swebench_resolved != g.evaluation.resolved
+    )
     for iid in disagree:
         problems.append(f"instance {iid!r}: the swebench package grades this log differently; see its test_output.txt")
     predicted = {p.instance_id for p in chosen}
@@ -297,9 +302,11 @@ def eval_command(args) -> int:
         summaries[name] = summary
     _say(problems)
     for name, s in summaries.items():
-        print(f"{name.name}: {s['resolved_instances']}/{s['total_instances']} resolved, "
-              f"{s['unresolved_instances']} unresolved, {s['empty_patch_instances']} empty, "
-              f"{s['error_instances']} errors, {len(s['incomplete_ids'])} without a prediction")  # fmt: skip
+        print(
+            f"{name.name}: {s['resolved_instances']}/{s['total_instances']} resolved, "
+            f"{s['unresolved_instances']} unresolved, {s['empty_patch_instances']} empty, "
+            f"{s['error_instances']} errors, {len(s['incomplete_ids'])} without a prediction"
+        )
     print(f"reports in {out}/{run_id}/", file=sys.stderr)
     return 1 if any(s["error_instances"] for s in summaries.values()) else 0
 

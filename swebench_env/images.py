@@ -203,8 +203,10 @@ def task_image(task: Instance, default_image: str | None = None, *, client=None,
     env = task.environment
     if is_official(task):
         if env.install is not None:
-            raise RecipeError(f"instance {task.instance_id!r}: field 'install': official SWE-bench records run in "
-                              "their own image; name an image that has what the tests need instead")  # fmt: skip
+            raise RecipeError(
+                f"instance {task.instance_id!r}: field 'install': official SWE-bench records run in "
+                "their own image; name an image that has what the tests need instead"
+            )
         if env.image:
             return ensure_image(env.image, f"the image of {task.instance_id}", client=client)
         return ensure_swebench_image(task.instance_id, client=client)
@@ -278,8 +280,17 @@ def build_task_image(name: str, base_id: str, recipe: InstallRecipe, wheels: Pat
     context = build_context(name, base_id, recipe, wheels)
     output, error = [], None
     try:
-        for chunk in client.api.build(fileobj=context, custom_context=True, tag=name, network_mode="none", rm=True,
-                                      forcerm=True, pull=False, decode=True, timeout=INSTALL_TIMEOUT_S):  # fmt: skip
+        for chunk in client.api.build(
+            fileobj=context,
+            custom_context=True,
+            tag=name,
+            network_mode="none",
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+            timeout=INSTALL_TIMEOUT_S,
+        ):
             output.extend(chunk.get("stream", "").splitlines())
             error = chunk.get("error") or error
     except Exception as e:  # the daemon went away, or the build timed out on the client

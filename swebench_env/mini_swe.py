@@ -82,8 +82,10 @@ def _minisweagent():
 
             litellm.suppress_debug_info = True  # no "Provider List" banner on stderr when it cannot price a model
         except ModuleNotFoundError as e:
-            raise UserError(f"--agent mini-swe-agent needs the mini-swe-agent package ({e}); "
-                            "install it with: pip install -e '.[swe]'") from None  # fmt: skip
+            raise UserError(
+                f"--agent mini-swe-agent needs the mini-swe-agent package ({e}); "
+                "install it with: pip install -e '.[swe]'"
+            ) from None
     return minisweagent, DefaultAgent, LitellmModel, Submitted, builtin_config_dir
 
 
@@ -100,14 +102,17 @@ def load_config(path: str | Path | None = None) -> dict[str, Any]:
     agent = config.get("agent") if isinstance(config, dict) else None
     templates = ("system_template", "instance_template")
     if not isinstance(agent, dict) or not all(isinstance(agent.get(k), str) for k in templates):
-        raise UserError(f"mini-swe-agent config {str(path)!r}: 'agent' must hold 'system_template' and "
-                        "'instance_template' strings")  # fmt: skip
+        raise UserError(
+            f"mini-swe-agent config {str(path)!r}: 'agent' must hold 'system_template' and 'instance_template' strings"
+        )
     model = config.get("model", {})
     if not isinstance(model, dict):
         raise UserError(f"mini-swe-agent config {str(path)!r}: 'model' must be a mapping, got {type(model).__name__}")
     if model.get("model_class", "") not in MODEL_CLASSES:
-        raise UserError(f"mini-swe-agent config {str(path)!r}: model_class {model['model_class']!r} cannot talk to the "
-                        f"trajectory manager; use one of: {', '.join(c for c in MODEL_CLASSES if c)}")  # fmt: skip
+        raise UserError(
+            f"mini-swe-agent config {str(path)!r}: model_class {model['model_class']!r} cannot talk to the "
+            f"trajectory manager; use one of: {', '.join(c for c in MODEL_CLASSES if c)}"
+        )
     env = config.get("environment", {})
     return {"agent": agent, "model": model, "environment": env if isinstance(env, dict) else {}}
 
@@ -119,8 +124,9 @@ class RunnerEnvironment:
     environment variables exported first; a command past `timeout_s` is stopped and reported as mini-swe-agent's
     own environments report it. Counts commands and the time spent in them."""
 
-    def __init__(self, runner: CommandRunner, timeout_s: float, cwd: str | None = None,
-                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, runner: CommandRunner, timeout_s: float, cwd: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.runner = runner
         self.timeout_s = timeout_s
         self.cwd = cwd
@@ -148,16 +154,20 @@ class RunnerEnvironment:
         if lines and lines[0].strip() == SUBMIT_MARKER and result.exit_code == 0 and not result.timed_out:
             self.submission_cut_short = result.truncated
             submission = "".join(lines[1:])
-            raise Submitted({"role": "exit", "content": submission,
-                             "extra": {"exit_status": "Submitted", "submission": submission}})  # fmt: skip
+            raise Submitted(
+                {"role": "exit", "content": submission, "extra": {"exit_status": "Submitted", "submission": submission}}
+            )
         return output
 
     def get_template_vars(self, **kwargs) -> dict[str, Any]:
         return {**self.config, **kwargs}
 
     def serialize(self) -> dict:
-        return {"info": {"config": {"environment": dict(self.config),
-                                    "environment_type": f"{__name__}.{type(self).__name__}"}}}  # fmt: skip
+        return {
+            "info": {
+                "config": {"environment": dict(self.config), "environment_type": f"{__name__}.{type(self).__name__}"}
+            }
+        }
 
 
 _EXIT_REASONS = {
@@ -173,8 +183,9 @@ class MiniSweAgent:
 
     `config_file`: a mini-swe-agent config (YAML) to use instead of its shipped SWE-bench one."""
 
-    def __init__(self, config: AgentConfig | None = None, api_key: str = "none",
-                 config_file: str | Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, config: AgentConfig | None = None, api_key: str = "none", config_file: str | Path | None = None
+    ) -> None:
         self.config = config or AgentConfig()
         self.api_key = api_key
         self.mini_config = load_config(config_file)
@@ -187,14 +198,19 @@ class MiniSweAgent:
         model_class = self.model_class()
         start = time.monotonic()
         base_url = session_base_url(manager_url, session_id)
-        env = RunnerEnvironment(runner, self.config.command_timeout_s, self.config.workdir,
-                                self.mini_config["environment"].get("env"))  # fmt: skip
+        env = RunnerEnvironment(
+            runner, self.config.command_timeout_s, self.config.workdir, self.mini_config["environment"].get("env")
+        )
         error: str | None = None
         agent = None
         try:
             model = model_class(**self._model_config(base_url))
-            agent_config = {**self.mini_config["agent"], "step_limit": self.config.max_turns, "cost_limit": 0.0,
-                            "output_path": None}  # fmt: skip
+            agent_config = {
+                **self.mini_config["agent"],
+                "step_limit": self.config.max_turns,
+                "cost_limit": 0.0,
+                "output_path": None,
+            }
             agent = DefaultAgent(model, env, **agent_config)
             status = agent.run(task.problem_statement.strip()).get("exit_status", "")
             reason = _EXIT_REASONS.get(status, ExitReason.API_ERROR)
@@ -214,8 +230,19 @@ class MiniSweAgent:
         turns = agent.n_calls if agent is not None else 0
         format_errors = sum(1 for m in messages if m.get("extra", {}).get("interrupt_type") == "FormatError")
         total_s = time.monotonic() - start
-        return Episode(task.instance_id, session_id, reason, turns, format_errors, env.commands, patch,
-                       error or diff_error, max(0.0, total_s - commands_s), commands_s, total_s)  # fmt: skip
+        return Episode(
+            task.instance_id,
+            session_id,
+            reason,
+            turns,
+            format_errors,
+            env.commands,
+            patch,
+            error or diff_error,
+            max(0.0, total_s - commands_s),
+            commands_s,
+            total_s,
+        )
 
     def model_class(self) -> type:
         """The mini-swe-agent model class the config names (`model_class`; its tool-call model by default)."""
@@ -225,8 +252,12 @@ class MiniSweAgent:
     def _model_config(self, base_url: str) -> dict[str, Any]:
         served = self.config.model or _first_model(base_url, self.api_key, self.config.request_timeout_s)
         kwargs = dict(self.mini_config["model"].get("model_kwargs") or {})
-        kwargs |= {"api_base": base_url, "api_key": self.api_key, "temperature": self.config.temperature,
-                   "timeout": self.config.request_timeout_s}  # fmt: skip
+        kwargs |= {
+            "api_base": base_url,
+            "api_key": self.api_key,
+            "temperature": self.config.temperature,
+            "timeout": self.config.request_timeout_s,
+        }
         if self.config.max_tokens is not None:
             kwargs["max_tokens"] = self.config.max_tokens
         if self.config.seed is not None:  # one seed on every call: the manager varies it by turn

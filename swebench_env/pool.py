@@ -146,8 +146,9 @@ class SandboxPool:
         with self._lock:
             spares = [box for queue in self._idle.values() for box in queue]
             ready = sum(box.ready_at is not None for box in spares)
-            return PoolStats(self._leased, len(spares), ready, len(self._boxes), len(self._lanes), self._hits,
-                             self._misses)  # fmt: skip
+            return PoolStats(
+                self._leased, len(spares), ready, len(self._boxes), len(self._lanes), self._hits, self._misses
+            )
 
     def names(self) -> dict[str, list[str]]:
         """The container names the pool holds now, by state: leased and spare (for tests and operators)."""
@@ -412,8 +413,9 @@ class EpisodeSandboxes:
         """A leased container with `task`'s checkout at /testbed (as `grading.docker_workspace`), commands there."""
         from swebench_env.images import task_image
 
-        config = SandboxConfig(image=task_image(task, self.image, client=self.pool.client), workdir=TESTBED,
-                               labels=AGENT_ROLE)  # fmt: skip
+        config = SandboxConfig(
+            image=task_image(task, self.image, client=self.pool.client), workdir=TESTBED, labels=AGENT_ROLE
+        )
         prepare = functools.partial(_prepare_workspace, task)
         lease = None
         try:
@@ -437,9 +439,16 @@ class PooledGrader(DockerGrader):
     @contextmanager
     def _sandbox(self, task: Instance) -> Iterator[Sandbox]:
         c = self.config  # the settings of DockerGrader._sandbox, but for the instance label (see the docstring)
-        config = SandboxConfig(image=self._image(task), memory_mb=c.memory_mb, cpus=c.cpus, pids_limit=c.pids_limit,
-                               workdir=TESTBED if is_official(task) else "/", output_limit_bytes=c.output_limit_bytes,
-                               disk_mb=c.disk_mb, labels=GRADER_ROLE)  # fmt: skip
+        config = SandboxConfig(
+            image=self._image(task),
+            memory_mb=c.memory_mb,
+            cpus=c.cpus,
+            pids_limit=c.pids_limit,
+            workdir=TESTBED if is_official(task) else "/",
+            output_limit_bytes=c.output_limit_bytes,
+            disk_mb=c.disk_mb,
+            labels=GRADER_ROLE,
+        )
         lease = None
         try:
             with self._pool.lease(config, None, SandboxPhase.START) as lease:

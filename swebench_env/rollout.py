@@ -222,16 +222,44 @@ def run_instance(
         problem = annotate(config, sid, _annotation(task, episode, evaluation, played.reward, config))
         stored, error = problem is None, problem or error
     g = evaluation.grade
-    return InstanceResult(task.instance_id, sid, played.exit_reason, episode.turns, episode.format_errors,
-                          evaluation.resolved, played.reward, stored, evaluation.applied, g.fail_to_pass,
-                          g.pass_to_pass, error, episode.total_s, played.grade_s, episode.patch)  # fmt: skip
+    return InstanceResult(
+        task.instance_id,
+        sid,
+        played.exit_reason,
+        episode.turns,
+        episode.format_errors,
+        evaluation.resolved,
+        played.reward,
+        stored,
+        evaluation.applied,
+        g.fail_to_pass,
+        g.pass_to_pass,
+        error,
+        episode.total_s,
+        played.grade_s,
+        episode.patch,
+    )
 
 
 def _failed(task: Instance, sid: str, reason: str, error: str, episode: Episode | None = None) -> InstanceResult:
     turns, errors = (episode.turns, episode.format_errors) if episode else (0, 0)
-    return InstanceResult(task.instance_id, sid, reason, turns, errors, False, None, False, False,
-                          (0, len(task.FAIL_TO_PASS)), (0, len(task.PASS_TO_PASS)), error,
-                          episode.total_s if episode else 0.0, 0.0, episode.patch if episode else "")  # fmt: skip
+    return InstanceResult(
+        task.instance_id,
+        sid,
+        reason,
+        turns,
+        errors,
+        False,
+        None,
+        False,
+        False,
+        (0, len(task.FAIL_TO_PASS)),
+        (0, len(task.PASS_TO_PASS)),
+        error,
+        episode.total_s if episode else 0.0,
+        0.0,
+        episode.patch if episode else "",
+    )
 
 
 def _annotation(
@@ -335,11 +363,15 @@ def format_table(results: Sequence[InstanceResult]) -> str:
     for r in results:
         f2p, p2p = "{}/{}".format(*r.fail_to_pass), "{}/{}".format(*r.pass_to_pass)
         reward = "-" if r.reward is None else f"{r.reward:g}" + ("" if r.reward_stored else "!")
-        lines.append(f"{r.instance_id:<{width}}  {r.exit_reason:<13} {r.turns:>5}  {f2p:<6} {p2p:<8} "
-                     f"{'yes' if r.resolved else 'no':<9} {reward:<7} {r.episode_s + r.grade_s:>6.1f}")  # fmt: skip
+        lines.append(
+            f"{r.instance_id:<{width}}  {r.exit_reason:<13} {r.turns:>5}  {f2p:<6} {p2p:<8} "
+            f"{'yes' if r.resolved else 'no':<9} {reward:<7} {r.episode_s + r.grade_s:>6.1f}"
+        )
     s = summary(results)
-    lines.append(f"pass@1: {s['resolved']}/{s['instances']} = {s['pass@1']:.1%}  (rewards stored: "
-                 f"{s['rewards_stored']}; '!' = not stored, '-' = no reward)")  # fmt: skip
+    lines.append(
+        f"pass@1: {s['resolved']}/{s['instances']} = {s['pass@1']:.1%}  (rewards stored: "
+        f"{s['rewards_stored']}; '!' = not stored, '-' = no reward)"
+    )
     return "\n".join(lines)
 
 
@@ -402,8 +434,13 @@ def check_manager(config: SweRolloutConfig) -> None:
 
 def rollout_command(args, tasks: Sequence[Instance]) -> int:
     """`python -m swebench_env rollout`: every task once, against the manager at --base-url."""
-    agent_config = AgentConfig(max_turns=args.max_turns, command_timeout_s=args.command_timeout_s,
-                               max_tokens=args.max_tokens, temperature=args.temperature, model=args.model)  # fmt: skip
+    agent_config = AgentConfig(
+        max_turns=args.max_turns,
+        command_timeout_s=args.command_timeout_s,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        model=args.model,
+    )
     if args.mini_config is not None and args.agent != "mini-swe-agent":
         raise UserError(f"--mini-config is for --agent mini-swe-agent, not --agent {args.agent}")
     if args.mini_config is not None:
@@ -415,8 +452,14 @@ def rollout_command(args, tasks: Sequence[Instance]) -> int:
     )
     check_manager(config)
     out = prepare_out(args.out, args.out, args.overwrite)
-    settings = {"command": "rollout", "tasks": str(args.tasks), "instances": len(tasks), "agent": args.agent,
-                "sandbox": args.sandbox, "agent_config": asdict(agent_config)}  # fmt: skip
+    settings = {
+        "command": "rollout",
+        "tasks": str(args.tasks),
+        "instances": len(tasks),
+        "agent": args.agent,
+        "sandbox": args.sandbox,
+        "agent_config": asdict(agent_config),
+    }
     if args.mini_config is not None:
         settings["mini_config"] = str(args.mini_config)
     if args.sandbox != "docker":

@@ -289,8 +289,9 @@ class Sandbox:
     def _exec_in(self, shell, cmd: str, timeout_s: float, workdir: str | None, env) -> ExecResult:
         c = self.config
         start = time.monotonic()
-        answer = shell.run(cmd, timeout_s, workdir or c.workdir, {**c.env, **(env or {})}, c.output_limit_bytes,
-                           c.client_grace_s)  # fmt: skip
+        answer = shell.run(
+            cmd, timeout_s, workdir or c.workdir, {**c.env, **(env or {})}, c.output_limit_bytes, c.client_grace_s
+        )
         if answer.status is None:
             self._require()  # a closed sandbox or a vanished container is a SandboxError, as for `docker exec`
         duration_s = time.monotonic() - start
@@ -533,8 +534,14 @@ def _storage_opt_supported(client, config: SandboxConfig) -> bool:
 def _probe_storage_opt(client, config: SandboxConfig) -> bool | None:
     name = f"{config.name_prefix}-probe-{os.getpid()}-{uuid.uuid4().hex[:10]}"
     try:
-        probe = client.containers.create(config.image, entrypoint=["true"], name=name, network_mode="none",
-                                         labels=Owner.current().labels(), storage_opt={"size": "64m"})  # fmt: skip
+        probe = client.containers.create(
+            config.image,
+            entrypoint=["true"],
+            name=name,
+            network_mode="none",
+            labels=Owner.current().labels(),
+            storage_opt={"size": "64m"},
+        )
     except Exception as e:  # "--storage-opt is supported only for overlay over xfs with 'pquota' mount option"
         if "storage" not in str(e).lower():
             return None

@@ -91,8 +91,9 @@ def demonstration_engine(
 ) -> ScriptedEngine:
     """An engine that plays back `pairs` (task, its demonstration) to the built-in agent (or, with
     `submit_tool=False`, to an agent whose only tool is bash, such as mini-swe-agent)."""
-    return ScriptedEngine(DemonstrationScript(pairs, tokenizer, submit_tool), vocab_size=tokenizer.vocab_size,
-                          max_context=max_context)  # fmt: skip
+    return ScriptedEngine(
+        DemonstrationScript(pairs, tokenizer, submit_tool), vocab_size=tokenizer.vocab_size, max_context=max_context
+    )
 
 
 def demonstration_manager(
@@ -147,18 +148,31 @@ def replay_command(args, tasks: Sequence[Instance]) -> int:
         raise ValueError(f"{args.demos} has no demonstration for {missing[0]!r} ({len(missing)} tasks lack one)")
     pairs = [(t, demos[t.instance_id]) for t in tasks]
     tok = default_tokenizer() if args.tokenizer == "default" else Tokenizer.load(args.tokenizer)
-    config = AgentConfig(max_turns=max(len(d.steps) for _, d in pairs) + 1, max_tokens=REPLAY_MAX_TOKENS,
-                         command_timeout_s=args.command_timeout_s, temperature=0.0)  # fmt: skip
+    config = AgentConfig(
+        max_turns=max(len(d.steps) for _, d in pairs) + 1,
+        max_tokens=REPLAY_MAX_TOKENS,
+        command_timeout_s=args.command_timeout_s,
+        temperature=0.0,
+    )
     DemonstrationScript(pairs, tok)  # checks the pairing before `prepare_out`: a bad one writes nothing
     workspace, grader = environment(args.sandbox, args.image)
     out = prepare_out(args.out, args.out, args.overwrite)
     store = out / "trajectories.sqlite"
-    settings = {"command": "replay", "tasks": str(args.tasks), "demos": str(args.demos), "instances": len(tasks),
-                "tokenizer": args.tokenizer, "sandbox": args.sandbox, "agent_config": asdict(config)}  # fmt: skip
+    settings = {
+        "command": "replay",
+        "tasks": str(args.tasks),
+        "demos": str(args.demos),
+        "instances": len(tasks),
+        "tokenizer": args.tokenizer,
+        "sandbox": args.sandbox,
+        "agent_config": asdict(config),
+    }
     with demonstration_manager(pairs, tok, store) as manager:
         rollout = SweRolloutConfig(manager.url, args.concurrency, run_id=f"replay-{uuid.uuid4().hex[:8]}")
         results = rollout_to(out, tasks, BashAgent(config), rollout, settings, grader, workspace)
     resolved = sum(r.resolved for r in results)
-    print(f"replayed {len(results)} demonstrations: {resolved} resolved; trajectories in {store} "
-          f"(python -m reference check --store {store})")  # fmt: skip
+    print(
+        f"replayed {len(results)} demonstrations: {resolved} resolved; trajectories in {store} "
+        f"(python -m reference check --store {store})"
+    )
     return 0 if resolved == len(results) else 1

@@ -129,8 +129,9 @@ class Shell:
         self._busy = False  # a thread is in `run`: it releases the descriptor, not `close`
         self._released = False
         try:
-            exec_id = api.exec_create(container_id, ["python3", "-c", RUNNER, wrapper], stdin=True, workdir=workdir,
-                                      environment=dict(env))["Id"]  # fmt: skip
+            exec_id = api.exec_create(
+                container_id, ["python3", "-c", RUNNER, wrapper], stdin=True, workdir=workdir, environment=dict(env)
+            )["Id"]
             self._sock = api.exec_start(exec_id, socket=True)
         except Exception as e:
             raise ShellError(f"could not start the command runner: {e}") from e
@@ -148,8 +149,9 @@ class Shell:
             raise ShellError(f"the command runner did not start: {why or e}") from e
         self.alive = True
 
-    def run(self, cmd: str, timeout_s: float, workdir: str, env: Mapping[str, str], limit: int,
-            grace_s: float) -> Answer:  # fmt: skip
+    def run(
+        self, cmd: str, timeout_s: float, workdir: str, env: Mapping[str, str], limit: int, grace_s: float
+    ) -> Answer:
         """Run `cmd` as `Sandbox.exec` would. With no answer by `timeout_s + grace_s`, or once the runner has
         ended, the runner is closed (`alive` False) and the answer's `status` is None."""
         request = {"cmd": cmd, "timeout": f"{timeout_s:.3f}", "workdir": workdir, "env": dict(env), "limit": limit}

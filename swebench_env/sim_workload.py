@@ -148,8 +148,9 @@ def fit_stores(paths: Sequence[str | Path]) -> dict:
 # ---- sandbox time, measured apart ----
 
 
-def time_episodes(pairs: Sequence, sandbox: str = "local", image: str | None = None,
-                  timeout_s: float = 120.0, environments=None) -> dict:  # fmt: skip
+def time_episodes(
+    pairs: Sequence, sandbox: str = "local", image: str | None = None, timeout_s: float = 120.0, environments=None
+) -> dict:
     """`tool_latency_s` and `test_run_s` fitted to (task, demonstration) pairs: each demonstration's commands
     timed in order in the task's workspace (its submit step left out), then its patch graded, timed.
     `environments`: a function giving each pair its (workspace, grader) (a pooled run's); else `sandbox`'s."""

@@ -157,8 +157,10 @@ class SweTask:
             agents = [make_agent(self.config.agent, replace(config, seed=seed)) for seed in seeds]
         loop = asyncio.get_running_loop()
         sessions = [f"{key}-e{i}" for i in range(n)]
-        runs = [loop.run_in_executor(self._threads(), self._play, instance, agent, sid, ctx.base_url)
-                for sid, agent in zip(sessions, agents, strict=True)]  # fmt: skip
+        runs = [
+            loop.run_in_executor(self._threads(), self._play, instance, agent, sid, ctx.base_url)
+            for sid, agent in zip(sessions, agents, strict=True)
+        ]
         played = await asyncio.gather(*runs)
         return [await self._episode(sid, p, ctx) for sid, p in zip(sessions, played, strict=True)]
 
@@ -184,8 +186,9 @@ class SweTask:
         # As the run's own manager: the task bounds the episodes in flight, so the manager sheds nothing (its
         # default sheds with 429 while its event loop lags, as it does when 32 agents start at once).
         config = ManagerConfig(max_in_flight_requests=0, max_loop_lag_s=0)
-        with demonstration_manager(pairs, self._tokenizer, workdir / "demonstrations.sqlite", config,
-                                   submit_tool=submit_tool) as m:  # fmt: skip
+        with demonstration_manager(
+            pairs, self._tokenizer, workdir / "demonstrations.sqlite", config, submit_tool=submit_tool
+        ) as m:
             futures = [self._threads().submit(self._play, t, agent, f"demo-{t.instance_id}", m.url) for t, _ in pairs]
             played = [f.result() for f in futures]
             return self._demonstration_records(m.store, pairs, played)
@@ -195,16 +198,21 @@ class SweTask:
         for (instance, _), p in zip(pairs, played, strict=True):
             sid = f"demo-{instance.instance_id}"
             if p.reward != 1.0 or not store.has_session(sid):
-                print(f"warning: the demonstration of {instance.instance_id} did not resolve it ({p.exit_reason}"
-                      f"{': ' + p.error if p.error else ''}); left out of the warm start", file=sys.stderr)  # fmt: skip
+                print(
+                    f"warning: the demonstration of {instance.instance_id} did not resolve it ({p.exit_reason}"
+                    f"{': ' + p.error if p.error else ''}); left out of the warm start",
+                    file=sys.stderr,
+                )
                 continue
             rids = tuple(r.request_id for r in store.records(sid))
             (records,) = episode_records(store, [Episode(sid, rids, 0.0, True, 0, 0, 0)])
             for record in records:
                 if len(record["token_ids"]) > self.config.context_tokens:
-                    print(f"warning: the demonstration of {instance.instance_id} holds {len(record['token_ids'])} "
-                          f"tokens, more than the model's context ({self.config.context_tokens}); left out",
-                          file=sys.stderr)  # fmt: skip
+                    print(
+                        f"warning: the demonstration of {instance.instance_id} holds {len(record['token_ids'])} "
+                        f"tokens, more than the model's context ({self.config.context_tokens}); left out",
+                        file=sys.stderr,
+                    )
                     break
             else:
                 out += [Trajectory.from_export(r, group_id=instance.instance_id, episode_id=0) for r in records]
@@ -235,9 +243,16 @@ class SweTask:
     def _agent_config(self, temperature: float) -> AgentConfig:
         c = self.config
         # Few, quick retries: the run's manager sheds no load, so a failing call means it is gone (a stopped run).
-        return AgentConfig(max_turns=c.max_turns, command_timeout_s=c.command_timeout_s, max_tokens=c.max_tokens,
-                           max_observation_chars=c.max_observation_chars, temperature=temperature, max_retries=2,
-                           retry_base_s=0.5, retry_max_s=2.0)  # fmt: skip
+        return AgentConfig(
+            max_turns=c.max_turns,
+            command_timeout_s=c.command_timeout_s,
+            max_tokens=c.max_tokens,
+            max_observation_chars=c.max_observation_chars,
+            temperature=temperature,
+            max_retries=2,
+            retry_base_s=0.5,
+            retry_max_s=2.0,
+        )
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -258,8 +273,12 @@ class SweTask:
         except SandboxError as e:  # the pool has closed: the run is stopping
             return Played(None, None, None, "crashed", str(e), 0.0)
         played = play(instance, agent, manager_url, session_id, sandboxes.grader, sandboxes.workspace)
-        return replace(played, sandbox_wait_s=sandboxes.wait_s, agent_wait_s=sandboxes.agent_wait_s,
-                       sandbox_spans=tuple(s.as_tuple() for s in sandboxes.spans))  # fmt: skip
+        return replace(
+            played,
+            sandbox_wait_s=sandboxes.wait_s,
+            agent_wait_s=sandboxes.agent_wait_s,
+            sandbox_spans=tuple(s.as_tuple() for s in sandboxes.spans),
+        )
 
     def _sandbox_pool(self):
         from swebench_env.pool import SandboxPool
@@ -278,15 +297,32 @@ class SweTask:
         run = played.episode
         # The agent's first command may wait for its workspace to start: sandbox_wait_s, not tool_latency_s.
         commands_s = max(0.0, run.commands_s - played.agent_wait_s) if run else 0.0
-        info = {"turns": run.turns if run else 0, "format_errors": run.format_errors if run else 0,
-                "error": played.error, "patch_chars": len(run.patch) if run else 0,
-                "model_s": run.model_s if run else 0.0, "tool_latency_s": commands_s,
-                "test_run_s": played.grade_s, "episode_s": (run.total_s if run else 0.0) + played.grade_s,
-                "sandbox_wait_s": played.sandbox_wait_s, SANDBOX_SPANS: list(played.sandbox_spans)}  # fmt: skip
+        info = {
+            "turns": run.turns if run else 0,
+            "format_errors": run.format_errors if run else 0,
+            "error": played.error,
+            "patch_chars": len(run.patch) if run else 0,
+            "model_s": run.model_s if run else 0.0,
+            "tool_latency_s": commands_s,
+            "test_run_s": played.grade_s,
+            "episode_s": (run.total_s if run else 0.0) + played.grade_s,
+            "sandbox_wait_s": played.sandbox_wait_s,
+            SANDBOX_SPANS: list(played.sandbox_spans),
+        }
         resolved = played.evaluation is not None and played.evaluation.resolved
         trained = not (self.config.overlong == "mask" and played.exit_reason in CUT_OFF)
-        return Episode(session_id, request_ids, reward, resolved, min(versions, default=0), max(versions, default=0),
-                       len(versions), played.exit_reason, trained, info)  # fmt: skip
+        return Episode(
+            session_id,
+            request_ids,
+            reward,
+            resolved,
+            min(versions, default=0),
+            max(versions, default=0),
+            len(versions),
+            played.exit_reason,
+            trained,
+            info,
+        )
 
 
 async def _requests(ctx: EpisodeContext, session_id: str) -> tuple[tuple[str, ...], list[int]]:
@@ -299,8 +335,9 @@ async def _requests(ctx: EpisodeContext, session_id: str) -> tuple[tuple[str, ..
     versions: list[int] = []
     for branch in tree["branches"]:
         request_ids += [r for r in branch["request_ids"] if r not in request_ids]
-        for i, (token, g, v) in enumerate(zip(branch["token_ids"], branch["generated_mask"], branch["versions"],
-                                              strict=True)):  # fmt: skip
+        for i, (token, g, v) in enumerate(
+            zip(branch["token_ids"], branch["generated_mask"], branch["versions"], strict=True)
+        ):
             if g and (i, token) not in seen:
                 seen.add((i, token))
                 versions.append(v)

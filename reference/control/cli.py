@@ -22,34 +22,64 @@ COMPARE_TASK = "throughput"  # --compare measures the runtime: forced, long-tail
 
 def add_train_parser(sub) -> None:
     t = sub.add_parser("train", help="GRPO training under a scheduling policy (default config: make train-math)")
-    t.add_argument("--task", default=None, help=f"task name (default from the config: math; {COMPARE_TASK} "
-                                                "with --compare)")  # fmt: skip
+    t.add_argument(
+        "--task", default=None, help=f"task name (default from the config: math; {COMPARE_TASK} with --compare)"
+    )
     t.add_argument("--policy", default=None, help=f"one of: {', '.join(POLICIES)} (default from the config: tag)")
     t.add_argument("--compare", action="store_true", help="run the five policies one after another, same config")
-    t.add_argument("--config", action="append", default=None, metavar="FILE",
-                   help="YAML merged over reference/configs/train.yaml (repeatable: later files win)")  # fmt: skip
-    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set policy.num_steps=20 (repeatable)")  # fmt: skip
+    t.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="YAML merged over reference/configs/train.yaml (repeatable: later files win)",
+    )
+    t.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set policy.num_steps=20 (repeatable)",
+    )
     t.add_argument("--model", default=None, help="a local Qwen3 checkpoint directory to train (default: tiny)")
     t.add_argument("--backend", default=None, help="engine backend: builtin (CPU) or vllm (GPUs)")
     t.add_argument("--steps", type=int, default=None, help="training steps (policy.num_steps)")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
-    t.add_argument("--out", default=None,
-                   help="output folder, new or empty (default: results/train-<policy>-<time>-seed<seed>)")  # fmt: skip
+    t.add_argument(
+        "--out", default=None, help="output folder, new or empty (default: results/train-<policy>-<time>-seed<seed>)"
+    )
     t.add_argument("--overwrite", action="store_true", help="clear a non-empty --out folder first")
-    t.add_argument("--resume", default=None, metavar="DIR",
-                   help="continue the run in DIR from its last checkpoint, with its config.yaml")  # fmt: skip
-    t.add_argument("--quiet", action="store_true",
-                   help="no progress display (a bar on a terminal; elsewhere one line a step on stderr)")  # fmt: skip
-    t.add_argument("--tensorboard", default=None, metavar="DIR",
-                   help="also write each step's metrics as TensorBoard event files in DIR (--compare: DIR/<policy>; "
-                        "needs tensorboardX: pip install -e '.[tensorboard]')")  # fmt: skip
-    t.add_argument("--wandb", default=None, metavar="PROJECT",
-                   help="also log each step's metrics to the Weights & Biases project PROJECT (needs wandb "
-                        "installed)")  # fmt: skip
-    t.add_argument("--dry-run", action="store_true",
-                   help="print the plan (resources, engines, GPU memory, whether it fits); start nothing")  # fmt: skip
+    t.add_argument(
+        "--resume",
+        default=None,
+        metavar="DIR",
+        help="continue the run in DIR from its last checkpoint, with its config.yaml",
+    )
+    t.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress display (a bar on a terminal; elsewhere one line a step on stderr)",
+    )
+    t.add_argument(
+        "--tensorboard",
+        default=None,
+        metavar="DIR",
+        help="also write each step's metrics as TensorBoard event files in DIR (--compare: DIR/<policy>; "
+        "needs tensorboardX: pip install -e '.[tensorboard]')",
+    )
+    t.add_argument(
+        "--wandb",
+        default=None,
+        metavar="PROJECT",
+        help="also log each step's metrics to the Weights & Biases project PROJECT (needs wandb installed)",
+    )
+    t.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (resources, engines, GPU memory, whether it fits); start nothing",
+    )
 
 
 def _overrides(args) -> list[str]:
@@ -57,9 +87,15 @@ def _overrides(args) -> list[str]:
     steps = args.steps
     if args.compare and steps is None and not _set(args, "policy.num_steps"):
         steps = COMPARE_STEPS
-    pairs = {"task.name": task, "policy.name": args.policy, "model.dir": args.model,
-             "engine.backend": args.backend, "policy.num_steps": steps, "run.seed": args.seed,
-             "run.ray_address": args.ray_address}  # fmt: skip
+    pairs = {
+        "task.name": task,
+        "policy.name": args.policy,
+        "model.dir": args.model,
+        "engine.backend": args.backend,
+        "policy.num_steps": steps,
+        "run.seed": args.seed,
+        "run.ray_address": args.ray_address,
+    }
     if args.compare and not _set(args, "run.eval_every_steps"):
         pairs["run.eval_every_steps"] = 0  # a throughput comparison measures the pipeline, not learning
     return [*args.overrides, *(f"{k}={v}" for k, v in pairs.items() if v is not None)]
@@ -156,8 +192,10 @@ def validate(cfg) -> None:
         try:
             import vllm  # noqa: F401
         except ImportError:
-            raise UserError("backend 'vllm' needs NVIDIA GPUs and the gpu extra (pip install -e '.[gpu]'); "
-                            "use backend 'builtin' on CPU") from None  # fmt: skip
+            raise UserError(
+                "backend 'vllm' needs NVIDIA GPUs and the gpu extra (pip install -e '.[gpu]'); "
+                "use backend 'builtin' on CPU"
+            ) from None
     check_feasible(cfg)
     if cfg.run.ray_address is not None:
         from reference.ray.address import check_ray_address
@@ -166,8 +204,10 @@ def validate(cfg) -> None:
     pcfg = policy_config(cfg)
     policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)
     if cfg.rollout.prompts_per_step < len(policy.trainers):
-        raise UserError(f"rollout.prompts_per_step {cfg.rollout.prompts_per_step} cannot feed {len(policy.trainers)} "
-                        f"data-parallel train resources (each needs whole prompt groups)")  # fmt: skip
+        raise UserError(
+            f"rollout.prompts_per_step {cfg.rollout.prompts_per_step} cannot feed {len(policy.trainers)} "
+            f"data-parallel train resources (each needs whole prompt groups)"
+        )
 
 
 def _interrupted(out: Path | None, run_dir: Path | None) -> str:
@@ -199,8 +239,9 @@ def _scalar_log(args, policy: str, out: Path, resolved: dict):
     board = None
     if args.tensorboard is not None:
         board = Path(args.tensorboard) / policy if getattr(args, "compare", False) else Path(args.tensorboard)
-    return ScalarLog(board, args.wandb, run_name=f"{out.name}-{policy}" if args.wandb else None, config=resolved,
-                     wandb_dir=out)  # fmt: skip
+    return ScalarLog(
+        board, args.wandb, run_name=f"{out.name}-{policy}" if args.wandb else None, config=resolved, wandb_dir=out
+    )
 
 
 def _one(cfg, policy: str, out: Path, args, source: dict) -> dict:
@@ -208,8 +249,11 @@ def _one(cfg, policy: str, out: Path, args, source: dict) -> dict:
     from reference.train import train
 
     cfg = _with_policy(cfg, policy)
-    print(f"training {cfg.task.name} under {policy}: {cfg.policy.num_steps} steps of {cfg.rollout.prompts_per_step} "
-          f"x {cfg.rollout.group_size} samples on {cfg.resources.count} resources ...", file=sys.stderr)  # fmt: skip
+    print(
+        f"training {cfg.task.name} under {policy}: {cfg.policy.num_steps} steps of {cfg.rollout.prompts_per_step} "
+        f"x {cfg.rollout.group_size} samples on {cfg.resources.count} resources ...",
+        file=sys.stderr,
+    )
     resolved = {**dataclasses.asdict(cfg), "provenance": provenance(policy, source)}  # not config: --resume skips it
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))  # --resume reads it
@@ -273,15 +317,21 @@ def _with_policy(cfg, name: str):
 
 
 def table(summaries: list[dict]) -> str:
-    rows = [("policy", lambda s: s["policy"]),
-            ("trained tokens / s", lambda s: f"{s['token_throughput']:,.0f}"),
-            ("step time mean (s)", lambda s: f"{s['step_time_s']['mean']:.2f}"),
-            ("bubble fraction", lambda s: f"{s['bubble_fraction']:.1%}"),
-            ("reward first -> last step", lambda s: _pair(s["training"]["reward_first_step"],
-                                                          s["training"]["reward_last_step"])),
-            ("held-out reward start -> end", lambda s: _pair(s["training"]["held_out_first"],
-                                                             s["training"]["held_out_last"])),
-            ("staleness (lag: share)", lambda s: _staleness(s))]  # fmt: skip
+    rows = [
+        ("policy", lambda s: s["policy"]),
+        ("trained tokens / s", lambda s: f"{s['token_throughput']:,.0f}"),
+        ("step time mean (s)", lambda s: f"{s['step_time_s']['mean']:.2f}"),
+        ("bubble fraction", lambda s: f"{s['bubble_fraction']:.1%}"),
+        (
+            "reward first -> last step",
+            lambda s: _pair(s["training"]["reward_first_step"], s["training"]["reward_last_step"]),
+        ),
+        (
+            "held-out reward start -> end",
+            lambda s: _pair(s["training"]["held_out_first"], s["training"]["held_out_last"]),
+        ),
+        ("staleness (lag: share)", lambda s: _staleness(s)),
+    ]
     base = next((s for s in summaries if s["policy"] == "colocated"), None)
     if base is not None and len(summaries) > 1:
         rows.insert(2, ("ratio to colocated", lambda s: f"{s['token_throughput'] / base['token_throughput']:.2f}x"))

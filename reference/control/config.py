@@ -96,11 +96,14 @@ class TrainerParallelSection:
             if not isinstance(getattr(self, key), bool):
                 raise UserError(f"trainer_parallel.{key} must be true or false, got {getattr(self, key)!r}")
         if self.param_dtype not in PARAM_DTYPES:
-            raise UserError(f"trainer_parallel.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got "
-                            f"{self.param_dtype!r}")  # fmt: skip
+            raise UserError(
+                f"trainer_parallel.param_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.param_dtype!r}"
+            )
         if self.param_dtype != "float32" and not self.fsdp:
-            raise UserError(f"trainer_parallel.param_dtype {self.param_dtype} needs trainer_parallel.fsdp=true "
-                            "(mixed precision keeps fp32 master weights in FSDP's shards)")  # fmt: skip
+            raise UserError(
+                f"trainer_parallel.param_dtype {self.param_dtype} needs trainer_parallel.fsdp=true "
+                "(mixed precision keeps fp32 master weights in FSDP's shards)"
+            )
 
 
 @dataclass(frozen=True)
@@ -133,20 +136,26 @@ class TrainConfig:
             raise UserError(f"unknown policy {self.policy.name!r}; choose one of {', '.join(POLICIES)}")
         if self.engine.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.engine.backend!r}; choose one of {', '.join(BACKENDS)}")
-        positive = {"policy.num_steps": self.policy.num_steps, "resources.count": self.resources.count,
-                    "resources.cores_per_resource": self.resources.cores_per_resource,
-                    "rollout.prompts_per_step": self.rollout.prompts_per_step,
-                    "rollout.max_concurrency": self.rollout.max_concurrency,
-                    "engine.max_batch": self.engine.max_batch}  # fmt: skip
+        positive = {
+            "policy.num_steps": self.policy.num_steps,
+            "resources.count": self.resources.count,
+            "resources.cores_per_resource": self.resources.cores_per_resource,
+            "rollout.prompts_per_step": self.rollout.prompts_per_step,
+            "rollout.max_concurrency": self.rollout.max_concurrency,
+            "engine.max_batch": self.engine.max_batch,
+        }
         for key, value in positive.items():
             if value < 1:
                 raise UserError(f"{key} must be >= 1, got {value}")
         if self.rollout.group_size < 2:
-            raise UserError(f"rollout.group_size must be >= 2 (GRPO compares samples of a prompt), got "
-                            f"{self.rollout.group_size}")  # fmt: skip
+            raise UserError(
+                f"rollout.group_size must be >= 2 (GRPO compares samples of a prompt), got {self.rollout.group_size}"
+            )
         if self.engine.weights_transport not in WEIGHT_TRANSPORTS:
-            raise UserError(f"unknown engine.weights_transport {self.engine.weights_transport!r}; choose one of "
-                            f"{', '.join(WEIGHT_TRANSPORTS)}")  # fmt: skip
+            raise UserError(
+                f"unknown engine.weights_transport {self.engine.weights_transport!r}; choose one of "
+                f"{', '.join(WEIGHT_TRANSPORTS)}"
+            )
         if not 0 <= self.engine.coalesce_s <= 1:  # also refuses NaN
             raise UserError(f"engine.coalesce_s must be in [0, 1] seconds, got {self.engine.coalesce_s}")
         if self.policy.max_staleness < 0:
@@ -184,8 +193,9 @@ def policy_config(cfg: TrainConfig, num_steps: int | None = None) -> PolicyConfi
     """The scheduling policy's knobs for this run (`num_steps`: the steps left, where a resumed run has fewer)."""
     p = cfg.policy
     steps = p.num_steps if num_steps is None else num_steps
-    return PolicyConfig(cfg.rollout.prompts_per_step, steps, p.max_staleness, p.window_batches, p.fill_idle,
-                        p.stale_samples, p.drain)  # fmt: skip
+    return PolicyConfig(
+        cfg.rollout.prompts_per_step, steps, p.max_staleness, p.window_batches, p.fill_idle, p.stale_samples, p.drain
+    )
 
 
 def _section_error(section: str, message: str) -> UserError:
@@ -208,8 +218,10 @@ def _check_gpus(r: ResourcesSection) -> None:
     except UserError as e:
         raise UserError(f"resources.gpu: {e}") from None
     if node % r.gpus_per_resource:
-        raise UserError(f"resources.gpus_per_resource={r.gpus_per_resource} must divide the {node} GPUs of a "
-                        f"{r.gpu} node: a resource's engine is tensor parallel within one node")  # fmt: skip
+        raise UserError(
+            f"resources.gpus_per_resource={r.gpus_per_resource} must divide the {node} GPUs of a "
+            f"{r.gpu} node: a resource's engine is tensor parallel within one node"
+        )
 
 
 def load_train_config(
@@ -249,9 +261,13 @@ def check_feasible(cfg: TrainConfig, cores: int | None = None) -> None:
     have = len(os.sched_getaffinity(0)) if cores is None else cores
     need = cfg.resources.count * cfg.resources.cores_per_resource
     if cfg.run.ray_address is None and need > have:
-        raise UserError(f"{cfg.resources.count} resources x {cfg.resources.cores_per_resource} cores need "
-                        f"{need} cores; this machine has {have} (lower resources.count or "
-                        f"resources.cores_per_resource)")  # fmt: skip
+        raise UserError(
+            f"{cfg.resources.count} resources x {cfg.resources.cores_per_resource} cores need "
+            f"{need} cores; this machine has {have} (lower resources.count or "
+            f"resources.cores_per_resource)"
+        )
     if cfg.policy.name != "colocated" and cfg.resources.count < 2:
-        raise UserError(f"policy {cfg.policy.name!r} needs separate rollout and train resources: resources.count "
-                        f"must be >= 2, got {cfg.resources.count}")  # fmt: skip
+        raise UserError(
+            f"policy {cfg.policy.name!r} needs separate rollout and train resources: resources.count "
+            f"must be >= 2, got {cfg.resources.count}"
+        )

@@ -83,9 +83,21 @@ class _State:
 
 # The trainer's own step figures passed through to metrics.jsonl as they are (StepMetrics: global over ranks):
 # the PPO ratio, the off-policy corrections' weights, the engine-trainer mismatch on fresh tokens, dynamic sampling.
-TRAINER_KEYS = ("pg_loss", "dual_clip_fraction", "ratio_mean", "ratio_max", "off_policy_fraction", "is_weight_mean",
-                "is_weight_max", "is_capped_fraction", "fresh_tokens", "fresh_mismatch_mean", "fresh_kl",
-                "dropped_groups", "dropped_sequences")  # fmt: skip
+TRAINER_KEYS = (
+    "pg_loss",
+    "dual_clip_fraction",
+    "ratio_mean",
+    "ratio_max",
+    "off_policy_fraction",
+    "is_weight_mean",
+    "is_weight_max",
+    "is_capped_fraction",
+    "fresh_tokens",
+    "fresh_mismatch_mean",
+    "fresh_kl",
+    "dropped_groups",
+    "dropped_sequences",
+)
 
 
 class RuntimeExecutor:
@@ -205,8 +217,10 @@ class RuntimeExecutor:
 
     async def _train(self, d: ev.StartTrain) -> None:
         if tuple(d.resources) != self.state.trainers:
-            raise RuntimeError(f"the data-parallel group is {list(self.state.trainers)}; a step on "
-                               f"{list(d.resources)} is not supported")  # fmt: skip
+            raise RuntimeError(
+                f"the data-parallel group is {list(self.state.trainers)}; a step on "
+                f"{list(d.resources)} is not supported"
+            )
         start, step = self.now(), d.step + self.offset
         for r in d.resources:
             self.recorder.set(r, Phase.TRAIN, start, step)
@@ -217,8 +231,9 @@ class RuntimeExecutor:
         await asyncio.to_thread(self.manager.store.mark_consumed, [g.key for g in groups], step)
         batch = await asyncio.to_thread(training_batch, self.manager.store, groups)
         shards = _shard(groups, batch, len(d.resources))
-        results = await asyncio.gather(*(self.workers.call(r, "train_step", shard)
-                                         for r, shard in zip(d.resources, shards, strict=True)))  # fmt: skip
+        results = await asyncio.gather(
+            *(self.workers.call(r, "train_step", shard) for r, shard in zip(d.resources, shards, strict=True))
+        )
         handoff = await self.transport.publish(d.resources, step + 1)
         if handoff["version"] != step + 1:
             raise RuntimeError(f"step {step} published version {handoff['version']}, not {step + 1}")
@@ -278,10 +293,12 @@ class RuntimeExecutor:
             "step_s": record.end_s - record.start_s,
             "time_s": record.end_s,
             "tokens_per_s_trained": tokens / max(1e-9, max(r["time_s"] for r in results)),
-            "episodes": {"exit_reasons": dict(Counter(e.exit_reason for g in groups for e in g.episodes)),
-                         **{f"{k}_sum": v for k, v in timings.items()}},
+            "episodes": {
+                "exit_reasons": dict(Counter(e.exit_reason for g in groups for e in g.episodes)),
+                **{f"{k}_sum": v for k, v in timings.items()},
+            },
             **{k: results[0][k] for k in TRAINER_KEYS if k in results[0]},  # NaN: null in metrics.jsonl (report.py)
-        }  # fmt: skip
+        }
 
     async def close(self) -> None:
         for task in list(self.state.tasks):
@@ -329,5 +346,6 @@ def _step_record(step: int, start: float, end: float, batch: list[Trajectory]) -
         for v in t.versions:
             lag[step - v] += 1
     generated = sum(t.num_generated for t in batch)
-    return StepRecord(step, start, end, sum(len(t.token_ids) for t in batch), generated, dict(sorted(lag.items())),
-                      len(batch))  # fmt: skip
+    return StepRecord(
+        step, start, end, sum(len(t.token_ids) for t in batch), generated, dict(sorted(lag.items())), len(batch)
+    )

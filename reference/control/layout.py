@@ -33,10 +33,17 @@ def initial_weights(cfg: TrainConfig, task: Task, root: Path) -> str:
     if cfg.model.dir is not None:
         return str(Path(cfg.model.dir).resolve())
     m = cfg.model
-    config = tiny_config(task.tokenizer.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-                         num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim,
-                         intermediate_size=m.intermediate_size, initializer_range=m.initializer_range,
-                         max_position_embeddings=task_context(task))  # fmt: skip
+    config = tiny_config(
+        task.tokenizer.vocab_size,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        intermediate_size=m.intermediate_size,
+        initializer_range=m.initializer_range,
+        max_position_embeddings=task_context(task),
+    )
     model = build_model(config, seed=m.init_seed)
     return str(publish_weights(model.state_dict(), config, root, 0, task.tokenizer).path.resolve())
 
@@ -60,8 +67,10 @@ def last_checkpoint(out: Path, num_steps: int) -> Checkpoint:
     """The newest trainer checkpoint of the run in `out` (UserError if there is none to resume from)."""
     found = sorted((out / "checkpoints").glob("step-*"))
     if not found:
-        raise UserError(f"nothing to resume in {str(out)!r}: no checkpoint under checkpoints/ (set "
-                        f"run.checkpoint_every_steps when starting a run)")  # fmt: skip
+        raise UserError(
+            f"nothing to resume in {str(out)!r}: no checkpoint under checkpoints/ (set "
+            f"run.checkpoint_every_steps when starting a run)"
+        )
     step = int(found[-1].name.removeprefix("step-"))
     if step >= num_steps:
         raise UserError(f"the run in {str(out)!r} already trained its {num_steps} steps")
@@ -109,6 +118,17 @@ def worker_specs(cfg: TrainConfig, policy: BasePolicy, model_dir: str) -> list[W
     for i, r in enumerate(policy.resources.values()):
         mine = tuple(cores[i * c : (i + 1) * c]) if cores else ()
         tags = tuple(t.value for t in (Tag.ROLLOUT, Tag.TRAIN) if r.can(t))
-        specs.append(WorkerSpec(r.name, tags, mine, model_dir, cfg.run.seed + i, cfg.engine.max_batch,
-                                cfg.engine.backend, cfg.engine.coalesce_s, cfg.engine.weights_local_root))  # fmt: skip
+        specs.append(
+            WorkerSpec(
+                r.name,
+                tags,
+                mine,
+                model_dir,
+                cfg.run.seed + i,
+                cfg.engine.max_batch,
+                cfg.engine.backend,
+                cfg.engine.coalesce_s,
+                cfg.engine.weights_local_root,
+            )
+        )
     return specs

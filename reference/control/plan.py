@@ -91,8 +91,12 @@ def plan(cfg: TrainConfig) -> str:
     flight = in_flight(cfg, task, policy)
     device = specs.device(cfg.resources.gpu) if gpus else None
     memory = estimate_memory(cfg, model, device, policy, task, flight)
-    lines = [*_header(cfg, task, model, device), *_resources(cfg, policy), *_work(cfg, task, policy, flight),
-             *_memory_lines(cfg, device, memory, task, flight)]  # fmt: skip
+    lines = [
+        *_header(cfg, task, model, device),
+        *_resources(cfg, policy),
+        *_work(cfg, task, policy, flight),
+        *_memory_lines(cfg, device, memory, task, flight),
+    ]
     problems = _problems(cfg, model, device, memory, task, policy)
     notes = _notes(memory, task, flight)
     return "\n".join(lines + notes + ([f"fits: no: {p}" for p in problems] or ["fits: yes"]))
@@ -112,8 +116,10 @@ def task_plan(cfg: TrainConfig) -> TaskPlan:
             c = SweTaskConfig(**options)
         except TypeError as e:
             raise UserError(f"task: {e}".replace("SweTaskConfig.__init__() ", "")) from None
-        summary = (f"agent {c.agent}, sandbox {c.sandbox}, at most {c.max_turns} turns of {c.max_tokens} tokens, "
-                   f"context {c.context_tokens} tokens, {c.command_timeout_s:g} s a command")  # fmt: skip
+        summary = (
+            f"agent {c.agent}, sandbox {c.sandbox}, at most {c.max_turns} turns of {c.max_tokens} tokens, "
+            f"context {c.context_tokens} tokens, {c.command_timeout_s:g} s a command"
+        )
         return TaskPlan(c.context_tokens, c.concurrency, True, summary)
     from reference.tasks import make_task
 
@@ -139,10 +145,19 @@ def model_spec(cfg: TrainConfig, task: TaskPlan) -> ModelSpec:
     if cfg.model.dir is not None:
         return specs.model(os.path.join(cfg.model.dir, "config.json"))
     m = cfg.model
-    return ModelSpec(name="tiny (fresh)", layers=m.num_layers, hidden=m.hidden_size, heads=m.num_heads,
-                     kv_heads=m.num_kv_heads, head_dim=m.head_dim, intermediate=m.intermediate_size,
-                     vocab=_tiny_vocab(cfg), tie_embeddings=True, max_context=task.context_tokens,
-                     qk_norm=True)  # fmt: skip
+    return ModelSpec(
+        name="tiny (fresh)",
+        layers=m.num_layers,
+        hidden=m.hidden_size,
+        heads=m.num_heads,
+        kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        intermediate=m.intermediate_size,
+        vocab=_tiny_vocab(cfg),
+        tie_embeddings=True,
+        max_context=task.context_tokens,
+        qk_norm=True,
+    )
 
 
 def _tiny_vocab(cfg: TrainConfig) -> int:
@@ -172,8 +187,9 @@ def in_flight(cfg: TrainConfig, task: TaskPlan, policy: BasePolicy) -> InFlight:
 # ---- the simulator's models ----
 
 
-def estimate_memory(cfg: TrainConfig, model: ModelSpec, device: DeviceSpec | None, policy: BasePolicy,
-                    task: TaskPlan, flight: InFlight) -> Memory:  # fmt: skip
+def estimate_memory(
+    cfg: TrainConfig, model: ModelSpec, device: DeviceSpec | None, policy: BasePolicy, task: TaskPlan, flight: InFlight
+) -> Memory:
     from sim import train_layout
     from sim.cost import CostModel
 
@@ -188,8 +204,10 @@ def estimate_memory(cfg: TrainConfig, model: ModelSpec, device: DeviceSpec | Non
     from reference.trainer.config import TrainerConfig
 
     chunk = cfg.trainer.get("logit_chunk_tokens", TrainerConfig.logit_chunk_tokens)  # the loss's fp32 logits
-    act = (width * train_layout.activation_bytes(model, lay, mode, tokens, 0) + train_layout.logit_bytes(
-        model, tokens, chunk)) / GB  # fmt: skip
+    act = (
+        width * train_layout.activation_bytes(model, lay, mode, tokens, 0)
+        + train_layout.logit_bytes(model, tokens, chunk)
+    ) / GB
     sim_cfg = dataclasses.replace(sim_cfg, train=dataclasses.replace(sim_cfg.train, activation_gb=act))
     train = train_layout.memory(sim_cfg, model, lay_device, train_gpus, task.context_tokens)
     if not par.fsdp:  # plain data parallel: every trainer holds the whole state, and gathers nothing
@@ -212,21 +230,31 @@ def _sim_config(cfg: TrainConfig, task: TaskPlan, device: DeviceSpec | None):
 
     gpus = max(1, cfg.resources.gpus_per_resource)
     mirror = {
-        "seed": cfg.run.seed, "num_steps": cfg.policy.num_steps,
+        "seed": cfg.run.seed,
+        "num_steps": cfg.policy.num_steps,
         "model": PLACEHOLDER_MODEL if cfg.model.dir is None else os.path.join(cfg.model.dir, "config.json"),
         "cluster": {"device": device.name if device else PLACEHOLDER_DEVICE, "num_gpus": cfg.resources.count * gpus},
         "pools": {"train_fraction": cfg.resources.train_fraction},
-        "rollout": {"tensor_parallel": gpus, "max_num_seqs": cfg.engine.max_batch,
-                    "max_num_batched_tokens": max(8192, cfg.engine.max_batch),
-                    "gpu_memory_utilization": VLLM_MEMORY_FRACTION},
-        "train": {"grad_bytes_per_param": 4,  # fp32 gradients
-                  "optimizer_bytes_per_param": 10,  # the fp32 weights' other half (2) + AdamW's two fp32 moments (8)
-                  "recompute_logprobs": False, "reference_model": cfg.trainer.get("kl_coef", 0) > 0,
-                  "tensor_parallel": 1, "pipeline_parallel": 1, "activation_recompute": "none",
-                  "micro_batch_tokens": _micro_batch_tokens(cfg, task), "mini_batches": 1,
-                  "fsdp_root_gathered": True},  # its FSDP shards the decoder layers and the root
+        "rollout": {
+            "tensor_parallel": gpus,
+            "max_num_seqs": cfg.engine.max_batch,
+            "max_num_batched_tokens": max(8192, cfg.engine.max_batch),
+            "gpu_memory_utilization": VLLM_MEMORY_FRACTION,
+        },
+        "train": {
+            "grad_bytes_per_param": 4,  # fp32 gradients
+            "optimizer_bytes_per_param": 10,  # the fp32 weights' other half (2) + AdamW's two fp32 moments (8)
+            "recompute_logprobs": False,
+            "reference_model": cfg.trainer.get("kl_coef", 0) > 0,
+            "tensor_parallel": 1,
+            "pipeline_parallel": 1,
+            "activation_recompute": "none",
+            "micro_batch_tokens": _micro_batch_tokens(cfg, task),
+            "mini_batches": 1,
+            "fsdp_root_gathered": True,
+        },  # its FSDP shards the decoder layers and the root
         "workload": {"prompts_per_step": cfg.rollout.prompts_per_step, "group_size": cfg.rollout.group_size},
-    }  # fmt: skip
+    }
     return cfgio.from_dict(SimConfig, cfgio.merge(cfgio.load_yaml(DEFAULT_CONFIG), mirror))
 
 
@@ -254,8 +282,11 @@ def _micro_batch_sequences(cfg: TrainConfig) -> int:
 
 def _header(cfg: TrainConfig, task: TaskPlan, model: ModelSpec, device: DeviceSpec | None) -> list[str]:
     r, gpus = cfg.resources, cfg.resources.gpus_per_resource
-    where = f"{r.count} x {gpus} GPUs ({device.name}: {device.hbm_gb:g} GB) = {r.count * gpus} GPUs" if device \
-        else f"{r.count} x {r.cores_per_resource} CPU cores"  # fmt: skip
+    where = (
+        f"{r.count} x {gpus} GPUs ({device.name}: {device.hbm_gb:g} GB) = {r.count * gpus} GPUs"
+        if device
+        else f"{r.count} x {r.cores_per_resource} CPU cores"
+    )
     ray = (
         f"joins the Ray cluster at {cfg.run.ray_address}"
         if cfg.run.ray_address
@@ -305,13 +336,17 @@ def _work(cfg: TrainConfig, task: TaskPlan, policy: BasePolicy, f: InFlight) -> 
 def _weights_line(cfg: TrainConfig) -> str:
     """How each new version reaches the engines (`engine.weights_transport`, control/transport.py)."""
     if cfg.engine.weights_transport == "directory":
-        return "weights: each new version a directory under OUT/weights/, read by every engine (a filesystem every " \
-            "worker sees)"  # fmt: skip
+        return (
+            "weights: each new version a directory under OUT/weights/, read by every engine (a filesystem every "
+            "worker sees)"
+        )
     from reference.engine.process import WEIGHTS_DTYPES
 
     where = cfg.engine.weights_local_root or "its Ray node's temp dir"
-    return (f"weights: each new version through Ray's object store in {WEIGHTS_DTYPES[cfg.engine.backend]}, copied "
-            f"to each engine's node (under {where}); nothing is shared but Ray")  # fmt: skip
+    return (
+        f"weights: each new version through Ray's object store in {WEIGHTS_DTYPES[cfg.engine.backend]}, copied "
+        f"to each engine's node (under {where}); nothing is shared but Ray"
+    )
 
 
 def _memory_lines(cfg: TrainConfig, device: DeviceSpec | None, m: Memory, task: TaskPlan, f: InFlight) -> list[str]:
@@ -354,12 +389,15 @@ def _notes(m: Memory, task: TaskPlan, f: InFlight) -> list[str]:
     held = m.kv_capacity // task.context_tokens
     if held >= f.per_engine:
         return []
-    return [f"note: an engine's KV cache holds {held} of its {f.per_engine} sequences at full context; vLLM "
-            f"preempts the rest (recomputed later) when contexts grow that long"]  # fmt: skip
+    return [
+        f"note: an engine's KV cache holds {held} of its {f.per_engine} sequences at full context; vLLM "
+        f"preempts the rest (recomputed later) when contexts grow that long"
+    ]
 
 
-def _problems(cfg: TrainConfig, model: ModelSpec, device: DeviceSpec | None, m: Memory, task: TaskPlan,
-              policy: BasePolicy) -> list[str]:  # fmt: skip
+def _problems(
+    cfg: TrainConfig, model: ModelSpec, device: DeviceSpec | None, m: Memory, task: TaskPlan, policy: BasePolicy
+) -> list[str]:
     """One line for each thing that does not fit or cannot run."""
     if device is None:
         return _cpu_problems(cfg, m)
@@ -371,16 +409,21 @@ def _problems(cfg: TrainConfig, model: ModelSpec, device: DeviceSpec | None, m: 
     if cfg.engine.backend != "vllm":
         out.append(f"backend {cfg.engine.backend!r} runs on CPU cores: GPUs need --backend vllm")
     if task.context_tokens > model.max_context:
-        out.append(f"the task's context ({task.context_tokens} tokens) exceeds the model's {model.max_context} "
-                   f"positions")  # fmt: skip
+        out.append(
+            f"the task's context ({task.context_tokens} tokens) exceeds the model's {model.max_context} positions"
+        )
     usable = device.hbm_gb * VLLM_MEMORY_FRACTION
     if m.engine_weights >= usable:
-        out.append(f"an engine's weights ({m.engine_weights:.1f} GB a GPU) exceed vLLM's {usable:.1f} GB: raise "
-                   f"resources.gpus_per_resource")  # fmt: skip
+        out.append(
+            f"an engine's weights ({m.engine_weights:.1f} GB a GPU) exceed vLLM's {usable:.1f} GB: raise "
+            f"resources.gpus_per_resource"
+        )
     low = min(m.kv_capacity or 0, m.kv_capacity_beside_trainer or 0) if policy.trainers else m.kv_capacity or 0
     if m.engine_weights < usable and low < task.context_tokens:
-        out.append(f"an engine's KV cache holds {low} tokens, less than one request of {task.context_tokens}: "
-                   f"raise resources.gpus_per_resource or lower the task's context")  # fmt: skip
+        out.append(
+            f"an engine's KV cache holds {low} tokens, less than one request of {task.context_tokens}: "
+            f"raise resources.gpus_per_resource or lower the task's context"
+        )
     if m.train.total_gb > device.hbm_gb:
         out.append(_train_problem(cfg, m, device, task))
     return out
@@ -388,8 +431,10 @@ def _problems(cfg: TrainConfig, model: ModelSpec, device: DeviceSpec | None, m: 
 
 def _train_problem(cfg: TrainConfig, m: Memory, device: DeviceSpec, task: TaskPlan) -> str:
     t = m.train
-    head = (f"training needs {t.total_gb:.1f} GB a GPU, {t.total_gb - device.hbm_gb:.1f} GB more than the "
-            f"{device.hbm_gb:g} GB of a {device.name}")  # fmt: skip
+    head = (
+        f"training needs {t.total_gb:.1f} GB a GPU, {t.total_gb - device.hbm_gb:.1f} GB more than the "
+        f"{device.hbm_gb:g} GB of a {device.name}"
+    )
     par = cfg.trainer_parallel
     if t.activations_gb < t.state_gb:
         if not par.fsdp:
@@ -405,8 +450,10 @@ def _train_problem(cfg: TrainConfig, m: Memory, device: DeviceSpec, task: TaskPl
         *(["trainer_parallel.param_dtype=bfloat16 (with fsdp)"] if par.param_dtype != "bfloat16" else []),
     ]
     remedy = f"set {' and '.join(remedies)}, or lower the task's context" if remedies else "lower the task's context"
-    return (f"{head}; most of it the activations of one {task.context_tokens}-token sequence "
-            f"({_activations(par)}): {remedy}")  # fmt: skip
+    return (
+        f"{head}; most of it the activations of one {task.context_tokens}-token sequence "
+        f"({_activations(par)}): {remedy}"
+    )
 
 
 def _activations(par) -> str:
@@ -427,8 +474,7 @@ def _cpu_problems(cfg: TrainConfig, m: Memory) -> list[str]:
     per_resource = m.engine_weights + m.kv_needed + m.train.total_gb
     total, have = cfg.resources.count * per_resource, _machine_gb()
     if have is not None and total > have:
-        out.append(f"the {cfg.resources.count} resources need {total:.1f} GB of memory; this machine has "
-                   f"{have:.1f} GB")  # fmt: skip
+        out.append(f"the {cfg.resources.count} resources need {total:.1f} GB of memory; this machine has {have:.1f} GB")
     return out
 
 

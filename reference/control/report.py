@@ -94,8 +94,9 @@ class Progress:
     with --quiet too."""
 
     def __init__(self, steps: int, enabled: bool = True, done: int = 0, log: ScalarLog | None = None) -> None:
-        self.bar = tqdm(total=steps, initial=done, desc="train", unit="step", disable=not show_progress(enabled),
-                        leave=False)  # fmt: skip
+        self.bar = tqdm(
+            total=steps, initial=done, desc="train", unit="step", disable=not show_progress(enabled), leave=False
+        )
         self.lines, self.steps, self.done = enabled and self.bar.disable, steps, done
         self.log = log if log is not None else _ACTIVE_LOG
         self.trained_tokens = 0
@@ -171,8 +172,11 @@ def steady_window(timeline: Timeline) -> tuple[Timeline, str]:
         replace(st, start_s=max(0.0, st.start_s - t0), end_s=st.end_s - t0)
         for st in steps[first : first + WINDOW_STEPS]
     ]
-    sandboxes = [replace(sb, start_s=max(sb.start_s, t0) - t0, end_s=min(sb.end_s, t1) - t0)
-                 for sb in timeline.sandboxes if sb.end_s > t0 and sb.start_s < t1]  # fmt: skip
+    sandboxes = [
+        replace(sb, start_s=max(sb.start_s, t0) - t0, end_s=min(sb.end_s, t1) - t0)
+        for sb in timeline.sandboxes
+        if sb.end_s > t0 and sb.start_s < t1
+    ]
     window = Timeline(intervals, shown, t1 - t0, dict(timeline.meta), dict(timeline.counters), sandboxes)
     note = f": steps {steps[first].step}-{steps[first + WINDOW_STEPS - 1].step} of {len(steps)}, from {t0:.1f} s"
     return window, note
@@ -252,8 +256,9 @@ def instance_table(metrics: MetricsLog, first: str = "start", last: str = "end")
         if pairs:
             up, down = sum(y > x for x, y in pairs), sum(y < x for x, y in pairs)
             before, after = (sum(p[i] for p in pairs) / len(pairs) for i in (0, 1))
-            lines.append(f"{split}: pass@1 {before:.3f} -> {after:.3f} over {len(pairs)} problems "
-                         f"({up} up, {down} down)")  # fmt: skip
+            lines.append(
+                f"{split}: pass@1 {before:.3f} -> {after:.3f} over {len(pairs)} problems ({up} up, {down} down)"
+            )
     return "\n".join(lines)
 
 
@@ -276,19 +281,38 @@ def draw_rewards(metrics: MetricsLog, path: Path, label: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
     steps = metrics.steps
-    ax.plot([s["time_s"] for s in steps], [s["reward_mean"] for s in steps], linewidth=0.9,
-            label="training reward (mean of the step's samples)")  # fmt: skip
+    ax.plot(
+        [s["time_s"] for s in steps],
+        [s["reward_mean"] for s in steps],
+        linewidth=0.9,
+        label="training reward (mean of the step's samples)",
+    )
     evals = sorted(metrics.evaluations, key=lambda e: e["time_s"])
     if evals and "train_exact_match" in evals[0]:
         held = evals[-1].get("samples", 1)
         train = evals[-1].get("train_samples", held)
-        ax.plot([e["time_s"] for e in evals], [e["train_exact_match"] for e in evals], marker="o", linestyle="--",
-                label=f"pass@1, train split{_per_task(train)}")  # fmt: skip
-        ax.plot([e["time_s"] for e in evals], [e["exact_match"] for e in evals], marker="s", linestyle="--",
-                label=f"pass@1, held-out split{_per_task(held)}")  # fmt: skip
+        ax.plot(
+            [e["time_s"] for e in evals],
+            [e["train_exact_match"] for e in evals],
+            marker="o",
+            linestyle="--",
+            label=f"pass@1, train split{_per_task(train)}",
+        )
+        ax.plot(
+            [e["time_s"] for e in evals],
+            [e["exact_match"] for e in evals],
+            marker="s",
+            linestyle="--",
+            label=f"pass@1, held-out split{_per_task(held)}",
+        )
     elif evals:
-        ax.plot([e["time_s"] for e in evals], [e["reward_mean"] for e in evals], marker="s", linestyle="--",
-                label="held-out reward")  # fmt: skip
+        ax.plot(
+            [e["time_s"] for e in evals],
+            [e["reward_mean"] for e in evals],
+            marker="s",
+            linestyle="--",
+            label="held-out reward",
+        )
         ax.axhline(0.8, color="grey", linewidth=0.8, linestyle=":")
         ax.text(0, 0.81, "0.8", color="grey", fontsize=8, va="bottom")
     ax.set_xlabel("wall time of the RL run (s, measured; the warm start before it not included)")

@@ -23,8 +23,20 @@ from reference.tasks.base import SingleTurn
 WATCH_INTERVAL_S = 0.02  # how often the rollout/idle phases are sampled
 
 
-async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, metrics, bar, token: str,
-                     out: Path, offset: int = 0, adopted=()) -> float:  # fmt: skip
+async def run_policy(
+    cfg,
+    task,
+    policy,
+    workers,
+    m,
+    recorder: TimelineRecorder,
+    metrics,
+    bar,
+    token: str,
+    out: Path,
+    offset: int = 0,
+    adopted=(),
+) -> float:
     """Run the policy to its last step; returns the wall time of the run (held-out evaluations excluded).
     `offset`: steps trained before (a resumed run); `adopted`: finished groups no kept step trained."""
     driver: Driver | None = None
@@ -45,8 +57,18 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
         transport = None  # a directory under OUT/weights that every engine reads
         if cfg.engine.weights_transport == "object_store":
             transport = await object_store_transport(workers, m.manager, offset)
-        executor = RuntimeExecutor(m.manager, rollout, workers, recorder, policy.trainers, out / "weights", sink,
-                                   offset, evaluations.of_version, transport)  # fmt: skip
+        executor = RuntimeExecutor(
+            m.manager,
+            rollout,
+            workers,
+            recorder,
+            policy.trainers,
+            out / "weights",
+            sink,
+            offset,
+            evaluations.of_version,
+            transport,
+        )
         try:
             evaluations.now = executor.now
             every_checkpoint = cfg.run.checkpoint_every_steps  # --resume starts engines from a checkpoint's version
@@ -72,13 +94,19 @@ async def run_policy(cfg, task, policy, workers, m, recorder: TimelineRecorder, 
                 bar.note(f"evaluating the weights after RL ({_per_problem(cfg.run)}) ...")
                 end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples, cfg.run.held_out_samples)
                 bar.note(evaluation_line("end", end))
-                metrics.held_out(cfg.policy.num_steps, {**end, "label": "end", "time_s": wall,
-                                                        "engine_versions": _engine_versions(m.manager)})  # fmt: skip
+                metrics.held_out(
+                    cfg.policy.num_steps,
+                    {**end, "label": "end", "time_s": wall, "engine_versions": _engine_versions(m.manager)},
+                )
             engines = {k: max(0, v - engines_before.get(k, 0)) for k, v in engines_after.items()}  # 0: one restarted
-            metrics.counters.update(sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
-                                    syncs=len(executor.sync_s), requests=rollout.requests,
-                                    engine_restarts=m.manager.supervisor.restarts,
-                                    restarted_requests=executor.restarted + rollout.refreshed, **engines)  # fmt: skip
+            metrics.counters.update(
+                sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
+                syncs=len(executor.sync_s),
+                requests=rollout.requests,
+                engine_restarts=m.manager.supervisor.restarts,
+                restarted_requests=executor.restarted + rollout.refreshed,
+                **engines,
+            )
             if stage_s := executor.transport.stage_s:  # copies to the engines' nodes (object_store)
                 metrics.counters.update(weights_copy_s_mean=sum(stage_s) / len(stage_s))
         finally:
@@ -123,16 +151,18 @@ def evaluation_line(label: str, result: dict) -> str:
     return f"evaluation {label}: held-out {result['exact_match']:.3f}{train} (exact match, mean over episodes)"
 
 
-async def evaluate_splits(rollout: RolloutManager, task, label: str, samples: int = 1,
-                          held_out_samples: int | None = None) -> dict:  # fmt: skip
+async def evaluate_splits(
+    rollout: RolloutManager, task, label: str, samples: int = 1, held_out_samples: int | None = None
+) -> dict:
     """`held_out_samples` (None: `samples`) episodes of each held-out problem (`reward_mean`, `exact_match`,
     ...), and `samples` of each training problem (`train_*`) where the task lists them (`train_problems`: pass@1
     on the train split), through the engines."""
     splits = {"": (task.held_out(), samples if held_out_samples is None else held_out_samples)}
     if hasattr(task, "train_problems"):
         splits["train_"] = (task.train_problems(), samples)
-    results = await asyncio.gather(*(rollout.evaluate(problems, f"{label}-{prefix or 'held'}", n)
-                                     for prefix, (problems, n) in splits.items()))  # fmt: skip
+    results = await asyncio.gather(
+        *(rollout.evaluate(problems, f"{label}-{prefix or 'held'}", n) for prefix, (problems, n) in splits.items())
+    )
     return {f"{prefix}{k}": v for prefix, result in zip(splits, results, strict=True) for k, v in result.items()}
 
 
@@ -159,8 +189,9 @@ class Evaluations:
         if isinstance(self.task, SingleTurn):
             seed = self.cfg.run.seed * 1_000_003 + version
             options = self.cfg.task.options
-            results = await asyncio.gather(*(self.workers.call(t, "evaluate", self.cfg.task.name, options, seed)
-                                             for t in self.trainers))  # fmt: skip
+            results = await asyncio.gather(
+                *(self.workers.call(t, "evaluate", self.cfg.task.name, options, seed) for t in self.trainers)
+            )
             return results[0]
         task = asyncio.get_running_loop().create_task(self._in_background(version))
         self._pending.add(task)

@@ -57,8 +57,15 @@ class ObjectStoreTransport:
 
     name = "object_store"
 
-    def __init__(self, workers, engines: Sequence[str], dtype: str, initial: Mapping[str, str],
-                 held: Callable[[str], int], initial_version: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        workers,
+        engines: Sequence[str],
+        dtype: str,
+        initial: Mapping[str, str],
+        held: Callable[[str], int],
+        initial_version: int = 0,
+    ) -> None:
         """`engines`: the resources whose workers own an engine; `dtype`: the dtype their engines hold weights in;
         `initial`: each engine's initial weights as its worker sees them (version `initial_version`); `held`: the
         version an engine holds now (its worker keeps that copy whatever else it prunes)."""
@@ -93,8 +100,9 @@ class ObjectStoreTransport:
             del self._staging[old]  # its workers pruned it too
 
     async def _copies(self, version: int, payload, keep: dict[str, int]) -> dict[str, str]:
-        results = await asyncio.gather(*(self.workers.call(e, "stage_weights", version, payload, [keep[e]])
-                                         for e in self.engines))  # fmt: skip
+        results = await asyncio.gather(
+            *(self.workers.call(e, "stage_weights", version, payload, [keep[e]]) for e in self.engines)
+        )
         self.stage_s.append(max((r["seconds"] for r in results), default=0.0))
         return {e: r["path"] for e, r in zip(self.engines, results, strict=True)}
 
@@ -102,8 +110,9 @@ class ObjectStoreTransport:
         def done(task: asyncio.Task) -> None:
             self._tasks.discard(task)
             if not task.cancelled() and task.exception() is not None and self.failure is None:
-                self.failure = RuntimeError(f"copying weights version {version} to the engines' nodes failed: "
-                                            f"{task.exception()}")  # fmt: skip
+                self.failure = RuntimeError(
+                    f"copying weights version {version} to the engines' nodes failed: {task.exception()}"
+                )
                 self.failure.__cause__ = task.exception()
 
         return done
@@ -135,5 +144,11 @@ async def object_store_transport(workers, manager, initial_version: int = 0) -> 
         found = dict(zip(engines, dtypes, strict=True))
         raise RuntimeError(f"the object-store weight transport needs one engine dtype, got {found}")
     initial = await asyncio.gather(*(workers.call(e, "model_dir") for e in engines))
-    return ObjectStoreTransport(workers, engines, dtypes[0], dict(zip(engines, initial, strict=True)),
-                                lambda e: manager.router.slot(e).version, initial_version)  # fmt: skip
+    return ObjectStoreTransport(
+        workers,
+        engines,
+        dtypes[0],
+        dict(zip(engines, initial, strict=True)),
+        lambda e: manager.router.slot(e).version,
+        initial_version,
+    )

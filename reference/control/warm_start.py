@@ -57,8 +57,11 @@ def warm_start(cfg, task, out: Path, model_dir: str, metrics: MetricsLog, progre
         bar.set_postfix(loss=f"{record['loss']:.3f}")
         bar.update(1)
         if progress and bar.disable and (record["step"] % every == 0 or record["step"] == config.steps):
-            print(f"warm start: step {record['step']}/{config.steps}, loss {record['loss']:.4f}", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(
+                f"warm start: step {record['step']}/{config.steps}, loss {record['loss']:.4f}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     try:
         steps = supervised_fit(model, records, config, tokenizer.pad_token_id, on_step)
@@ -68,8 +71,12 @@ def warm_start(cfg, task, out: Path, model_dir: str, metrics: MetricsLog, progre
     window_loss = sum(r["loss"] for r in window) / len(window)
     reached = len(steps) < config.steps  # stopped at warm_start.target_loss
     if reached and progress:
-        print(f"warm start: stopped at step {len(steps)}/{config.steps}: mean loss of the last {len(window)} steps "
-              f"{window_loss:.4f} <= target {config.target_loss}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"warm start: stopped at step {len(steps)}/{config.steps}: mean loss of the last {len(window)} steps "
+            f"{window_loss:.4f} <= target {config.target_loss}",
+            file=sys.stderr,
+            flush=True,
+        )
     handoff = publish_weights(model.state_dict(), model.config, out / "weights", 0, tokenizer)
     metrics.counters.update(
         warm_start_s=time.monotonic() - start,
@@ -99,12 +106,14 @@ def evaluate_weights(cfg, task, model_dir: str, store: Path, label: str) -> dict
         coalesce_s=cfg.engine.coalesce_s,
     )
     rollout_config = RolloutConfig(cfg.rollout.group_size, cfg.rollout.max_concurrency, cfg.rollout.temperature)
-    config = ManagerConfig(model_name=f"seamlessflow-{cfg.task.name}", max_pause_s=0, max_in_flight_requests=0,
-                           max_loop_lag_s=0)  # fmt: skip
+    config = ManagerConfig(
+        model_name=f"seamlessflow-{cfg.task.name}", max_pause_s=0, max_in_flight_requests=0, max_loop_lag_s=0
+    )
 
     async def run(url: str) -> dict:
-        async with RolloutManager(task, url, rollout_config, f"{label}{time.time_ns()}", cfg.run.seed,
-                                  lambda group: None) as rollout:  # fmt: skip
+        async with RolloutManager(
+            task, url, rollout_config, f"{label}{time.time_ns()}", cfg.run.seed, lambda group: None
+        ) as rollout:
             return await evaluate_splits(rollout, task, label, cfg.run.eval_samples, cfg.run.held_out_samples)
 
     tokenizer = Tokenizer.load(model_dir)

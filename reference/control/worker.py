@@ -79,9 +79,16 @@ class ResourceWorker:
                 local = write_files(initial, self.local_root() / "initial")
                 self.spec = spec = dataclasses.replace(spec, model_dir=str(local))
             if spec.can_roll_out:
-                self.engine = EngineProcess(EngineSpec(backend=spec.backend, model=spec.model_dir, seed=spec.seed,
-                                                       max_batch=spec.max_batch, torch_threads=spec.threads,
-                                                       coalesce_s=spec.coalesce_s))  # fmt: skip
+                self.engine = EngineProcess(
+                    EngineSpec(
+                        backend=spec.backend,
+                        model=spec.model_dir,
+                        seed=spec.seed,
+                        max_batch=spec.max_batch,
+                        torch_threads=spec.threads,
+                        coalesce_s=spec.coalesce_s,
+                    )
+                )
         except BaseException:  # nothing of a worker that never started stays on its node
             if self._local is not None:
                 shutil.rmtree(self._local, ignore_errors=True)
@@ -116,8 +123,16 @@ class ResourceWorker:
 
     # ---- trainer shard ----
 
-    def init_trainer(self, rank: int, world_size: int, init_method: str, config: dict, checkpoints: str | None,
-                     resume: str | None, parallel: dict | None = None) -> int:  # fmt: skip
+    def init_trainer(
+        self,
+        rank: int,
+        world_size: int,
+        init_method: str,
+        config: dict,
+        checkpoints: str | None,
+        resume: str | None,
+        parallel: dict | None = None,
+    ) -> int:
         """Join the data-parallel group (gloo) and build the trainer from the initial weights, or from the
         checkpoint `resume`; checkpoints go under `checkpoints`. Returns the step it starts at. `parallel`:
         `DataParallel`'s settings (fsdp, param_dtype, activation_checkpointing; the run's `trainer_parallel`).
@@ -134,12 +149,17 @@ class ResourceWorker:
             reference = load_checkpoint(self.spec.model_dir)[0].to(torch.float32)
             reference = dp.shard(reference) if dp.fsdp else reference
         if resume is not None:
-            self.trainer = Trainer.from_checkpoint(resume, parallel=dp, ref_model=reference,
-                                                   checkpoint_dir=checkpoints)  # fmt: skip
+            self.trainer = Trainer.from_checkpoint(resume, parallel=dp, ref_model=reference, checkpoint_dir=checkpoints)
         else:
             model, tokenizer = load_checkpoint(self.spec.model_dir)
-            self.trainer = Trainer(model.to(torch.float32), cfg, pad_id=tokenizer.pad_token_id, parallel=dp,
-                                   ref_model=reference, checkpoint_dir=checkpoints)  # fmt: skip
+            self.trainer = Trainer(
+                model.to(torch.float32),
+                cfg,
+                pad_id=tokenizer.pad_token_id,
+                parallel=dp,
+                ref_model=reference,
+                checkpoint_dir=checkpoints,
+            )
         return self.trainer.step
 
     def train_step(self, trajectories: list[Trajectory]) -> dict:
@@ -163,8 +183,12 @@ class ResourceWorker:
         handoff = self._trainer().publish(root, self.tokenizer)
         if handoff is None:
             return None
-        return {"version": handoff.version, "path": str(handoff.path), "seconds": time.perf_counter() - start,
-                "bytes": handoff.bytes}  # fmt: skip
+        return {
+            "version": handoff.version,
+            "path": str(handoff.path),
+            "seconds": time.perf_counter() - start,
+            "bytes": handoff.bytes,
+        }
 
     def publish_payload(self, dtype: str) -> tuple[dict | None, WeightsPayload | None]:
         """The current weights for the engines, cast to `dtype`: (what `publish` returns, path None; the payload)
@@ -174,8 +198,12 @@ class ResourceWorker:
         payload = trainer_payload(self._trainer(), dtype)
         if payload is None:
             return None, None
-        return {"version": payload.version, "path": None, "seconds": time.perf_counter() - start,
-                "bytes": payload.nbytes}, payload  # fmt: skip
+        return {
+            "version": payload.version,
+            "path": None,
+            "seconds": time.perf_counter() - start,
+            "bytes": payload.nbytes,
+        }, payload
 
     def stage_weights(self, version: int, payload: WeightsPayload, keep: list[int] | tuple[int, ...] = ()) -> dict:
         """Write version `version` (its payload, fetched to this node) under this worker's own root, for its engine
@@ -186,8 +214,7 @@ class ResourceWorker:
             raise ValueError(f"resource {self.spec.name}: a payload of version {payload.version} is not {version}")
         path = write_payload(payload, self.local_root())
         self._staged = prune_local(self.local_root(), [*self._staged, version], keep)
-        return {"version": version, "path": str(path), "seconds": time.perf_counter() - start,
-                "bytes": payload.nbytes}  # fmt: skip
+        return {"version": version, "path": str(path), "seconds": time.perf_counter() - start, "bytes": payload.nbytes}
 
     def staged_versions(self) -> list[int]:
         """The versions written under this worker's own root and kept."""

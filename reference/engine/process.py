@@ -67,13 +67,36 @@ class EngineSpec:
 
     def argv(self, host: str, port: int) -> list[str]:
         return [
-            sys.executable, "-m", "reference", "engine", "--host", host, "--port", str(port),
-            "--backend", self.backend, "--model", self.model, "--seed", str(self.seed),
-            "--max-batch", str(self.max_batch), "--token-delay-s", str(self.token_delay_s),
-            "--tensor-parallel", str(self.tensor_parallel), "--fake-reply-tokens", str(self.fake_reply_tokens),
-            "--heartbeat-s", str(self.heartbeat_s), "--coalesce-s", str(self.coalesce_s),
-            "--torch-threads", str(self.torch_threads), "--watch-stdin",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "reference",
+            "engine",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--backend",
+            self.backend,
+            "--model",
+            self.model,
+            "--seed",
+            str(self.seed),
+            "--max-batch",
+            str(self.max_batch),
+            "--token-delay-s",
+            str(self.token_delay_s),
+            "--tensor-parallel",
+            str(self.tensor_parallel),
+            "--fake-reply-tokens",
+            str(self.fake_reply_tokens),
+            "--heartbeat-s",
+            str(self.heartbeat_s),
+            "--coalesce-s",
+            str(self.coalesce_s),
+            "--torch-threads",
+            str(self.torch_threads),
+            "--watch-stdin",
+        ]
 
 
 def make_engine(spec: EngineSpec) -> InferenceEngine:
@@ -89,8 +112,9 @@ def make_engine(spec: EngineSpec) -> InferenceEngine:
 
         if spec.model == "default":
             raise ValueError("the vllm backend needs a local checkpoint directory: --model PATH")
-        return VLLMEngine(spec.model, tensor_parallel_size=spec.tensor_parallel, seed=spec.seed,
-                          dtype=spec.weights_dtype)  # fmt: skip
+        return VLLMEngine(
+            spec.model, tensor_parallel_size=spec.tensor_parallel, seed=spec.seed, dtype=spec.weights_dtype
+        )
     from reference.engine.builtin import BuiltinEngine
 
     if spec.torch_threads > 0:
@@ -255,8 +279,9 @@ async def serve_engine(
         for sock in sockets:
             sock.close()
         raise
-    runner = await start_engine_server(engine, heartbeat_s=spec.heartbeat_s, coalesce_s=spec.coalesce_s,
-                                       token=token, sockets=sockets)  # fmt: skip
+    runner = await start_engine_server(
+        engine, heartbeat_s=spec.heartbeat_s, coalesce_s=spec.coalesce_s, token=token, sockets=sockets
+    )
     print(f"{READY_PREFIX}{bound_port(runner)}", flush=True)
     loop = asyncio.get_running_loop()
     stopped = stop_signals(loop)

@@ -527,9 +527,11 @@ def listen_sockets(host: str, port: int, backlog: int = 128) -> list[socket.sock
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as e:
-        raise UserError(f"cannot listen on host {host!r}: the name does not resolve ({getattr(e, 'strerror', e)}); "
-                        f"use an address of this machine: 127.0.0.1 (this machine only) or 0.0.0.0 (every "
-                        f"interface)") from None  # fmt: skip
+        raise UserError(
+            f"cannot listen on host {host!r}: the name does not resolve ({getattr(e, 'strerror', e)}); "
+            f"use an address of this machine: 127.0.0.1 (this machine only) or 0.0.0.0 (every "
+            f"interface)"
+        ) from None
     sockets: list[socket.socket] = []
     try:
         for family, kind, proto, _, address in dict.fromkeys(infos):
@@ -552,11 +554,15 @@ def listen_sockets(host: str, port: int, backlog: int = 128) -> list[socket.sock
 def _listen_error(host: str, port: int, e: OSError) -> str:
     where = f"{f'[{host}]' if ':' in host else host}:{port}"
     if e.errno == errno.EADDRINUSE:
-        return (f"cannot listen on {where}: the port is in use (another server, or an earlier run still going?); "
-                f"choose another --port, or 0 for any free one")  # fmt: skip
+        return (
+            f"cannot listen on {where}: the port is in use (another server, or an earlier run still going?); "
+            f"choose another --port, or 0 for any free one"
+        )
     if e.errno == errno.EADDRNOTAVAIL:
-        return (f"cannot listen on {where}: {host!r} is not an address of this machine; use 127.0.0.1 (this "
-                f"machine only) or 0.0.0.0 (every interface)")  # fmt: skip
+        return (
+            f"cannot listen on {where}: {host!r} is not an address of this machine; use 127.0.0.1 (this "
+            f"machine only) or 0.0.0.0 (every interface)"
+        )
     if e.errno == errno.EACCES:
         return f"cannot listen on {where}: permission denied (ports below 1024 need privileges); choose 1024-65535"
     return f"cannot listen on {where}: {e.strerror or e}"

@@ -236,8 +236,9 @@ def encode_text(tokenizer, text: str) -> list[int]:
     try:
         return tokenizer.encode(text)
     except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for text outside its vocabulary
-        raise RequestError(f"this model's tokenizer cannot encode the text {text[:60]!r}: {e}",
-                           code="unencodable_text") from None  # fmt: skip
+        raise RequestError(
+            f"this model's tokenizer cannot encode the text {text[:60]!r}: {e}", code="unencodable_text"
+        ) from None
 
 
 class ChatRenderer:
@@ -315,8 +316,11 @@ class ChatRenderer:
                 body: list[int] = []
                 while k < len(indexed) and indexed[k][1]["role"] == "tool":
                     j, t = indexed[k]
-                    body += [*self._encode("\n<tool_response>\n", fresh), *self._encode(message_text(t, j), fresh),
-                             *self._encode("\n</tool_response>", fresh)]  # fmt: skip
+                    body += [
+                        *self._encode("\n<tool_response>\n", fresh),
+                        *self._encode(message_text(t, j), fresh),
+                        *self._encode("\n</tool_response>", fresh),
+                    ]
                     k += 1
                 self._turn(ids, fresh, "user", body, header_newline=False)
                 continue

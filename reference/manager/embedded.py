@@ -42,8 +42,9 @@ class ManagerThread:
         """`store_path`: a path, or an open store (which `close()` then closes); `processes`: engine processes
         the manager may restart (see supervisor.py)."""
         self.store = store_path if isinstance(store_path, TrajectoryStore) else TrajectoryStore(store_path)
-        self.manager = TrajectoryManager(engines, tokenizer, self.store, config or ManagerConfig(),
-                                         processes=processes, supervisor=supervisor)  # fmt: skip
+        self.manager = TrajectoryManager(
+            engines, tokenizer, self.store, config or ManagerConfig(), processes=processes, supervisor=supervisor
+        )
         self.host = host
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trajectory-manager", daemon=True)

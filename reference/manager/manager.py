@@ -89,18 +89,27 @@ class ManagerConfig:
     allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("default_max_tokens", "max_engine_attempts", "max_sessions_in_memory", "max_tokens_in_memory",
-                     "max_session_tokens_in_memory"):  # fmt: skip
+        for name in (
+            "default_max_tokens",
+            "max_engine_attempts",
+            "max_sessions_in_memory",
+            "max_tokens_in_memory",
+            "max_session_tokens_in_memory",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.idle_timeout_s > 0 or not self.durable_within_s > 0:
-            raise ValueError(f"idle_timeout_s and durable_within_s must be > 0, got {self.idle_timeout_s} and "
-                             f"{self.durable_within_s}")  # fmt: skip
+            raise ValueError(
+                f"idle_timeout_s and durable_within_s must be > 0, got {self.idle_timeout_s} and "
+                f"{self.durable_within_s}"
+            )
         if not self.idle_timeout_s > 0:
             raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
         if not self.body_timeout_s > 0 or self.max_body_bytes_in_flight < 1:
-            raise ValueError(f"body_timeout_s must be > 0 and max_body_bytes_in_flight >= 1, got "
-                             f"{self.body_timeout_s} and {self.max_body_bytes_in_flight}")  # fmt: skip
+            raise ValueError(
+                f"body_timeout_s must be > 0 and max_body_bytes_in_flight >= 1, got "
+                f"{self.body_timeout_s} and {self.max_body_bytes_in_flight}"
+            )
         for name in ("max_in_flight_requests", "max_pause_s", "engine_cooldown_s", "max_loop_lag_s", "engine_wait_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -180,8 +189,10 @@ class TrajectoryManager:
         self.shed = 0  # requests answered 429
         # Bodies over a MiB are parsed and tokenised one at a time in a thread of their own, the rest over 64 KiB in
         # two more: neither holds the threads session reloads and the store use, nor do many huge ones share memory.
-        self.body_threads = {"large": ThreadPoolExecutor(2, thread_name_prefix="manager-body"),
-                             "huge": ThreadPoolExecutor(1, thread_name_prefix="manager-huge-body")}  # fmt: skip
+        self.body_threads = {
+            "large": ThreadPoolExecutor(2, thread_name_prefix="manager-body"),
+            "huge": ThreadPoolExecutor(1, thread_name_prefix="manager-huge-body"),
+        }
         self.watchdog_resumes = 0
         self._watchdogs: set[asyncio.Task] = set()
         self._migrating: set[str] = set()  # engine request ids aborted by `preempt`, to continue elsewhere
@@ -232,16 +243,20 @@ class TrajectoryManager:
     def check_admission(self) -> None:
         """A 429 the agent should retry after a while when the in-flight cap is reached (nothing is held)."""
         if self.in_flight >= self.admission.limit:
-            self._shed(f"the manager is at its limit of {self.admission.limit} requests in flight (event loop "
-                       f"{self.loop_lag.lag_s * 1e3:.0f} ms behind); retry shortly")  # fmt: skip
+            self._shed(
+                f"the manager is at its limit of {self.admission.limit} requests in flight (event loop "
+                f"{self.loop_lag.lag_s * 1e3:.0f} ms behind); retry shortly"
+            )
 
     def hold_body(self, size: int) -> None:
         """Count `size` bytes of a request body about to be read; 429 when that would pass
         `max_body_bytes_in_flight` (a body is always let in when none is held)."""
         cap = self.config.max_body_bytes_in_flight
         if self.body_bytes and self.body_bytes + size > cap:
-            self._shed(f"request bodies of {self.body_bytes:,} bytes are being read or tokenised, and this one of "
-                       f"{size:,} would pass the limit of {cap:,}; retry shortly")  # fmt: skip
+            self._shed(
+                f"request bodies of {self.body_bytes:,} bytes are being read or tokenised, and this one of "
+                f"{size:,} would pass the limit of {cap:,}; retry shortly"
+            )
         self.body_bytes += size
 
     def release_body(self, size: int) -> None:
@@ -279,8 +294,9 @@ class TrajectoryManager:
             raise RequestError(
                 f"the prompt's {chars:,} characters are at least {chars // per_token:,} tokens (a token is at most "
                 f"{per_token} characters); this model's context is {limit} tokens",
-                param="messages", code="context_length_exceeded",
-            )  # fmt: skip
+                param="messages",
+                code="context_length_exceeded",
+            )
 
     def budget(self, prompt_len: int, sampling: Sampling) -> int:
         """max_tokens for a prompt, or a 400 if the prompt and request do not fit the context."""
@@ -361,8 +377,9 @@ class TrajectoryManager:
         except StoreError as e:
             raise _store_unavailable(e) from None
         if not stored:
-            raise RequestError(f"no finished request in session {session_id!r} to annotate", status=404,
-                               code="session_not_found")  # fmt: skip
+            raise RequestError(
+                f"no finished request in session {session_id!r} to annotate", status=404, code="session_not_found"
+            )
         who = readable(f"{claimed} ({author})" if claimed else author)  # a header's or a body's bad bytes: not a 500
         try:
             return await asyncio.to_thread(self.store.annotate, session_id, updates, who)
@@ -495,8 +512,9 @@ class TrajectoryManager:
                 else:
                     raise EngineError(f"{slot.name}: the stream of {call.request_id} ended without a finish")
             except EngineError as e:
-                log.warning("engine %s failed on %s after %d tokens: %s", slot.name, request_id,
-                            len(progress.token_ids), e)  # fmt: skip
+                log.warning(
+                    "engine %s failed on %s after %d tokens: %s", slot.name, request_id, len(progress.token_ids), e
+                )
                 self.router.mark_failed(slot, str(e))
                 excluded.add(slot.name)
                 failures += 1
@@ -540,17 +558,27 @@ class TrajectoryManager:
         meta = {"engines": p.engines, "model": self.config.model_name}
         # arrays once, for the store's blobs and the tree alike
         generated = (array("I", p.token_ids), array("d", p.logprobs), array("i", p.versions))
-        turn = NewTurn(session.session_id, request_id, anchor, match_len, ids[match_len:], *generated, reason, text,
-                       meta)  # fmt: skip
+        turn = NewTurn(
+            session.session_id, request_id, anchor, match_len, ids[match_len:], *generated, reason, text, meta
+        )
         try:
             result = await self.recorder.record(session, turn, ids)
         except StoreError as e:
             raise _store_unavailable(e) from None
         session.renderer.remember(text, p.token_ids)
         return Outcome(
-            session.session_id, request_id, prompt, tuple(p.token_ids), tuple(p.logprobs),
-            tuple(p.versions), text, reason, cached, result.branch_id, tuple(p.engines),
-        )  # fmt: skip
+            session.session_id,
+            request_id,
+            prompt,
+            tuple(p.token_ids),
+            tuple(p.logprobs),
+            tuple(p.versions),
+            text,
+            reason,
+            cached,
+            result.branch_id,
+            tuple(p.engines),
+        )
 
     # ---- partial rollout and placement: the control plane's hooks ----
     # Every call acts on the engines named (None: all of them). Each engine keeps its own state (serving,
@@ -588,8 +616,9 @@ class TrajectoryManager:
         if self.config.max_pause_s:
             self._watchdogs.add(asyncio.create_task(self._pause_watchdog(slots, now, self.config.max_pause_s)))
 
-    async def update_weights(self, version: int, source: str | Mapping[str, str] | None = None,
-                             engines: Sequence[str] | None = None):  # fmt: skip
+    async def update_weights(
+        self, version: int, source: str | Mapping[str, str] | None = None, engines: Sequence[str] | None = None
+    ):
         """Load policy `version` (from checkpoint directory `source`, or the engine's own hand-off) onto
         these engines, which must be paused; tokens they sample from now on carry `version`. `source` may
         also map each engine's name to its own directory (a copy on its node that only it reads); each
@@ -604,8 +633,9 @@ class TrajectoryManager:
         async with self.control:
             by_engine = {id(s.engine): sources[s.name] for s in slots}
             if running := [s.name for s in slots if not s.paused]:
-                raise RuntimeError(f"update_weights needs paused engines; {', '.join(running)} not paused "
-                                   f"(POST /admin/pause first)")  # fmt: skip
+                raise RuntimeError(
+                    f"update_weights needs paused engines; {', '.join(running)} not paused (POST /admin/pause first)"
+                )
             await self._broadcast(lambda e: e.update_weights(version, by_engine[id(e)]), slots)
             for s in slots:
                 s.version = version
@@ -664,8 +694,11 @@ class TrajectoryManager:
             await asyncio.sleep(after_s)
             stuck = [s.name for s in slots if s.paused_since is not None and s.paused_since <= since]
             if stuck:
-                log.error("engines %s were paused for %g s without a resume (max_pause_s); resuming them",
-                          ", ".join(stuck), after_s)  # fmt: skip
+                log.error(
+                    "engines %s were paused for %g s without a resume (max_pause_s); resuming them",
+                    ", ".join(stuck),
+                    after_s,
+                )
                 self.watchdog_resumes += 1
                 await self.resume(stuck)
         finally:

@@ -79,8 +79,18 @@ class _Node:
     The parent is named by its node id (-1: the root), not referenced: a tree holds no reference cycle, so
     it is freed the moment its session leaves memory, without waiting for a full garbage collection."""
 
-    __slots__ = ("node_id", "parent_id", "start", "ids", "mask", "logprobs", "versions", "children", "branch_id",
-                 "cover")  # fmt: skip
+    __slots__ = (
+        "node_id",
+        "parent_id",
+        "start",
+        "ids",
+        "mask",
+        "logprobs",
+        "versions",
+        "children",
+        "branch_id",
+        "cover",
+    )
 
     def __init__(self, node_id: int, parent_id: int, start: int, segment: _Segment, cover: str) -> None:
         self.node_id, self.parent_id, self.start, self.cover = node_id, parent_id, start, cover

@@ -90,9 +90,11 @@ class Recorder:
         except TimeoutError:
             self.timed_out += 1
             done.add_done_callback(_retrieve)  # it lands later (and is kept); nobody reads its outcome
-            raise StoreError(f"the trajectory store did not make the request durable within "
-                             f"{self.durable_within_s:g} s (a stalled disk?); it is kept if the write completes, "
-                             f"so a retry may add a second branch") from None  # fmt: skip
+            raise StoreError(
+                f"the trajectory store did not make the request durable within "
+                f"{self.durable_within_s:g} s (a stalled disk?); it is kept if the write completes, "
+                f"so a retry may add a second branch"
+            ) from None
 
     def problem(self) -> str | None:
         """Why writes are failing now, or None."""
@@ -116,8 +118,9 @@ class Recorder:
         small = sum(len(p.turn.token_ids) + len(p.turn.new_prompt_token_ids) for p in batch) <= INLINE_MAX_TOKENS
         if small and not self._closed:
             if self._journal_thread is None:
-                self._journal_thread = threading.Thread(target=self._journaler, name="trajectory-store-journal",
-                                                        daemon=True)  # fmt: skip
+                self._journal_thread = threading.Thread(
+                    target=self._journaler, name="trajectory-store-journal", daemon=True
+                )
                 self._journal_thread.start()
             self._journal_inbox.put((loop, batch))
             return

@@ -76,8 +76,10 @@ class Router:
         candidates = [s for s in self.slots if s.name not in exclude and s.serving and s.up(now)]
         if not candidates:
             serving = sum(s.serving for s in self.slots)
-            raise NoEngineAvailable(f"no engine available ({len(self.slots)} configured, {serving} serving; the "
-                                    f"others failed, are excluded or do not serve now)")  # fmt: skip
+            raise NoEngineAvailable(
+                f"no engine available ({len(self.slots)} configured, {serving} serving; the "
+                f"others failed, are excluded or do not serve now)"
+            )
         least = min(candidates, key=lambda s: (s.in_flight, s.served))
         sticky = self._affinity.get(session_id)
         if sticky in candidates and sticky.in_flight <= least.in_flight + self.affinity_slack:
@@ -113,10 +115,19 @@ class Router:
     def stats(self) -> list[dict]:
         now = time.monotonic()
         return [
-            {"name": s.name, "in_flight": s.in_flight, "served": s.served, "failures": s.failures,
-             "failures_in_a_row": s.failures_in_a_row, "up": s.up(now), "restarts": s.restarts,
-             "serving": s.serving, "paused": s.paused, "version": s.version,
-             "down_for_s": None if s.up(now) or s.held_down else round(s.down_until - now, 3),
-             "reason": s.held_down or (None if s.up(now) else "missed a control call" if s.stale else s.last_error)}
+            {
+                "name": s.name,
+                "in_flight": s.in_flight,
+                "served": s.served,
+                "failures": s.failures,
+                "failures_in_a_row": s.failures_in_a_row,
+                "up": s.up(now),
+                "restarts": s.restarts,
+                "serving": s.serving,
+                "paused": s.paused,
+                "version": s.version,
+                "down_for_s": None if s.up(now) or s.held_down else round(s.down_until - now, 3),
+                "reason": s.held_down or (None if s.up(now) else "missed a control call" if s.stale else s.last_error),
+            }
             for s in self.slots
-        ]  # fmt: skip
+        ]

@@ -113,8 +113,9 @@ def _no_such_endpoint(request: web.Request) -> RequestError:
         f"{request.method} {request.path[:100]} is not served here: OpenAI calls take the session in the URL. "
         f"Use base_url = {request.scheme}://{request.host[:100]}/s/<session_id>/v1 (one session id per agent "
         f"episode), which serves POST chat/completions, POST completions and GET models",
-        status=404, code="not_found",
-    )  # fmt: skip
+        status=404,
+        code="not_found",
+    )
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
@@ -150,17 +151,25 @@ def _check_web_origin(request: web.Request) -> None:
     config = request.app[MANAGER_KEY].config
     host = request.headers.get("Host", "")
     if not host_allowed(host, config.allowed_hosts):
-        raise RequestError(f"Host {host[:100]!r} is not served here: a loopback name or an IP address, or a name "
-                           f"given with --allowed-host", status=403, code="forbidden_host")  # fmt: skip
+        raise RequestError(
+            f"Host {host[:100]!r} is not served here: a loopback name or an IP address, or a name "
+            f"given with --allowed-host",
+            status=403,
+            code="forbidden_host",
+        )
     origin = request.headers.get("Origin")
     own = origin is not None and origin.partition("://")[2].lower() == host.lower()
     if origin is not None and not own and "*" not in config.allowed_origins and origin not in config.allowed_origins:
-        raise RequestError(f"Origin {origin[:100]!r} may not call this server: browsers' cross-site requests are "
-                           f"refused unless the origin is given with --allowed-origin", status=403,
-                           code="forbidden_origin")  # fmt: skip
+        raise RequestError(
+            f"Origin {origin[:100]!r} may not call this server: browsers' cross-site requests are "
+            f"refused unless the origin is given with --allowed-origin",
+            status=403,
+            code="forbidden_origin",
+        )
     if origin is None and request.headers.get("Sec-Fetch-Site") == "cross-site" and "*" not in config.allowed_origins:
-        raise RequestError("a cross-site request from a browser may not call this server", status=403,
-                           code="forbidden_origin")  # fmt: skip
+        raise RequestError(
+            "a cross-site request from a browser may not call this server", status=403, code="forbidden_origin"
+        )
 
 
 def _check_token(request: web.Request) -> None:
@@ -168,8 +177,9 @@ def _check_token(request: web.Request) -> None:
     if token is None:
         return
     if not authorized(request.headers.get("Authorization"), token):
-        raise RequestError(f"{request.path[:100]} needs 'Authorization: Bearer <admin token>'", status=401,
-                           code="unauthorized")  # fmt: skip
+        raise RequestError(
+            f"{request.path[:100]} needs 'Authorization: Bearer <admin token>'", status=401, code="unauthorized"
+        )
 
 
 def _reject_constant(name: str):
@@ -185,8 +195,9 @@ def _check_depth(value, limit: int = MAX_JSON_DEPTH) -> None:
         if items is None:
             continue
         if depth > limit:
-            raise RequestError(f"the request body nests objects and arrays deeper than {limit} levels",
-                               code="invalid_json")  # fmt: skip
+            raise RequestError(
+                f"the request body nests objects and arrays deeper than {limit} levels", code="invalid_json"
+            )
         stack.extend((x, depth + 1) for x in items if isinstance(x, dict | list))
 
 
@@ -230,8 +241,9 @@ async def _agent_body(request: web.Request, manager: TrajectoryManager) -> tuple
     size = request.content_length
     limit = manager.config.max_body_bytes
     if size is not None and size > limit:
-        raise RequestError(f"the request body of {size:,} bytes is over the limit of {limit:,}", status=413,
-                           code="request_too_large")  # fmt: skip
+        raise RequestError(
+            f"the request body of {size:,} bytes is over the limit of {limit:,}", status=413, code="request_too_large"
+        )
     held = limit if size is None else size  # a chunked body may be as large as the limit
     manager.hold_body(held)
     try:
@@ -239,8 +251,11 @@ async def _agent_body(request: web.Request, manager: TrajectoryManager) -> tuple
             raw = await request.read()  # aiohttp answers 413 here for a chunked body over client_max_size
     except TimeoutError:
         manager.release_body(held)
-        raise RequestError(f"the request body did not arrive within {manager.config.body_timeout_s:g} s",
-                           status=408, code="request_timeout") from None  # fmt: skip
+        raise RequestError(
+            f"the request body did not arrive within {manager.config.body_timeout_s:g} s",
+            status=408,
+            code="request_timeout",
+        ) from None
     except BaseException:
         manager.release_body(held)
         raise
@@ -299,15 +314,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         manager.budget(len(prompt), chat.sampling)  # a rejected request leaves nothing behind
         with manager.accepted(session, fresh, len(prompt)) as session:
             if chat.sampling.stream:
-                return await _stream(request, manager, session, prompt, chat.sampling, chat=True,
-                                     tools=bool(chat.tools))  # fmt: skip
+                return await _stream(
+                    request, manager, session, prompt, chat.sampling, chat=True, tools=bool(chat.tools)
+                )
             outcomes = await _run_n(manager, session, prompt, chat.sampling)
     choices = []
     for i, o in enumerate(outcomes):
         message, finish = _assistant_message(o, bool(chat.tools))
         logprobs = chat_logprobs(manager.tok, o.token_ids, o.logprobs) if chat.sampling.logprobs else None
-        choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": logprobs,
-                        "trajectory": _trajectory_info(o)})  # fmt: skip
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "finish_reason": finish,
+                "logprobs": logprobs,
+                "trajectory": _trajectory_info(o),
+            }
+        )
     first = choices[0]["trajectory"]
     return web.json_response(
         {
@@ -372,12 +395,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
     echo = (req.prompt if isinstance(req.prompt, str) else manager.tok.decode(req.prompt)) if req.echo else ""
     choices = []
     for i, o in enumerate(outcomes):
-        choice = {"index": i, "text": echo + o.text, "finish_reason": o.finish_reason, "logprobs": None,
-                  "trajectory": _trajectory_info(o)}  # fmt: skip
+        choice = {
+            "index": i,
+            "text": echo + o.text,
+            "finish_reason": o.finish_reason,
+            "logprobs": None,
+            "trajectory": _trajectory_info(o),
+        }
         if req.sampling.logprobs:
             pieces = [manager.tok.decode([t]) for t in o.token_ids]
-            choice["logprobs"] = {"tokens": pieces, "token_logprobs": list(o.logprobs), "top_logprobs": None,
-                                  "text_offset": None}  # fmt: skip
+            choice["logprobs"] = {
+                "tokens": pieces,
+                "token_logprobs": list(o.logprobs),
+                "top_logprobs": None,
+                "text_offset": None,
+            }
         choices.append(choice)
     return web.json_response(
         {
@@ -448,8 +480,13 @@ async def _stream(
 
 async def models(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
-    card = {"id": manager.config.model_name, "object": "model", "created": now_s(), "owned_by": "seamlessflow",
-            "max_model_len": manager.max_context}  # fmt: skip
+    card = {
+        "id": manager.config.model_name,
+        "object": "model",
+        "created": now_s(),
+        "owned_by": "seamlessflow",
+        "max_model_len": manager.max_context,
+    }
     return web.json_response({"object": "list", "data": [card]})
 
 
@@ -521,8 +558,9 @@ async def _admin_body(request: web.Request) -> dict:
 def _engines_arg(body: dict) -> list[str] | None:
     engines = body.get("engines")
     if engines is not None and not (isinstance(engines, list) and engines and all(isinstance(e, str) for e in engines)):
-        raise RequestError(f"'engines' must be a non-empty list of engine names or null, got {engines!r}",
-                           param="engines")  # fmt: skip
+        raise RequestError(
+            f"'engines' must be a non-empty list of engine names or null, got {engines!r}", param="engines"
+        )
     return engines
 
 
@@ -708,9 +746,15 @@ async def start_manager_server(
         raise
     manager.max_connections = max(16, open_file_limit() - FD_RESERVE - ACCEPT_BATCH)
     _quiet_accept_errors(asyncio.get_running_loop())
-    runner = _Runner(build_app(manager), handler_cancellation=True, access_log=None, max_line_size=MAX_LINE_BYTES,
-                     max_field_size=MAX_LINE_BYTES, max_headers=MAX_HEADERS,
-                     keepalive_timeout=manager.config.idle_timeout_s)  # fmt: skip
+    runner = _Runner(
+        build_app(manager),
+        handler_cancellation=True,
+        access_log=None,
+        max_line_size=MAX_LINE_BYTES,
+        max_field_size=MAX_LINE_BYTES,
+        max_headers=MAX_HEADERS,
+        keepalive_timeout=manager.config.idle_timeout_s,
+    )
     # asyncio accepts as many connections in one go as its backlog, before any of them runs: a small batch lets
     # `_JSONErrors` close idle connections between batches; the kernel's queue stays long for bursts.
     runner = await serve_on(runner, sockets, ACCEPT_BATCH)

@@ -112,8 +112,10 @@ class SessionTable:
         held = self._live.get(session.session_id, session).pending
         cap = self.budget.max_session_tokens
         if held and held + prompt_tokens > cap:
-            return (f"session {session.session_id[:64]!r} has requests in flight holding {held:,} prompt tokens; "
-                    f"this one's {prompt_tokens:,} would pass the per-session budget of {cap:,}")  # fmt: skip
+            return (
+                f"session {session.session_id[:64]!r} has requests in flight holding {held:,} prompt tokens; "
+                f"this one's {prompt_tokens:,} would pass the per-session budget of {cap:,}"
+            )
         return None
 
     def attach(self, session: Session, pin: bool = True, prompt_tokens: int = 0) -> Session:

@@ -194,9 +194,17 @@ def _check_name(name: str, value: object) -> None:
 def _prepare(turn: NewTurn) -> tuple:
     """Validate one record and pack its arrays (no database access)."""
     session_id, request_id, anchor_request_id, match_len = (
-        turn.session_id, turn.request_id, turn.anchor_request_id, turn.match_len)  # fmt: skip
+        turn.session_id,
+        turn.request_id,
+        turn.anchor_request_id,
+        turn.match_len,
+    )
     new_prompt_token_ids, token_ids, logprobs, versions = (
-        turn.new_prompt_token_ids, turn.token_ids, turn.logprobs, turn.versions)  # fmt: skip
+        turn.new_prompt_token_ids,
+        turn.token_ids,
+        turn.logprobs,
+        turn.versions,
+    )
     finish_reason, text, meta = turn.finish_reason, turn.text, turn.meta
     _check_name("session_id", session_id)
     _check_name("request_id", request_id)
@@ -222,8 +230,15 @@ def _prepare(turn: NewTurn) -> tuple:
         _pack("versions", "i", versions),
     )
     num_tokens = match_len + len(new_prompt_token_ids) + len(token_ids)
-    return session_id, request_id, anchor_request_id, match_len, num_tokens, blobs, (
-        finish_reason, text, time.time(), meta_json)  # fmt: skip
+    return (
+        session_id,
+        request_id,
+        anchor_request_id,
+        match_len,
+        num_tokens,
+        blobs,
+        (finish_reason, text, time.time(), meta_json),
+    )
 
 
 def _frame(row: tuple) -> bytes:
@@ -231,8 +246,21 @@ def _frame(row: tuple) -> bytes:
     session_id, request_id, anchor, match_len, num_tokens, (a, b, c, d), (finish, text, created_s, meta) = row
     s, r, f, t, m = session_id.encode(), request_id.encode(), finish.encode(), text.encode(), meta.encode()
     n = b"" if anchor is None else anchor.encode()
-    head = _HEAD.pack(match_len, num_tokens, created_s, len(s), len(r), _ABSENT if anchor is None else len(n),
-                      len(f), len(t), len(m), len(a), len(b), len(c), len(d))  # fmt: skip
+    head = _HEAD.pack(
+        match_len,
+        num_tokens,
+        created_s,
+        len(s),
+        len(r),
+        _ABSENT if anchor is None else len(n),
+        len(f),
+        len(t),
+        len(m),
+        len(a),
+        len(b),
+        len(c),
+        len(d),
+    )
     payload = b"".join((head, s, r, n, f, t, m, a, b, c, d))
     return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
@@ -334,8 +362,9 @@ class TrajectoryStore:
         except sqlite3.DatabaseError as e:
             self._conn.close()
             if isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "busy" in str(e)):
-                raise ValueError(f"{self.path} is locked by another process ({e}); stop the other writer or give "
-                                 f"another store") from None  # fmt: skip
+                raise ValueError(
+                    f"{self.path} is locked by another process ({e}); stop the other writer or give another store"
+                ) from None
             raise ValueError(f"{self.path} is not a trajectory store: {e}") from None
         except BaseException:
             self._conn.close()
@@ -450,8 +479,13 @@ class TrajectoryStore:
             try:
                 self._fold()
             except StoreError as e:
-                log.error("%d journaled records stay in %s%s* until the store is opened again: %s",
-                          self._unfolded, self.path, JOURNAL_INFIX, e)  # fmt: skip
+                log.error(
+                    "%d journaled records stay in %s%s* until the store is opened again: %s",
+                    self._unfolded,
+                    self.path,
+                    JOURNAL_INFIX,
+                    e,
+                )
             with self._journal_lock:
                 for segment in [*self._sealed, *([self._segment] if self._segment else [])]:
                     os.close(segment.fd)
@@ -485,8 +519,19 @@ class TrajectoryStore:
         meta: dict[str, Any] | None = None,
     ) -> TurnRecord:
         """Store one finished request in one transaction; assigns its seq and created_s."""
-        turn = NewTurn(session_id, request_id, anchor_request_id, match_len, new_prompt_token_ids, token_ids,
-                       logprobs, versions, finish_reason, text, meta)  # fmt: skip
+        turn = NewTurn(
+            session_id,
+            request_id,
+            anchor_request_id,
+            match_len,
+            new_prompt_token_ids,
+            token_ids,
+            logprobs,
+            versions,
+            finish_reason,
+            text,
+            meta,
+        )
         return _record(self._append([turn])[0])
 
     def append_many(self, turns: Sequence[NewTurn]) -> list[int]:
@@ -653,8 +698,9 @@ class TrajectoryStore:
         had their only copy in memory, and a crash would lose them. Write them to a new file at once (under
         _journal_lock); if that fails, they still fold from memory (StoreError for the write that found it)."""
         lost, self._segment = self._segment, None
-        log.warning("the journal file %s was removed: its %d records are written to a new one", lost.path,
-                    len(lost.rows))  # fmt: skip
+        log.warning(
+            "the journal file %s was removed: its %d records are written to a new one", lost.path, len(lost.rows)
+        )
         frames = b"".join(_frame(row) for row in lost.rows)
         try:
             segment = self._open_segment()
@@ -750,8 +796,9 @@ class TrajectoryStore:
                     chunks.append(chunk)
                 rows, left_out = _read_frames(b"".join(chunks))
                 if left_out:
-                    log.warning("%s ends in %d bytes that are not a whole record (a write cut short); left out",
-                                path, left_out)  # fmt: skip
+                    log.warning(
+                        "%s ends in %d bytes that are not a whole record (a write cut short); left out", path, left_out
+                    )
                 with self._lock:
                     inserted = self._fold_rows(rows, skip_stored=True)
                 if inserted:

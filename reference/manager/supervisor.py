@@ -60,8 +60,9 @@ class _Watch:
 
 
 class Supervisor:
-    def __init__(self, manager: Any, processes: dict[str, EngineHandle] | None = None,
-                 config: SupervisorConfig | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, manager: Any, processes: dict[str, EngineHandle] | None = None, config: SupervisorConfig | None = None
+    ) -> None:
         self.manager, self.processes = manager, dict(processes or {})
         self.config = config or SupervisorConfig()
         self._watch = {s.name: _Watch() for s in manager.router.slots}

@@ -45,8 +45,13 @@ class _RayResourceWorker(ResourceWorker):
 class RayWorkers:
     """The `Workers` of a run on Ray. Use as a context manager: actors (and a Ray started here) are released."""
 
-    def __init__(self, specs: Sequence[WorkerSpec], address: str | None = None, start_timeout_s: float = 600.0,
-                 initial_weights: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        specs: Sequence[WorkerSpec],
+        address: str | None = None,
+        start_timeout_s: float = 600.0,
+        initial_weights: str | None = None,
+    ):
         """`initial_weights`: a directory (the specs' `model_dir`) that only this machine may see: its files go
         to every worker through the object store, and each starts from its own copy."""
         self.specs = {s.name: s for s in specs}
@@ -60,8 +65,14 @@ class RayWorkers:
             sigterm = signal.getsignal(signal.SIGTERM) if main else None
             try:
                 if address is None:
-                    ray.init(num_cpus=len(os.sched_getaffinity(0)), resources=dict(tags), include_dashboard=False,
-                             logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)  # fmt: skip
+                    ray.init(
+                        num_cpus=len(os.sched_getaffinity(0)),
+                        resources=dict(tags),
+                        include_dashboard=False,
+                        logging_level=logging.ERROR,
+                        log_to_driver=False,
+                        configure_logging=True,
+                    )
                 else:
                     ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
             except (ConnectionError, RuntimeError, ValueError) as e:
@@ -81,7 +92,7 @@ class RayWorkers:
                     resources={t: 1 for t in s.capabilities},
                     name=f"seamlessflow-{s.name}-{os.getpid()}",
                     max_restarts=0,
-                ).remote(s, initial)  # fmt: skip
+                ).remote(s, initial)
                 for s in specs
             }
             del initial  # each actor holds its own copy once constructed: the object is released then
@@ -103,15 +114,23 @@ class RayWorkers:
         """The same, waited for (from a thread that is not an event loop)."""
         return ray.get(self.call(resource, method, *args), timeout=timeout_s)
 
-    def init_trainers(self, trainers: Sequence[str], trainer_config: dict, checkpoints: str | None = None,
-                      resume: str | None = None, parallel: dict | None = None) -> list[int]:  # fmt: skip
+    def init_trainers(
+        self,
+        trainers: Sequence[str],
+        trainer_config: dict,
+        checkpoints: str | None = None,
+        resume: str | None = None,
+        parallel: dict | None = None,
+    ) -> list[int]:
         """Every train-capable resource builds its shard and joins the data-parallel group (gloo, in rank
         order), from the initial weights or the checkpoint `resume`; returns the step each starts at.
         `parallel`: `DataParallel`'s settings (FSDP needs the group even for one shard)."""
         grouped = len(trainers) > 1 or bool((parallel or {}).get("fsdp"))
         address = self.get(trainers[0], "free_address", self._local) if grouped else ""
-        refs = [self.call(r, "init_trainer", rank, len(trainers), address, trainer_config, checkpoints, resume,
-                          parallel) for rank, r in enumerate(trainers)]  # fmt: skip
+        refs = [
+            self.call(r, "init_trainer", rank, len(trainers), address, trainer_config, checkpoints, resume, parallel)
+            for rank, r in enumerate(trainers)
+        ]
         return ray.get(refs, timeout=600)
 
     def kill(self, resource: str) -> None:

@@ -82,17 +82,32 @@ class Episode:
         """What the group record keeps of it (JSON): its place in the store, its verdict, and the timing facts
         of `info` (seconds waiting for the model, for tools in the sandbox, for the test run)."""
         timings = {k: v for k, v in self.info.items() if k in TIMING_KEYS}
-        return {"session_id": self.session_id, "request_ids": list(self.request_ids), "reward": self.reward,
-                "exact": self.exact, "exit_reason": self.exit_reason, "trained": self.trained, **timings}  # fmt: skip
+        return {
+            "session_id": self.session_id,
+            "request_ids": list(self.request_ids),
+            "reward": self.reward,
+            "exact": self.exact,
+            "exit_reason": self.exit_reason,
+            "trained": self.trained,
+            **timings,
+        }
 
 
 class EpisodeContext:
     """What a task's episodes may use: the manager's URL, the run's sampling settings and RNG, and HTTP calls
     with the rollout's retry rules. Made by the rollout manager; one per run."""
 
-    def __init__(self, base_url: str, http: aiohttp.ClientSession, headers: dict, temperature: float,
-                 request_timeout_s: float, retries: int, rng: random.Random,
-                 fixed_seed: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base_url: str,
+        http: aiohttp.ClientSession,
+        headers: dict,
+        temperature: float,
+        request_timeout_s: float,
+        retries: int,
+        rng: random.Random,
+        fixed_seed: int | None = None,
+    ) -> None:
         self.base_url, self.temperature = base_url.rstrip("/"), temperature
         self.admin_headers = headers  # the manager's admin token (rewards and annotations need it)
         self._http, self._timeout_s, self._retries, self._rng = http, request_timeout_s, retries, rng
@@ -106,8 +121,16 @@ class EpisodeContext:
         """This context, but each episode's seed a function of `base`, its problem and its index
         (`episode_seed`): evaluations with one base draw the same numbers for the same episode, so two
         evaluations of different weights differ by the weights and not by the draws (common random numbers)."""
-        return EpisodeContext(self.base_url, self._http, self.admin_headers, self.temperature, self._timeout_s,
-                              self._retries, self._rng, fixed_seed=base)  # fmt: skip
+        return EpisodeContext(
+            self.base_url,
+            self._http,
+            self.admin_headers,
+            self.temperature,
+            self._timeout_s,
+            self._retries,
+            self._rng,
+            fixed_seed=base,
+        )
 
     def episode_seed(self, problem_id: str, index: int) -> int | None:
         """The sampling seed of episode `index` of a problem: fixed by `fixed_seed` and both, or None (the
@@ -145,8 +168,9 @@ class EpisodeContext:
         while failures <= self._retries and loop.time() < deadline:
             wait = min(5.0, 0.2 * 2**failures)
             try:
-                async with self._http.post(self.base_url + path, json=body, headers=self.admin_headers,
-                                           timeout=timeout) as r:  # fmt: skip
+                async with self._http.post(
+                    self.base_url + path, json=body, headers=self.admin_headers, timeout=timeout
+                ) as r:
                     data = await r.json(content_type=None)
                     if r.status == 200:
                         return data
@@ -170,9 +194,14 @@ class RolloutError(RuntimeError):
 async def single_turn_episodes(task: Task, problem: Problem, n: int, key: str, ctx: EpisodeContext) -> list[Episode]:
     """`n` one-request episodes of `problem`: one `/completions` request with `n` choices (the raw prompt, no
     chat template) in session `key`, each choice graded by `task.grade`."""
-    body = {"prompt": problem.prompt, "max_tokens": problem.max_tokens or task.max_tokens,
-            "ignore_eos": problem.ignore_eos, "n": n, "temperature": ctx.temperature,
-            "seed": ctx.seed() if ctx.fixed_seed is None else ctx.episode_seed(problem.problem_id, 0)}  # fmt: skip
+    body = {
+        "prompt": problem.prompt,
+        "max_tokens": problem.max_tokens or task.max_tokens,
+        "ignore_eos": problem.ignore_eos,
+        "n": n,
+        "temperature": ctx.temperature,
+        "seed": ctx.seed() if ctx.fixed_seed is None else ctx.episode_seed(problem.problem_id, 0),
+    }
     answer = await ctx.post(f"/s/{key}/v1/completions", body)
     episodes = []
     for choice in answer["choices"]:
@@ -180,8 +209,19 @@ async def single_turn_episodes(task: Task, problem: Problem, n: int, key: str, c
         grade = task.grade(problem, choice["text"])
         versions = t["versions"] or [0]
         reason = "finished" if choice.get("finish_reason") == "stop" else str(choice.get("finish_reason"))
-        episodes.append(Episode(key, (t["request_id"],), grade.reward, grade.exact, min(versions), max(versions),
-                                len(t["token_ids"]), reason, {"branch_id": t["branch_id"]}))  # fmt: skip
+        episodes.append(
+            Episode(
+                key,
+                (t["request_id"],),
+                grade.reward,
+                grade.exact,
+                min(versions),
+                max(versions),
+                len(t["token_ids"]),
+                reason,
+                {"branch_id": t["branch_id"]},
+            )
+        )
     return episodes
 
 
@@ -244,5 +284,7 @@ def _overlay(later: dict, earlier: dict) -> None:
             later["generated_mask"][i] = 1
             later["logprobs"][i] = earlier["logprobs"][i]
             later["versions"][i] = earlier["versions"][i]
-    later["request_ids"] = [*earlier.get("request_ids", [earlier["request_id"]]),
-                            *later.get("request_ids", [later["request_id"]])]  # fmt: skip
+    later["request_ids"] = [
+        *earlier.get("request_ids", [earlier["request_id"]]),
+        *later.get("request_ids", [later["request_id"]]),
+    ]

@@ -59,8 +59,10 @@ class ChatEpisodesTask:
 
     async def episodes(self, problem: Problem, n: int, key: str, ctx: EpisodeContext) -> list[Episode]:
         seeds = [ctx.seed() if ctx.fixed_seed is None else ctx.episode_seed(problem.problem_id, i) for i in range(n)]
-        runs = [asyncio.to_thread(self._episode, problem, f"{key}-e{i}", ctx.session_url(f"{key}-e{i}"), seeds[i])
-                for i in range(n)]  # fmt: skip
+        runs = [
+            asyncio.to_thread(self._episode, problem, f"{key}-e{i}", ctx.session_url(f"{key}-e{i}"), seeds[i])
+            for i in range(n)
+        ]
         results = await asyncio.gather(*runs)
         out = []
         for i, (sid, rids, vs) in enumerate(results):
@@ -73,21 +75,26 @@ class ChatEpisodesTask:
         import openai
 
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
-        messages: list[dict] = [{"role": "system", "content": "You are a test agent."},
-                                {"role": "user", "content": problem.prompt}]  # fmt: skip
+        messages: list[dict] = [
+            {"role": "system", "content": "You are a test agent."},
+            {"role": "user", "content": problem.prompt},
+        ]
         request_ids, versions = [], []
         try:
             model = client.models.list().data[0].id  # the served model's name, as agents ask for it
             for turn in range(1, self.config.turns + 1):
                 if turn == self.config.rewrite_at:  # the history is rewritten: the oldest observation trimmed
                     messages[3] = {"role": "user", "content": "[trimmed]"}
-                reply = client.chat.completions.create(model=model, messages=messages, seed=seed + turn,
-                                                       max_tokens=self.config.max_tokens)  # fmt: skip
+                reply = client.chat.completions.create(
+                    model=model, messages=messages, seed=seed + turn, max_tokens=self.config.max_tokens
+                )
                 trajectory = reply.model_extra["trajectory"]
                 request_ids.append(trajectory["request_id"])
                 versions += trajectory["versions"]
-                messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                             {"role": "user", "content": f"observation {turn}: {'x' * turn}"}]  # fmt: skip
+                messages += [
+                    {"role": "assistant", "content": reply.choices[0].message.content},
+                    {"role": "user", "content": f"observation {turn}: {'x' * turn}"},
+                ]
         finally:
             client.close()
         return sid, request_ids, versions or [0]

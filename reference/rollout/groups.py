@@ -37,8 +37,17 @@ from reference.trainer.batch import Trajectory
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Episode", "GroupResult", "RolloutConfig", "RolloutError", "RolloutManager", "newest_group_records",
-           "stored_groups", "training_batch", "untrained_groups"]  # fmt: skip
+__all__ = [
+    "Episode",
+    "GroupResult",
+    "RolloutConfig",
+    "RolloutError",
+    "RolloutManager",
+    "newest_group_records",
+    "stored_groups",
+    "training_batch",
+    "untrained_groups",
+]
 
 
 @dataclass(frozen=True)
@@ -110,8 +119,9 @@ class RolloutManager:
         limit = self.config.max_concurrency
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit + 8))
         c = self.config
-        self._ctx = EpisodeContext(self.base_url, self._http, self._headers, c.temperature, c.request_timeout_s,
-                                   c.retries, self._rng)  # fmt: skip
+        self._ctx = EpisodeContext(
+            self.base_url, self._http, self._headers, c.temperature, c.request_timeout_s, c.retries, self._rng
+        )
         self._slots = asyncio.Semaphore(max(1, limit // self.config.group_size))  # a run holds a group
         return self
 
@@ -176,8 +186,9 @@ class RolloutManager:
         `EpisodeContext.with_fixed_seeds`): the evaluations of a run draw the same numbers for the same episode,
         so what differs between two of them is the weights, not the luck of the draw."""
         ctx = self._ctx.with_fixed_seeds(self._eval_seed)
-        runs = await asyncio.gather(*(self._evaluate_one(p, samples, f"{self.run_id}-eval-{label}-{i}", ctx)
-                                      for i, p in enumerate(problems)))  # fmt: skip
+        runs = await asyncio.gather(
+            *(self._evaluate_one(p, samples, f"{self.run_id}-eval-{label}-{i}", ctx) for i, p in enumerate(problems))
+        )
         flat = [e for episodes in runs for e in episodes]
         judged = [e for e in flat if e.rewarded]
         n = max(1, len(judged))
@@ -185,11 +196,15 @@ class RolloutManager:
         for problem, episodes in zip(problems, runs, strict=True):
             rewards = [e.reward for e in episodes if e.rewarded]
             instances[problem.problem_id] = [round(sum(rewards), 6), len(rewards)]
-        return {"reward_mean": sum(e.reward for e in judged) / n, "exact_match": sum(e.exact for e in judged) / n,
-                "problems": len(problems), "samples": samples, "dropped": len(flat) - len(judged),
-                "versions": [min((e.min_version for e in flat), default=0),
-                             max((e.max_version for e in flat), default=0)],
-                "instances": instances}  # fmt: skip
+        return {
+            "reward_mean": sum(e.reward for e in judged) / n,
+            "exact_match": sum(e.exact for e in judged) / n,
+            "problems": len(problems),
+            "samples": samples,
+            "dropped": len(flat) - len(judged),
+            "versions": [min((e.min_version for e in flat), default=0), max((e.max_version for e in flat), default=0)],
+            "instances": instances,
+        }
 
     async def _evaluate_one(self, problem: Problem, samples: int, key: str, ctx: EpisodeContext) -> list[Episode]:
         async with self._slots:
@@ -249,9 +264,12 @@ class RolloutManager:
         sessions: dict[str, list[Episode]] = defaultdict(list)
         for e in group.episodes:
             sessions[e.session_id].append(e)
-        meta = {"group": group.key, "revision": self._revisions[group.group_id],
-                "problem": dataclasses.asdict(group.problem),
-                "episodes": [e.to_meta() for e in group.episodes]}  # fmt: skip
+        meta = {
+            "group": group.key,
+            "revision": self._revisions[group.group_id],
+            "problem": dataclasses.asdict(group.problem),
+            "episodes": [e.to_meta() for e in group.episodes],
+        }
         for sid, episodes in sessions.items():
             rewards = {rid: e.reward for e in episodes for rid in e.request_ids}
             body = {"task_id": group.problem.problem_id, "meta": {**meta, "request_rewards": rewards}}
@@ -304,8 +322,18 @@ def stored_groups(store: TrajectoryStore, sessions: Sequence[str]) -> list[Group
         episodes = []
         for e in meta["episodes"]:
             timings = {k: e[k] for k in TIMING_KEYS if k in e}
-            stub = Episode(e["session_id"], tuple(e["request_ids"]), e["reward"], e["exact"], 0, 0, 0, e["exit_reason"],
-                           e.get("trained", True), timings)  # fmt: skip
+            stub = Episode(
+                e["session_id"],
+                tuple(e["request_ids"]),
+                e["reward"],
+                e["exact"],
+                0,
+                0,
+                0,
+                e["exit_reason"],
+                e.get("trained", True),
+                timings,
+            )
             low, high, tokens = _stats(store, stub)
             episodes.append(dataclasses.replace(stub, min_version=low, max_version=high, tokens=tokens))
         out.append(GroupResult(-1, meta["group"], Problem(**meta["problem"]), tuple(episodes)))

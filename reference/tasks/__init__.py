@@ -29,8 +29,10 @@ def task_class(name: str) -> type:
     path = TASKS.get(name)
     if path is None:
         if ":" not in str(name):
-            raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)}, or give a task class of your "
-                             "own as package.module:Class")  # fmt: skip
+            raise ValueError(
+                f"unknown task {name!r}; choose one of {sorted(TASKS)}, or give a task class of your "
+                "own as package.module:Class"
+            )
         path = name
     module, _, attr = path.partition(":")
     if not all(part.isidentifier() for part in module.split(".")) or not attr.isidentifier():
@@ -38,8 +40,9 @@ def task_class(name: str) -> type:
     try:
         found = getattr(import_module(module), attr, None)
     except ModuleNotFoundError as e:
-        raise ValueError(f"task {name!r}: cannot import {module!r} ({e}); run from the folder that holds it or "
-                         "put it on PYTHONPATH") from None  # fmt: skip
+        raise ValueError(
+            f"task {name!r}: cannot import {module!r} ({e}); run from the folder that holds it or put it on PYTHONPATH"
+        ) from None
     if not isinstance(found, type):
         raise ValueError(f"task {name!r}: module {module!r} has no class {attr!r}")
     return found

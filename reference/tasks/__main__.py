@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"vocabulary {task.tokenizer.vocab_size} tokens, completions of up to {task.max_tokens} tokens")
     print(f"held-out evaluation problems: {len(task.held_out())}")
     reward, exact = random_policy_reward(task, rng, args.samples)
-    print(f"random-policy reward {reward:.3f} (exact {exact:.4f}); chance {task.chance_reward():.3f}; "
-          f"best constant answer {task.best_constant_reward():.3f}")  # fmt: skip
+    print(
+        f"random-policy reward {reward:.3f} (exact {exact:.4f}); chance {task.chance_reward():.3f}; "
+        f"best constant answer {task.best_constant_reward():.3f}"
+    )
 
 
 if __name__ == "__main__":

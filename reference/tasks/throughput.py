@@ -66,8 +66,10 @@ class ThroughputConfig:
         for part in ("response", "prompt"):
             self._check_dist(part)
         if self.prompt_max_tokens > self.response_max_tokens:
-            raise ValueError(f"prompt_max_tokens ({self.prompt_max_tokens}) must be <= response_max_tokens "
-                             f"({self.response_max_tokens}): the model's context is sized from the latter")  # fmt: skip
+            raise ValueError(
+                f"prompt_max_tokens ({self.prompt_max_tokens}) must be <= response_max_tokens "
+                f"({self.response_max_tokens}): the model's context is sized from the latter"
+            )
         if not isinstance(self.held_out_size, int) or not 1 <= self.held_out_size <= 1024:
             raise ValueError(f"held_out_size must be an integer in [1, 1024], got {self.held_out_size!r}")
         if not isinstance(self.salt, str):
@@ -83,13 +85,19 @@ class ThroughputConfig:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
         if sigma < 0 or not lo <= median <= hi:
-            raise ValueError(f"{part} lengths need sigma >= 0 and {part}_min_tokens <= {part}_median_tokens <= "
-                             f"{part}_max_tokens, got sigma {sigma}, min {lo}, median {median}, max {hi}")  # fmt: skip
+            raise ValueError(
+                f"{part} lengths need sigma >= 0 and {part}_min_tokens <= {part}_median_tokens <= "
+                f"{part}_max_tokens, got sigma {sigma}, min {lo}, median {median}, max {hi}"
+            )
 
     def dist(self, part: str) -> dict:
         """The simulator's `Dist` fields of `part` ("prompt" or "response")."""
-        return {"median": float(getattr(self, f"{part}_median_tokens")), "sigma": float(getattr(self, f"{part}_sigma")),
-                "min": getattr(self, f"{part}_min_tokens"), "max": getattr(self, f"{part}_max_tokens")}  # fmt: skip
+        return {
+            "median": float(getattr(self, f"{part}_median_tokens")),
+            "sigma": float(getattr(self, f"{part}_sigma")),
+            "min": getattr(self, f"{part}_min_tokens"),
+            "max": getattr(self, f"{part}_max_tokens"),
+        }
 
 
 def draw_tokens(dist: dict, rng: random.Random) -> int:
@@ -151,8 +159,12 @@ class ThroughputTask(SingleTurn):
     def simulator_workload(self) -> dict:
         """The simulator's `workload` keys this task fixes (merge over a sim config; group sizes come from
         the runtime's rollout section)."""
-        return {"kind": "math", "prompt_tokens": self.config.dist("prompt"),
-                "response_tokens": self.config.dist("response"), "shared_response": True}  # fmt: skip
+        return {
+            "kind": "math",
+            "prompt_tokens": self.config.dist("prompt"),
+            "response_tokens": self.config.dist("response"),
+            "shared_response": True,
+        }
 
     def chance_reward(self) -> float:
         """A uniformly random policy's reward: 1.0, since every forced completion has the right length."""

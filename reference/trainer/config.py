@@ -63,8 +63,19 @@ class TrainerConfig:
     seed: int = 0  # seeds the trainer's RNGs (prompt order, sampling in the probe)
 
     def __post_init__(self) -> None:
-        for name in ("clip_eps", "ratio_cap", "entropy_coef", "kl_coef", "std_eps", "negative_weight", "lr",
-                     "weight_decay", "adam_eps", "grad_clip", "tis_cap"):  # fmt: skip
+        for name in (
+            "clip_eps",
+            "ratio_cap",
+            "entropy_coef",
+            "kl_coef",
+            "std_eps",
+            "negative_weight",
+            "lr",
+            "weight_decay",
+            "adam_eps",
+            "grad_clip",
+            "tis_cap",
+        ):
             value = getattr(self, name)
             _check(_is_real(value), name, value, "a finite number")
         object.__setattr__(self, "betas", tuple(self.betas))
@@ -72,8 +83,12 @@ class TrainerConfig:
         if self.clip_eps_high is None:
             object.__setattr__(self, "clip_eps_high", self.clip_eps)
         high = self.clip_eps_high
-        _check(isinstance(high, float | int) and not isinstance(high, bool) and 0 < high < 1, "clip_eps_high", high,
-               "in (0, 1) or null")  # fmt: skip
+        _check(
+            isinstance(high, float | int) and not isinstance(high, bool) and 0 < high < 1,
+            "clip_eps_high",
+            high,
+            "in (0, 1) or null",
+        )
         _check(self.ratio_cap > 1 + high, "ratio_cap", self.ratio_cap, f"> 1 + clip_eps_high = {1 + high}")
         _check(self.entropy_coef >= 0, "entropy_coef", self.entropy_coef, ">= 0")
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
@@ -81,8 +96,12 @@ class TrainerConfig:
         _check(0 <= self.negative_weight <= 1, "negative_weight", self.negative_weight, "in [0, 1]")
         _check(self.off_policy in OFF_POLICY, "off_policy", self.off_policy, f"one of {list(OFF_POLICY)}")
         _check(self.tis_cap >= 1, "tis_cap", self.tis_cap, ">= 1")
-        _check(isinstance(self.drop_zero_advantage_groups, bool), "drop_zero_advantage_groups",
-               self.drop_zero_advantage_groups, "true or false")  # fmt: skip
+        _check(
+            isinstance(self.drop_zero_advantage_groups, bool),
+            "drop_zero_advantage_groups",
+            self.drop_zero_advantage_groups,
+            "true or false",
+        )
         _check(self.lr > 0, "lr", self.lr, "> 0")
         betas_ok = len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)
         _check(betas_ok, "betas", self.betas, "two values in [0, 1)")
@@ -95,12 +114,23 @@ class TrainerConfig:
             object.__setattr__(self, "micro_batch_tokens", 0)
         tokens_ok = _is_int(self.micro_batch_tokens) and self.micro_batch_tokens >= 0
         _check(tokens_ok, "micro_batch_tokens", self.micro_batch_tokens, "an integer >= 0 (0 or null: off)")
-        _check(_is_int(self.logit_chunk_tokens) and self.logit_chunk_tokens >= 1, "logit_chunk_tokens",
-               self.logit_chunk_tokens)  # fmt: skip
-        _check(_is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps,
-               "an integer >= 0 (0: no warm-up)")  # fmt: skip
-        _check(_is_int(self.checkpoint_every_steps) and self.checkpoint_every_steps >= 0, "checkpoint_every_steps",
-               self.checkpoint_every_steps, "an integer >= 0")  # fmt: skip
+        _check(
+            _is_int(self.logit_chunk_tokens) and self.logit_chunk_tokens >= 1,
+            "logit_chunk_tokens",
+            self.logit_chunk_tokens,
+        )
+        _check(
+            _is_int(self.warmup_steps) and self.warmup_steps >= 0,
+            "warmup_steps",
+            self.warmup_steps,
+            "an integer >= 0 (0: no warm-up)",
+        )
+        _check(
+            _is_int(self.checkpoint_every_steps) and self.checkpoint_every_steps >= 0,
+            "checkpoint_every_steps",
+            self.checkpoint_every_steps,
+            "an integer >= 0",
+        )
         _check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
 
     def to_dict(self) -> dict[str, Any]:

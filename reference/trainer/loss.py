@@ -121,8 +121,12 @@ def final_hidden_states(model, batch: TokenBatch) -> torch.Tensor:
     captured: list[torch.Tensor] = []
     handle = model.base_model.register_forward_hook(lambda _module, _args, out: captured.append(out[0]))
     try:
-        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
-              logits_to_keep=batch.input_ids.new_empty(0))  # fmt: skip
+        model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            use_cache=False,
+            logits_to_keep=batch.input_ids.new_empty(0),
+        )
     finally:
         handle.remove()
     return captured[-1]

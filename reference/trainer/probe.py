@@ -138,8 +138,10 @@ def run_probe(
     behaviour = copy.deepcopy(model) if lag else None
     trainer = Trainer(model, replace(recipe.trainer, seed=seed), pad_id=tok.pad_token_id)
     random_reward, _ = evaluate(model, task, _eval_generator(seed, 0))
-    log(f"seed {seed}: random-policy reward {random_reward:.3f} (held-out), chance {task.chance_reward():.3f}, "
-        f"best constant {task.best_constant_reward():.3f}")  # fmt: skip
+    log(
+        f"seed {seed}: random-policy reward {random_reward:.3f} (held-out), chance {task.chance_reward():.3f}, "
+        f"best constant {task.best_constant_reward():.3f}"
+    )
     rewards: list[float] = []
     start, reached = time.perf_counter(), None
     while trainer.step < max_steps and time.perf_counter() - start < max_seconds:
@@ -164,11 +166,17 @@ def run_probe(
             break
     held, exact = evaluate(trainer.model, task, _eval_generator(seed, trainer.step))
     return ProbeResult(
-        seed=seed, random_policy_reward=random_reward, chance_reward=task.chance_reward(),
-        best_constant_reward=task.best_constant_reward(), steps=trainer.step,
-        seconds=time.perf_counter() - start, seconds_to_target=reached,
-        train_reward=_mean(rewards[-WINDOW:]) if rewards else float("nan"), held_out_reward=held, held_out_exact=exact,
-    )  # fmt: skip
+        seed=seed,
+        random_policy_reward=random_reward,
+        chance_reward=task.chance_reward(),
+        best_constant_reward=task.best_constant_reward(),
+        steps=trainer.step,
+        seconds=time.perf_counter() - start,
+        seconds_to_target=reached,
+        train_reward=_mean(rewards[-WINDOW:]) if rewards else float("nan"),
+        held_out_reward=held,
+        held_out_exact=exact,
+    )
 
 
 def _eval_generator(seed: int, step: int) -> torch.Generator:
@@ -195,8 +203,13 @@ def main(argv: Sequence[str] | None = None) -> ProbeResult:
     parser.add_argument("--keep-going", action="store_true", help="train on after the target until the limits")
     parser.add_argument("--lag", type=int, default=0, help="sample from the weights of this many steps before")
     parser.add_argument("--init-seed", type=int, default=None, help="seed of the random init (default: --seed)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="a TrainerConfig field, e.g. --set lr=6e-4 (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a TrainerConfig field, e.g. --set lr=6e-4 (repeatable)",
+    )
     args = parser.parse_args(argv)
     if args.lag < 0:
         parser.error(f"--lag must be >= 0, got {args.lag}")
@@ -208,13 +221,22 @@ def main(argv: Sequence[str] | None = None) -> ProbeResult:
         except (TypeError, ValueError) as e:
             parser.error(str(e))
     result = run_probe(
-        recipe, args.seed, max_seconds=args.max_seconds, max_steps=args.max_steps, target_reward=args.target,
-        eval_every_steps=args.eval_every, stop_at_target=not args.keep_going, lag=args.lag, init_seed=args.init_seed,
-    )  # fmt: skip
+        recipe,
+        args.seed,
+        max_seconds=args.max_seconds,
+        max_steps=args.max_steps,
+        target_reward=args.target,
+        eval_every_steps=args.eval_every,
+        stop_at_target=not args.keep_going,
+        lag=args.lag,
+        init_seed=args.init_seed,
+    )
     to_target = "not reached" if result.seconds_to_target is None else f"{result.seconds_to_target:.1f} s"
-    print(f"seed {result.seed}: target {args.target} {to_target}; {result.steps} steps in {result.seconds:.1f} s; "
-          f"train {result.train_reward:.3f}, held-out {result.held_out_reward:.3f} "
-          f"(exact {result.held_out_exact:.3f})")  # fmt: skip
+    print(
+        f"seed {result.seed}: target {args.target} {to_target}; {result.steps} steps in {result.seconds:.1f} s; "
+        f"train {result.train_reward:.3f}, held-out {result.held_out_reward:.3f} "
+        f"(exact {result.held_out_exact:.3f})"
+    )
     return result
 
 

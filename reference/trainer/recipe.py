@@ -122,8 +122,16 @@ class MathRecipe:
     )  # see the module docstring for why
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
-                     "prompts_per_step", "group_size"):  # fmt: skip
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "prompts_per_step",
+            "group_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"MathRecipe.{name} must be an integer >= 1, got {value!r}")

@@ -225,9 +225,14 @@ def load_recordings(pairs: Sequence[tuple[Instance, Demonstration]], path: Path)
     if missing:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(cached, ensure_ascii=False))
-    return {t.instance_id: Recording(tuple(map(tuple, cached[t.instance_id]["outputs"])),
-                                     cached[t.instance_id]["fix_step"], cached[t.instance_id]["fix_diff"])
-            for t, _ in pairs}  # fmt: skip
+    return {
+        t.instance_id: Recording(
+            tuple(map(tuple, cached[t.instance_id]["outputs"])),
+            cached[t.instance_id]["fix_step"],
+            cached[t.instance_id]["fix_diff"],
+        )
+        for t, _ in pairs
+    }
 
 
 # ---- rendering, as the manager stores the built-in agent's episode ----
@@ -287,10 +292,17 @@ class ModelDims:
     max_positions: int = 4096  # the longest rendered train episode is 2,599 tokens
 
     def config(self, vocab_size: int):
-        return tiny_config(vocab_size, hidden_size=self.hidden, num_hidden_layers=self.layers,
-                           num_attention_heads=self.heads, num_key_value_heads=self.kv_heads, head_dim=self.head_dim,
-                           intermediate_size=self.intermediate, max_position_embeddings=self.max_positions,
-                           initializer_range=0.02)  # fmt: skip
+        return tiny_config(
+            vocab_size,
+            hidden_size=self.hidden,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate,
+            max_position_embeddings=self.max_positions,
+            initializer_range=0.02,
+        )
 
 
 def _padded(episodes: Sequence[RenderedEpisode], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -342,14 +354,23 @@ def turn_exact_match(model, episodes: Sequence[RenderedEpisode], pad_id: int) ->
 # ---- the proxy: sampled fix turns, run in a checkout ----
 
 
-def sample_completions(model, prompts: Sequence[Sequence[int]], n: int, stop_ids: Sequence[int], max_tokens: int,
-                       seed: int, max_batch: int = 32,
-                       temperature: float = 1.0) -> list[list[GenerateResult]]:  # fmt: skip
+def sample_completions(
+    model,
+    prompts: Sequence[Sequence[int]],
+    n: int,
+    stop_ids: Sequence[int],
+    max_tokens: int,
+    seed: int,
+    max_batch: int = 32,
+    temperature: float = 1.0,
+) -> list[list[GenerateResult]]:
     """`n` completions of each prompt at `temperature` (each up to and including a stop token, or `max_tokens`
     long), with their raw logprobs, from the project's built-in engine (continuous batching, a KV cache, the
     prompt's KV shared by its samples) over a copy of `model`."""
-    params = [SamplingParams(max_tokens, temperature, stop_token_ids=tuple(stop_ids), seed=seed * 1_000_003 + i)
-              for i in range(len(prompts) * n)]  # fmt: skip
+    params = [
+        SamplingParams(max_tokens, temperature, stop_token_ids=tuple(stop_ids), seed=seed * 1_000_003 + i)
+        for i in range(len(prompts) * n)
+    ]
     requests = [GenerateRequest(f"r{i}", tuple(prompts[i // n]), p) for i, p in enumerate(params)]
 
     async def run(engine) -> list[GenerateResult]:
@@ -410,12 +431,14 @@ def fix_prompt(episode: RenderedEpisode) -> tuple[int, ...]:
     return episode.token_ids[: episode.turns[episode.fix_turn][0]]
 
 
-def proxy_pass_at_1(model, tok: Tokenizer, items, judge: FixJudge, samples: int, seed: int,
-                    temperature: float = 1.0) -> float:  # fmt: skip
+def proxy_pass_at_1(
+    model, tok: Tokenizer, items, judge: FixJudge, samples: int, seed: int, temperature: float = 1.0
+) -> float:
     """Mean over `items` (task, recording, episode) of the share of `samples` sampled fix turns that resolve."""
     prompts = [fix_prompt(episode) for _, _, episode in items]
-    groups = sample_completions(model, prompts, samples, tok.stop_token_ids, FIX_MAX_TOKENS, seed,
-                                temperature=temperature)  # fmt: skip
+    groups = sample_completions(
+        model, prompts, samples, tok.stop_token_ids, FIX_MAX_TOKENS, seed, temperature=temperature
+    )
     total = 0.0
     for (task, recording, _), group in zip(items, groups, strict=True):
         total += sum(judge(task, recording, bash_command(tok.decode(r.token_ids))) for r in group) / samples
@@ -440,27 +463,44 @@ def load_data(tok: Tokenizer, cache: Path, config: AgentConfig | None = None) ->
     for split in ("train", "held_out"):
         pairs = list(zip(load_suite(split), load_suite_demonstrations(split), strict=True))
         recordings = load_recordings(pairs, cache)
-        splits[split] = [(t, recordings[t.instance_id], render_episode(t, d, recordings[t.instance_id], tok, config))
-                         for t, d in pairs]  # fmt: skip
+        splits[split] = [
+            (t, recordings[t.instance_id], render_episode(t, d, recordings[t.instance_id], tok, config))
+            for t, d in pairs
+        ]
     return Data(splits["train"], splits["held_out"])
 
 
-def evaluate(model, tok: Tokenizer, data: Data, judge: FixJudge, samples: int, seed: int,
-             temperature: float = 1.0) -> dict:  # fmt: skip
+def evaluate(
+    model, tok: Tokenizer, data: Data, judge: FixJudge, samples: int, seed: int, temperature: float = 1.0
+) -> dict:
     """The proxy pass@1 of each split and the teacher-forced exact match of the fix turn / all turns (train)."""
     was_training = model.training
     model.eval()
     train = proxy_pass_at_1(model, tok, data.train, judge, samples, seed, temperature)
-    held = (proxy_pass_at_1(model, tok, data.held_out, judge, samples, seed, temperature) if data.held_out
-            else float("nan"))  # fmt: skip
+    held = (
+        proxy_pass_at_1(model, tok, data.held_out, judge, samples, seed, temperature) if data.held_out else float("nan")
+    )
     fix_em, turn_em = turn_exact_match(model, [e for *_, e in data.train], tok.pad_token_id)
     model.train(was_training)
     return {"proxy_train": train, "proxy_held_out": held, "fix_exact": fix_em, "turn_exact": turn_em}
 
 
-def run_sft(dims: ModelDims, data: Data, tok: Tokenizer, *, steps: int, batch: int, lr: float, warmup: int,
-            seed: int, eval_every: int, samples: int, judge: FixJudge, temperature: float = 1.0,
-            log: Callable[[str], None] = print):  # fmt: skip
+def run_sft(
+    dims: ModelDims,
+    data: Data,
+    tok: Tokenizer,
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    warmup: int,
+    seed: int,
+    eval_every: int,
+    samples: int,
+    judge: FixJudge,
+    temperature: float = 1.0,
+    log: Callable[[str], None] = print,
+):
     """SFT from a random init (seeded by `seed`) on the train episodes; returns (model, the AdamW state, eval log)."""
     model = build_model(dims.config(tok.vocab_size), seed=seed).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -468,8 +508,10 @@ def run_sft(dims: ModelDims, data: Data, tok: Tokenizer, *, steps: int, batch: i
     rng, episodes = random.Random(seed), [e for *_, e in data.train]
     params = sum(p.numel() for p in model.parameters())
     generated, tokens = sum(sum(e.generated_mask) for e in episodes), sum(len(e.token_ids) for e in episodes)
-    log(f"model {dims} ({params / 1e6:.2f}M parameters); {len(episodes)} episodes, {generated} generated tokens "
-        f"of {tokens}")  # fmt: skip
+    log(
+        f"model {dims} ({params / 1e6:.2f}M parameters); {len(episodes)} episodes, {generated} generated tokens "
+        f"of {tokens}"
+    )
     history, order, losses, start, train_s = [], [], [], time.perf_counter(), 0.0
     for step in range(1, steps + 1):
         if len(order) < batch:
@@ -483,16 +525,29 @@ def run_sft(dims: ModelDims, data: Data, tok: Tokenizer, *, steps: int, batch: i
             log(f"step {step} loss {sum(losses[-10:]) / 10:.3f} ({train_s:.0f} s)")
         if step % eval_every == 0 or step == steps:
             loss = sum(losses[-len(episodes) // batch :]) / (len(episodes) // batch)  # the last epoch's worth
-            metrics = {"step": step, "epochs": step * batch / len(episodes), "loss": loss, "train_s": train_s,
-                       **evaluate(model, tok, data, judge, samples, seed + step, temperature)}  # fmt: skip
+            metrics = {
+                "step": step,
+                "epochs": step * batch / len(episodes),
+                "loss": loss,
+                "train_s": train_s,
+                **evaluate(model, tok, data, judge, samples, seed + step, temperature),
+            }
             metrics["wall_s"] = time.perf_counter() - start
             history.append(metrics)
             log(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()}))
     return model, optimizer.state_dict(), history
 
 
-def real_rollouts(model, tok: Tokenizer, tasks: Sequence[Instance], config: AgentConfig, *, samples: int = 1,
-                  concurrency: int = 4, seed: int = 0) -> list:  # fmt: skip
+def real_rollouts(
+    model,
+    tok: Tokenizer,
+    tasks: Sequence[Instance],
+    config: AgentConfig,
+    *,
+    samples: int = 1,
+    concurrency: int = 4,
+    seed: int = 0,
+) -> list:
     """`samples` episodes of each task by the built-in agent through a trajectory manager and the built-in engine
     over a copy of `model`, in local checkouts, graded by the tasks' tests: `InstanceResult`s."""
     from reference.manager.embedded import ManagerThread
@@ -508,9 +563,22 @@ def real_rollouts(model, tok: Tokenizer, tasks: Sequence[Instance], config: Agen
     return results
 
 
-def run_fix_grpo(model, tok: Tokenizer, data: Data, judge: FixJudge, *, steps: int, tasks_per_step: int,
-                 group_size: int, trainer_config, eval_every: int, samples: int, moments: dict | None = None,
-                 temperature: float = 1.0, log: Callable[[str], None] = print) -> list[dict]:  # fmt: skip
+def run_fix_grpo(
+    model,
+    tok: Tokenizer,
+    data: Data,
+    judge: FixJudge,
+    *,
+    steps: int,
+    tasks_per_step: int,
+    group_size: int,
+    trainer_config,
+    eval_every: int,
+    samples: int,
+    moments: dict | None = None,
+    temperature: float = 1.0,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
     """GRPO on the fix turn alone (prompt = the demonstration's history up to it, reward = the proxy's verdict)
     with the project's `Trainer`, on-policy; the proxy is evaluated every `eval_every` steps. `moments`: an AdamW
     state (the SFT's) to continue from instead of a fresh optimiser."""
@@ -527,8 +595,15 @@ def run_fix_grpo(model, tok: Tokenizer, data: Data, judge: FixJudge, *, steps: i
     while trainer.step < steps:
         items = trainer.rng.sample(data.train, tasks_per_step)
         prompts = [fix_prompt(e) for *_, e in items]
-        groups = sample_completions(trainer.model, prompts, group_size, tok.stop_token_ids, FIX_MAX_TOKENS,
-                                    seed * 7919 + trainer.step, temperature=temperature)  # fmt: skip
+        groups = sample_completions(
+            trainer.model,
+            prompts,
+            group_size,
+            tok.stop_token_ids,
+            FIX_MAX_TOKENS,
+            seed * 7919 + trainer.step,
+            temperature=temperature,
+        )
         batch = []
         for (task, recording, _), prompt, group in zip(items, prompts, groups, strict=True):
             for r in group:
@@ -537,8 +612,12 @@ def run_fix_grpo(model, tok: Tokenizer, data: Data, judge: FixJudge, *, steps: i
                 versions = (trainer.version,) * len(r.token_ids)
                 batch.append(Trajectory((*prompt, *r.token_ids), mask, r.logprobs, versions, task.instance_id, reward))
         metrics = trainer.train_step(batch)
-        line = {"step": trainer.step, "reward": metrics.reward_mean, "entropy": metrics.entropy,
-                "wall_s": time.perf_counter() - start}  # fmt: skip
+        line = {
+            "step": trainer.step,
+            "reward": metrics.reward_mean,
+            "entropy": metrics.entropy,
+            "wall_s": time.perf_counter() - start,
+        }
         if trainer.step % eval_every == 0 or trainer.step == steps:
             line |= evaluate(trainer.model, tok, data, judge, samples, seed + 100_000 + trainer.step, temperature)
             history.append(line)
@@ -550,8 +629,14 @@ def run_fix_grpo(model, tok: Tokenizer, data: Data, judge: FixJudge, *, steps: i
 
 
 def _dims(args) -> ModelDims:
-    return ModelDims(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
-                     head_dim=args.head_dim, intermediate=args.intermediate)  # fmt: skip
+    return ModelDims(
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        intermediate=args.intermediate,
+    )
 
 
 def _lengths(data: Data) -> None:
@@ -560,11 +645,13 @@ def _lengths(data: Data) -> None:
         turns = [end - start for e in eps for start, end in e.turns]
         fix = [e.turns[e.fix_turn][1] - e.turns[e.fix_turn][0] for e in eps]
         tokens = [len(e.token_ids) for e in eps]
-        print(f"{name}: {len(eps)} episodes; tokens per episode mean {sum(tokens) / len(eps):.0f}, max {max(tokens)}; "
-              f"generated per episode {sum(map(sum, (e.generated_mask for e in eps))) / len(eps):.0f}; "
-              f"tokens per assistant turn mean {sum(turns) / len(turns):.0f}, max {max(turns)}; fix turn mean "
-              f"{sum(fix) / len(fix):.0f}, max {max(fix)}; fix prompt mean "
-              f"{sum(len(fix_prompt(e)) for e in eps) / len(eps):.0f}")  # fmt: skip
+        print(
+            f"{name}: {len(eps)} episodes; tokens per episode mean {sum(tokens) / len(eps):.0f}, max {max(tokens)}; "
+            f"generated per episode {sum(map(sum, (e.generated_mask for e in eps))) / len(eps):.0f}; "
+            f"tokens per assistant turn mean {sum(turns) / len(turns):.0f}, max {max(turns)}; fix turn mean "
+            f"{sum(fix) / len(fix):.0f}, max {max(fix)}; fix prompt mean "
+            f"{sum(len(fix_prompt(e)) for e in eps) / len(eps):.0f}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -595,10 +682,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--grpo-warmup", type=int, default=0, help="grpo: linear learning-rate warm-up steps")
     parser.add_argument("--negative-weight", type=float, default=1.0, help="grpo: scales negative advantages")
     parser.add_argument("--kl-coef", type=float, default=0.0, help="grpo: k3 KL to the starting weights")
-    parser.add_argument("--temperature", type=float, default=1.0,
-                        help="sampling temperature of the proxy, the fix-turn GRPO and the rollouts")  # fmt: skip
-    parser.add_argument("--carry-optimizer", action="store_true",
-                        help="grpo: continue from the SFT's AdamW moments (--model DIR/optimizer.pt)")  # fmt: skip
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of the proxy, the fix-turn GRPO and the rollouts",
+    )
+    parser.add_argument(
+        "--carry-optimizer",
+        action="store_true",
+        help="grpo: continue from the SFT's AdamW moments (--model DIR/optimizer.pt)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     tok = default_tokenizer()
@@ -607,9 +701,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "lengths":
         _lengths(data)
     elif args.command == "sft":
-        model, moments, _ = run_sft(_dims(args), data, tok, steps=args.steps, batch=args.batch, lr=args.lr,
-                                    warmup=args.warmup, seed=args.seed, eval_every=args.eval_every,
-                                    samples=args.samples, judge=judge, temperature=args.temperature)  # fmt: skip
+        model, moments, _ = run_sft(
+            _dims(args),
+            data,
+            tok,
+            steps=args.steps,
+            batch=args.batch,
+            lr=args.lr,
+            warmup=args.warmup,
+            seed=args.seed,
+            eval_every=args.eval_every,
+            samples=args.samples,
+            judge=judge,
+            temperature=args.temperature,
+        )
         if args.save is not None:
             save_checkpoint(model, tok, args.save)
             torch.save(moments, args.save / OPTIMIZER_FILE)
@@ -621,23 +726,48 @@ def main(argv: Sequence[str] | None = None) -> None:
             tasks = [t for t, *_ in (data.train if args.split == "train" else data.held_out)]
             config = AgentConfig(max_turns=args.max_turns, max_tokens=FIX_MAX_TOKENS, temperature=args.temperature)
             results = real_rollouts(model, tok, tasks, config, samples=args.samples, seed=args.seed)
-            print(json.dumps({"pass@1": sum(r.resolved for r in results) / len(results),
-                              "exit_reasons": _counts(r.exit_reason for r in results),
-                              "resolved": sorted({r.instance_id for r in results if r.resolved})}))  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "pass@1": sum(r.resolved for r in results) / len(results),
+                        "exit_reasons": _counts(r.exit_reason for r in results),
+                        "resolved": sorted({r.instance_id for r in results if r.resolved}),
+                    }
+                )
+            )
         else:
             from reference.trainer.config import TrainerConfig
 
-            config = TrainerConfig(lr=args.grpo_lr, entropy_coef=0.0, normalize_std=False, micro_batch_size=8,
-                                   seed=args.seed, warmup_steps=args.grpo_warmup, weight_decay=0.0,
-                                   negative_weight=args.negative_weight, kl_coef=args.kl_coef)  # fmt: skip
+            config = TrainerConfig(
+                lr=args.grpo_lr,
+                entropy_coef=0.0,
+                normalize_std=False,
+                micro_batch_size=8,
+                seed=args.seed,
+                warmup_steps=args.grpo_warmup,
+                weight_decay=0.0,
+                negative_weight=args.negative_weight,
+                kl_coef=args.kl_coef,
+            )
             moments = None
             if args.carry_optimizer:
                 if not (args.model / OPTIMIZER_FILE).is_file():
                     parser.error(f"--carry-optimizer: {args.model / OPTIMIZER_FILE} is missing (sft --save writes it)")
                 moments = torch.load(args.model / OPTIMIZER_FILE)
-            run_fix_grpo(model.train(), tok, data, judge, steps=args.steps, tasks_per_step=args.tasks_per_step,
-                         group_size=args.group_size, trainer_config=config, eval_every=args.eval_every,
-                         samples=args.samples, moments=moments, temperature=args.temperature)  # fmt: skip
+            run_fix_grpo(
+                model.train(),
+                tok,
+                data,
+                judge,
+                steps=args.steps,
+                tasks_per_step=args.tasks_per_step,
+                group_size=args.group_size,
+                trainer_config=config,
+                eval_every=args.eval_every,
+                samples=args.samples,
+                moments=moments,
+                temperature=args.temperature,
+            )
 
 
 def _counts(values) -> dict:

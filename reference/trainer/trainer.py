@@ -39,9 +39,28 @@ from reference.trainer.parallel import DataParallel
 
 log = logging.getLogger(__name__)
 # Order of the summed statistics (one all-reduce per step for all of them).
-_SUMS = ("tokens", "sequences", "reward", "loss", "pg", "kl", "entropy", "clipped", "dual", "ratio",
-         "off_tokens", "off_ratio", "staleness", "weight", "capped", "fresh_tokens", "fresh_mismatch",
-         "fresh_kl", "dropped_groups", "dropped_sequences")  # fmt: skip
+_SUMS = (
+    "tokens",
+    "sequences",
+    "reward",
+    "loss",
+    "pg",
+    "kl",
+    "entropy",
+    "clipped",
+    "dual",
+    "ratio",
+    "off_tokens",
+    "off_ratio",
+    "staleness",
+    "weight",
+    "capped",
+    "fresh_tokens",
+    "fresh_mismatch",
+    "fresh_kl",
+    "dropped_groups",
+    "dropped_sequences",
+)
 _MAXES = ("ratio_max", "neg_ratio_min", "staleness_max", "weight_max")
 
 
@@ -124,9 +143,12 @@ class Trainer:
         self.model = self.parallel.prepare(model).train()
         self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.lr, betas=config.betas, eps=config.adam_eps,
+            self.model.parameters(),
+            lr=config.lr,
+            betas=config.betas,
+            eps=config.adam_eps,
             weight_decay=config.weight_decay,
-        )  # fmt: skip
+        )
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.step = 0
         # RNGs for whoever feeds this trainer (prompt order, sampling); checkpoints save and restore them.
@@ -164,10 +186,13 @@ class Trainer:
         start = time.perf_counter()
         self._check(trajectories)
         advantages = group_advantages(
-            [t.reward for t in trajectories], [t.group_id for t in trajectories],
-            self.config.normalize_std, self.config.std_eps, [t.episode_id for t in trajectories],
+            [t.reward for t in trajectories],
+            [t.group_id for t in trajectories],
+            self.config.normalize_std,
+            self.config.std_eps,
+            [t.episode_id for t in trajectories],
             self.config.negative_weight,
-        )  # fmt: skip
+        )
         # Shortest first (stable, so deterministic): micro-batches of similar lengths pad little. The loss is
         # the step's global token mean, so the order changes only the order of the gradient sums.
         order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].token_ids))
@@ -182,8 +207,11 @@ class Trainer:
         if generated == 0:
             raise ValueError("the step has no generated tokens on any rank: nothing to train on")
         if total == 0:  # every sample masked (e.g. each episode hit its turn limit) or dropped: no update
-            log.warning("step %d: every sample is masked out of the loss (or in a group dropped for advantages all "
-                        "0); the weights are not updated", self.step)  # fmt: skip
+            log.warning(
+                "step %d: every sample is masked out of the loss (or in a group dropped for advantages all "
+                "0); the weights are not updated",
+                self.step,
+            )
             sums[_SUMS.index("sequences")] += len(trajectories)
             sums[_SUMS.index("reward")] += sum(t.reward for t in trajectories)
             return self._finish_step(sums, torch.zeros(len(_MAXES)), 0.0, start)
@@ -303,10 +331,19 @@ class Trainer:
             with torch.no_grad():
                 ref_logp, _ = token_logprobs(self.ref_model, batch, c.logit_chunk_tokens, entropy=False)
         out = grpo_loss(
-            logp, entropy, batch, total_tokens, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
-            ratio_cap=c.ratio_cap, entropy_coef=c.entropy_coef, kl_coef=c.kl_coef, ref_logp=ref_logp,
-            off_policy=c.off_policy, tis_cap=c.tis_cap,
-        )  # fmt: skip
+            logp,
+            entropy,
+            batch,
+            total_tokens,
+            clip_eps=c.clip_eps,
+            clip_eps_high=c.clip_eps_high,
+            ratio_cap=c.ratio_cap,
+            entropy_coef=c.entropy_coef,
+            kl_coef=c.kl_coef,
+            ref_logp=ref_logp,
+            off_policy=c.off_policy,
+            tis_cap=c.tis_cap,
+        )
         if not inert:
             self.parallel.before_backward(self.model, last)
             (out.loss * self.parallel.loss_scale).backward()
@@ -332,18 +369,33 @@ class Trainer:
         fresh = on & (batch.versions == self.version)
         mismatch = out.mismatch[fresh].to(torch.float64)
         values = {
-            "tokens": on.sum(), "sequences": len(trajs), "reward": sum(t.reward for t in trajs),
-            "loss": out.per_token[on].sum(), "pg": out.pg[on].sum(), "kl": out.kl[on].sum(),
-            "entropy": out.entropy[on].sum(), "clipped": out.clipped.sum(), "dual": out.dual_clipped.sum(),
-            "ratio": out.ratio[on].sum(), "off_tokens": off.sum(), "off_ratio": out.ratio[off].sum(),
-            "staleness": lag[on].sum(), "weight": out.weight[on].sum(), "capped": out.capped.sum(),
-            "fresh_tokens": fresh.sum(), "fresh_mismatch": mismatch.sum(),
+            "tokens": on.sum(),
+            "sequences": len(trajs),
+            "reward": sum(t.reward for t in trajs),
+            "loss": out.per_token[on].sum(),
+            "pg": out.pg[on].sum(),
+            "kl": out.kl[on].sum(),
+            "entropy": out.entropy[on].sum(),
+            "clipped": out.clipped.sum(),
+            "dual": out.dual_clipped.sum(),
+            "ratio": out.ratio[on].sum(),
+            "off_tokens": off.sum(),
+            "off_ratio": out.ratio[off].sum(),
+            "staleness": lag[on].sum(),
+            "weight": out.weight[on].sum(),
+            "capped": out.capped.sum(),
+            "fresh_tokens": fresh.sum(),
+            "fresh_mismatch": mismatch.sum(),
             "fresh_kl": (torch.exp(mismatch.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)) - 1 - mismatch).sum(),
-        }  # fmt: skip
+        }
         sums += torch.tensor([float(values.get(k, 0)) for k in _SUMS], dtype=torch.float64)  # dropped_*: elsewhere
         if bool(on.any()):
-            top = [float(out.ratio[on].max()), -float(out.ratio[on].min()), float(lag[on].max()),
-                   float(out.weight[on].max())]  # fmt: skip
+            top = [
+                float(out.ratio[on].max()),
+                -float(out.ratio[on].min()),
+                float(lag[on].max()),
+                float(out.weight[on].max()),
+            ]
             torch.maximum(maxes, torch.tensor(top), out=maxes)
 
     def _clip_gradients(self) -> float:
@@ -359,18 +411,34 @@ class Trainer:
         n = s["tokens"] or math.nan  # a step with every sample masked has no per-token figures
         fresh = s["fresh_tokens"] or math.nan
         return StepMetrics(
-            step=self.step, loss=s["loss"] / n, pg_loss=s["pg"] / n, kl=s["kl"] / n, entropy=s["entropy"] / n,
-            clip_fraction=s["clipped"] / n, dual_clip_fraction=s["dual"] / n, grad_norm=grad_norm,
-            tokens=int(s["tokens"]), sequences=int(s["sequences"]), reward_mean=s["reward"] / s["sequences"],
-            dropped_groups=int(s["dropped_groups"]), dropped_sequences=int(s["dropped_sequences"]),
-            ratio_mean=s["ratio"] / n, ratio_min=-m["neg_ratio_min"], ratio_max=m["ratio_max"],
+            step=self.step,
+            loss=s["loss"] / n,
+            pg_loss=s["pg"] / n,
+            kl=s["kl"] / n,
+            entropy=s["entropy"] / n,
+            clip_fraction=s["clipped"] / n,
+            dual_clip_fraction=s["dual"] / n,
+            grad_norm=grad_norm,
+            tokens=int(s["tokens"]),
+            sequences=int(s["sequences"]),
+            reward_mean=s["reward"] / s["sequences"],
+            dropped_groups=int(s["dropped_groups"]),
+            dropped_sequences=int(s["dropped_sequences"]),
+            ratio_mean=s["ratio"] / n,
+            ratio_min=-m["neg_ratio_min"],
+            ratio_max=m["ratio_max"],
             off_policy_fraction=s["off_tokens"] / n,
             off_policy_ratio_mean=s["off_ratio"] / s["off_tokens"] if s["off_tokens"] else math.nan,
-            staleness_mean=s["staleness"] / n, staleness_max=int(m["staleness_max"]),
-            is_weight_mean=s["weight"] / n, is_weight_max=m["weight_max"], is_capped_fraction=s["capped"] / n,
-            fresh_tokens=int(s["fresh_tokens"]), fresh_mismatch_mean=s["fresh_mismatch"] / fresh,
-            fresh_kl=s["fresh_kl"] / fresh, time_s=seconds,
-        )  # fmt: skip
+            staleness_mean=s["staleness"] / n,
+            staleness_max=int(m["staleness_max"]),
+            is_weight_mean=s["weight"] / n,
+            is_weight_max=m["weight_max"],
+            is_capped_fraction=s["capped"] / n,
+            fresh_tokens=int(s["fresh_tokens"]),
+            fresh_mismatch_mean=s["fresh_mismatch"] / fresh,
+            fresh_kl=s["fresh_kl"] / fresh,
+            time_s=seconds,
+        )
 
     # -- hand-off and checkpoints ----------------------------------------------------------------------
 

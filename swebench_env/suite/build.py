@@ -107,11 +107,19 @@ def build_task(lib: Library, number: int, repos_dir: Path) -> BuiltTask:
         bundle.parent.mkdir(parents=True, exist_ok=True)
         git("-c", "pack.threads=1", "bundle", "create", "-q", str(bundle.resolve()), "HEAD", "main", cwd=repo)
     task = Instance(
-        instance_id=iid, repo=f"{ID_PREFIX}/{lib.name}", base_commit=base_commit,
-        problem_statement=problem_statement(bug, observed, expected), patch=patch, test_patch=test_patch,
-        FAIL_TO_PASS=tuple(fail), PASS_TO_PASS=tuple(passing), version=lib.version, created_at=CREATED_AT,
-        repo_path=bundle.resolve(), extra={"bug_operator": bug.operator},
-    )  # fmt: skip
+        instance_id=iid,
+        repo=f"{ID_PREFIX}/{lib.name}",
+        base_commit=base_commit,
+        problem_statement=problem_statement(bug, observed, expected),
+        patch=patch,
+        test_patch=test_patch,
+        FAIL_TO_PASS=tuple(fail),
+        PASS_TO_PASS=tuple(passing),
+        version=lib.version,
+        created_at=CREATED_AT,
+        repo_path=bundle.resolve(),
+        extra={"bug_operator": bug.operator},
+    )
     demo = make_demonstration(iid, bug, buggy[bug.file], correct[bug.file])
     return BuiltTask(task, demo, split_of(lib.name))
 
@@ -168,9 +176,13 @@ def _without_functions(source: str, names: set[str]) -> str:
 def _run_repro(repo: Path, script: str) -> str:
     """What `script` prints, or "fails with <the exception line>" when it raises."""
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=REPRO_TIMEOUT_S,
+        [sys.executable, "-c", script],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=REPRO_TIMEOUT_S,
         env={"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     if done.returncode != 0:
         last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
         return f"fails with {last}"

@@ -82,10 +82,17 @@ def _bug(spec_path: Path, number: int, record: Any, files: dict[str, str]) -> Bu
         raise ValueError(f"{where}: no file {record['file']!r}; the library has {sorted(files)}")
     params = tuple(sorted((record.get("params") or {}).items()))
     bug = Bug(
-        record["file"], record["where"], record["operator"], params, str(record.get("match", "")),
-        record.get("occurrence"), record["title"].strip(), record["story"].strip(), record["repro"],
+        record["file"],
+        record["where"],
+        record["operator"],
+        params,
+        str(record.get("match", "")),
+        record.get("occurrence"),
+        record["title"].strip(),
+        record["story"].strip(),
+        record["repro"],
         record["explanation"].strip(),
-    )  # fmt: skip
+    )
     try:
         bug.edit(files[bug.file])
     except MutationError as e:

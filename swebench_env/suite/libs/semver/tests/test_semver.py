@@ -36,8 +36,16 @@ def test_prerelease_sorts_before_release():
 
 
 def test_prerelease_precedence_chain():
-    chain = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2", "1.0.0-beta.11",
-             "1.0.0-rc.1", "1.0.0"]  # fmt: skip
+    chain = [
+        "1.0.0-alpha",
+        "1.0.0-alpha.1",
+        "1.0.0-alpha.beta",
+        "1.0.0-beta",
+        "1.0.0-beta.2",
+        "1.0.0-beta.11",
+        "1.0.0-rc.1",
+        "1.0.0",
+    ]
     versions = [v(t) for t in chain]
     assert sorted(reversed(versions)) == versions
 
