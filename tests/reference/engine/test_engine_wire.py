@@ -10,7 +10,8 @@ import pytest
 
 from reference.engine.base import EngineError, Finished, FinishReason, GenerateRequest, SamplingParams, TokenEvent
 from reference.engine.client import HTTPEngine
-from reference.engine.server import bound_port, start_engine_server
+from reference.engine.server import start_engine_server
+from reference.engine.sockets import bound_port
 
 
 class BurstyEngine:
