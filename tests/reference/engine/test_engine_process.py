@@ -198,6 +198,7 @@ def test_killed_engine_mid_generation_is_retried_elsewhere(fake_procs, tok, tmp_
         time.sleep(0.3)  # some tokens from the first engine
         procs[int(slot.name[1:])].kill()
         t.join(60)
+        assert not t.is_alive(), "the agent's request did not finish within 60 s of the kill"
         r = result["r"]
         traj = r.model_extra["trajectory"]
         assert r.choices[0].finish_reason in ("stop", "length") and len(traj["token_ids"]) > 20
@@ -253,6 +254,7 @@ def test_frozen_engine_is_detected_by_the_stall_timeout(fake_procs, tok, tmp_pat
             t.join(30)
         finally:
             os.kill(frozen.pid, signal.SIGCONT)
+        assert not t.is_alive(), "the agent's request did not finish within 30 s of the freeze"
         assert result["r"].choices[0].finish_reason in ("stop", "length")
         assert sorted(s.failures for s in m.manager.router.slots) == [0, 1]
 
@@ -268,6 +270,7 @@ def test_a_pause_longer_than_the_stall_timeout_is_not_a_failure(fake_procs, tok,
         m.call(m.manager.update_weights(1))
         m.call(m.manager.resume())
         t.join(30)
+        assert not t.is_alive(), "the agent's request did not finish within 30 s of the resume"
         versions = result["r"].model_extra["trajectory"]["versions"]
         assert m.manager.router.slots[0].failures == 0 and versions[-1] == 1
 
