@@ -81,7 +81,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         help="wait this long after a token for more to send in one line (default 0)",
     )
     for flag, option in option_flags().items():
-        p.add_argument(flag, type=option.kind, default=None, help=f"{option.help} (default: the backend's)")
+        p.add_argument(flag, type=option.kind, default=None, help=option.help)
 
 
 def _spec(args):

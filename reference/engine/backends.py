@@ -130,7 +130,8 @@ def option_flags() -> dict[str, OptionFlag]:
     for name, entry in BACKENDS.items():
         hints = typing.get_type_hints(entry.config)
         for f in fields(entry.config):
-            flag, low_high, text = "--" + f.name.replace("_", "-"), f.metadata["range"], f.metadata["help"]
+            flag, low_high = "--" + f.name.replace("_", "-"), f.metadata["range"]
+            text = f"{f.metadata['help']} (default {f.default})"
             seen = flags.get(flag)
             if seen is None:
                 flags[flag] = OptionFlag(f.name, hints[f.name], f"{name} backend: {text}", {name: low_high})
