@@ -24,6 +24,7 @@ from pathlib import Path
 import aiohttp
 
 from benchmarks.harness import engine_token, start_manager
+from reference.engine.fake import FakeConfig
 from reference.engine.process import EngineProcess, EngineSpec
 
 MODEL = "seamlessflow-tiny"
@@ -143,7 +144,7 @@ def main() -> None:
     budgets = [int(b) for b in args.budgets.split(",")]
     rows = []
     with (
-        EngineProcess(EngineSpec(backend="fake", fake_reply_tokens=16)) as engine,
+        EngineProcess(EngineSpec(backend="fake", options=FakeConfig(reply_tokens=16))) as engine,
         tempfile.TemporaryDirectory() as tmp,
     ):
         for budget in budgets:

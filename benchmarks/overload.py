@@ -65,6 +65,7 @@ from benchmarks.harness import (
     stderr_to,
 )
 from benchmarks.lean_http import LeanClient, request_bytes
+from reference.engine.fake import FakeConfig
 from reference.engine.process import EngineProcess, EngineSpec
 
 CAP_FLAG = "--max-in-flight"
@@ -289,7 +290,7 @@ def main() -> None:
     servers: dict[str, ServerProcess] = {}
     with tempfile.TemporaryDirectory() as tmp, pinned(generator_cpus):
         with pinned(engine_cpus), stderr_to(Path(tmp) / "engine.log"):
-            engine = EngineProcess(EngineSpec(backend="fake", token_delay_s=0.0, fake_reply_tokens=16))
+            engine = EngineProcess(EngineSpec(backend="fake", options=FakeConfig(token_delay_s=0.0, reply_tokens=16)))
         try:
             with pinned(proxy_cpus):
                 for run in plan:

@@ -48,6 +48,7 @@ from benchmarks.harness import (
     stderr_to,
 )
 from benchmarks.lean_http import LeanClient, request_bytes
+from reference.engine.fake import FakeConfig
 from reference.engine.process import EngineProcess, EngineSpec
 from reference.manager.chat import ChatRenderer
 from reference.tokenizer import default_tokenizer
@@ -257,7 +258,7 @@ def main() -> None:
     servers: dict[str, ServerProcess] = {}
     with tempfile.TemporaryDirectory() as tmp, pinned(other_cpus):
         with stderr_to(Path(tmp) / "engine.log"):
-            engine = EngineProcess(EngineSpec(backend="fake", fake_reply_tokens=args.reply_tokens))
+            engine = EngineProcess(EngineSpec(backend="fake", options=FakeConfig(reply_tokens=args.reply_tokens)))
         try:
             token = engine_token(engine)
             with pinned(proxy_cpus):

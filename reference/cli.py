@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib.util
 import json
 import logging
 import os
@@ -40,9 +39,6 @@ EXIT_USAGE, EXIT_INTERRUPTED = 2, 130  # a user's mistake (one `error:` line, as
 ENGINE_FLAG_RANGES = {
     "--seed": (0, MAX_SEED),
     "--max-batch": (1, None),
-    "--token-delay-s": (0, None),
-    "--fake-reply-tokens": (1, None),
-    "--tensor-parallel": (1, None),
     "--coalesce-s": (0, None),
     "--torch-threads": (0, None),
 }
@@ -60,24 +56,23 @@ SERVE_FLAG_RANGES = {
     "--idle-timeout-s": (0.001, 86400),
 }
 CHECK_FLAG_RANGES = {"--seed": (0, MAX_SEED), "--version": (0, None)}
+SPEC_FLAGS = ("backend", "model", "seed", "max_batch", "heartbeat_s", "coalesce_s")  # EngineSpec fields, as flags
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    from reference.engine.process import BACKENDS
+    """The flags of one engine's spec (reference/engine/backends.py), each backend's options among them."""
+    from reference.engine.backends import BACKENDS, option_flags
 
     p.add_argument("--backend", default="builtin", help=f"engine backend: {', '.join(BACKENDS)} (default builtin)")
     p.add_argument("--model", default="default", help="'default' (tiny Qwen3) or a local checkpoint directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-batch", type=int, default=32, help="requests decoded together per engine")
-    p.add_argument("--token-delay-s", type=float, default=0.0, help="fake backend: seconds per token")
-    p.add_argument("--fake-reply-tokens", type=int, default=12, help="fake backend: tokens before a stop token")
-    p.add_argument("--tensor-parallel", type=int, default=1, help="vllm backend: GPUs per engine")
     p.add_argument("--heartbeat-s", type=float, default=5.0, help="heartbeat of a quiet generation stream")
     p.add_argument(
         "--torch-threads",
         type=int,
         default=None,
-        help="builtin backend: CPU threads per engine (default: cores / engines)",
+        help="CPU threads for torch in each engine process (default: cores / engines)",
     )
     p.add_argument(
         "--coalesce-s",
@@ -85,23 +80,24 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="wait this long after a token for more to send in one line (default 0)",
     )
+    for flag, option in option_flags().items():
+        p.add_argument(flag, type=option.kind, default=None, help=option.help)
 
 
 def _spec(args):
-    from reference.engine.process import EngineSpec
+    """The engine spec the flags give: `--spec-json` whole, or built from the other engine flags."""
+    from reference.engine.backends import EngineSpec, option_flags
 
-    return EngineSpec(
-        backend=args.backend,
-        model=args.model,
-        seed=args.seed,
-        max_batch=args.max_batch,
-        token_delay_s=args.token_delay_s,
-        fake_reply_tokens=args.fake_reply_tokens,
-        tensor_parallel=args.tensor_parallel,
-        heartbeat_s=args.heartbeat_s,
-        coalesce_s=args.coalesce_s,
-        torch_threads=_threads(args),
-    )
+    optional = ["torch_threads", *(o.field for o in option_flags().values())]  # None: not given
+    if getattr(args, "spec_json", None) is not None:
+        given = [k for k in SPEC_FLAGS if getattr(args, k) != getattr(EngineSpec, k)]
+        given += [k for k in optional if getattr(args, k) is not None]
+        if given:
+            raise UserError(f"--spec-json carries the whole engine spec; drop --{given[0].replace('_', '-')}")
+        return EngineSpec.from_json(args.spec_json)
+    options = {k: getattr(args, k) for k in optional[1:] if getattr(args, k) is not None}
+    common = {k: getattr(args, k) for k in SPEC_FLAGS}
+    return EngineSpec(**common, torch_threads=_threads(args), options=options)
 
 
 def _threads(args) -> int:
@@ -220,6 +216,12 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--host", default="127.0.0.1")
     e.add_argument("--port", type=int, default=0, help="0 picks a free port (announced on stdout)")
     e.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes")
+    e.add_argument(
+        "--spec-json",
+        default=None,
+        metavar="JSON",
+        help="the whole engine spec as one JSON document, instead of the flags below (as the runtime starts one)",
+    )
     _engine_args(e)
     c = sub.add_parser("check", help="consistency of stored trajectories against the model")
     c.add_argument(
@@ -344,19 +346,24 @@ def _check_flags(args, ranges: dict[str, tuple[float, float | None]]) -> None:
 
 def _check_engine_flags(args) -> None:
     """What `serve` and `engine` check before an engine process starts (there, a bad value is a traceback)."""
+    from reference.engine.backends import backend, check_available, option_flags
+
+    if getattr(args, "spec_json", None) is not None:
+        spec = _spec(args)
+        check_available(spec.backend, spec.model)
+        return
     _check_flags(args, ENGINE_FLAG_RANGES)
     if not args.heartbeat_s > 0:
         raise UserError(
             f"--heartbeat-s must be > 0 (seconds between heartbeats of a quiet stream), got {args.heartbeat_s}"
         )
-    if args.backend == "vllm":
-        if args.model == "default":
-            raise UserError("--backend vllm needs --model CHECKPOINT_DIR (a local checkpoint directory)")
-        if importlib.util.find_spec("vllm") is None:
-            raise UserError(
-                "--backend vllm needs NVIDIA GPUs and the gpu extra (pip install -e '.[gpu]'); "
-                "on this machine use --backend builtin"
-            )
+    backend(args.backend)  # an unknown name lists the valid ones
+    for flag, option in option_flags().items():
+        if getattr(args, option.field) is not None and args.backend not in option.ranges:
+            raise UserError(f"{flag} is an option of backend {', '.join(option.ranges)}, not of {args.backend}")
+        if args.backend in option.ranges:
+            _check_flags(args, {flag: option.ranges[args.backend]})
+    check_available(args.backend, args.model)
 
 
 def _check_serve_flags(args) -> None:
@@ -378,7 +385,7 @@ def serve(args) -> int:
     """Check every flag and bind the port before anything starts (a refusal starts and writes nothing), then
     start the engines, open the store and serve until SIGINT (exit 130) or SIGTERM (0)."""
     from reference.engine.process import EngineProcess
-    from reference.engine.server import listen_sockets
+    from reference.engine.sockets import listen_sockets
     from reference.manager.server import LISTEN_BACKLOG
     from reference.manager.store import TrajectoryStore
 
@@ -429,7 +436,7 @@ async def _serve_manager(args, model_name: str, sockets, procs, tokenizer, store
     from reference.engine.auth import token_from_env
     from reference.engine.client import HTTPEngine
     from reference.engine.process import stop_signals
-    from reference.engine.server import bound_port
+    from reference.engine.sockets import bound_port
     from reference.manager.manager import TrajectoryManager
     from reference.manager.server import start_manager_server
 

@@ -14,6 +14,7 @@ from core.errors import UserError
 from core.outputs import default_out, interrupted, prepare_out, provenance, source_fingerprint
 from core.policies import POLICIES
 from core.run_log import require as require_loggers
+from reference.engine.backends import check_available, training_backends
 
 COMPARE_ORDER = ("colocated", "disaggregated", "async", "tag", "streaming")
 COMPARE_STEPS = 10  # --compare's default steps per policy: four runs of the throughput workload take minutes
@@ -43,7 +44,7 @@ def add_train_parser(sub) -> None:
         help="override a config key, e.g. --set policy.num_steps=20 (repeatable)",
     )
     t.add_argument("--model", default=None, help="a local Qwen3 checkpoint directory to train (default: tiny)")
-    t.add_argument("--backend", default=None, help="engine backend: builtin (CPU) or vllm (GPUs)")
+    t.add_argument("--backend", default=None, help=f"engine backend: {', '.join(training_backends())}")
     t.add_argument("--steps", type=int, default=None, help="training steps (policy.num_steps)")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
@@ -188,14 +189,7 @@ def validate(cfg) -> None:
         raise UserError(f"task: {e}") from None
     if cfg.warm_start.get("steps", 0) and not hasattr(task, "demonstrations"):
         raise UserError(f"task {cfg.task.name!r} has no demonstrations for a warm start; set warm_start.steps=0")
-    if cfg.engine.backend == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            raise UserError(
-                "backend 'vllm' needs NVIDIA GPUs and the gpu extra (pip install -e '.[gpu]'); "
-                "use backend 'builtin' on CPU"
-            ) from None
+    check_available(cfg.engine.backend)
     check_feasible(cfg)
     if cfg.run.ray_address is not None:
         from reference.ray.address import check_ray_address

@@ -15,11 +15,11 @@ from pathlib import Path
 from core.config import apply_overrides, from_dict, load_yaml, merge
 from core.errors import UserError
 from core.policies import POLICIES, PolicyConfig
+from reference.engine.backends import training_backends
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "train.yaml"
 # A task named on the command line brings its recipe (merged over train.yaml before the user's files).
 TASK_DEFAULTS = {"swe": DEFAULT_CONFIG.parent / "swe.yaml"}
-BACKENDS = ("builtin", "vllm")
 WEIGHT_TRANSPORTS = ("directory", "object_store")  # engine.weights_transport: see control/transport.py
 MAX_EVAL_SAMPLES = 64  # episodes of a problem an evaluation may run
 
@@ -75,7 +75,7 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class EngineSection:
-    backend: str  # builtin (CPU) | vllm (GPUs)
+    backend: str  # an engine backend that trains (reference/engine/backends.py): builtin (CPU) | vllm (GPUs)
     max_batch: int  # sequences an engine decodes together
     coalesce_s: float = 0.0  # > 0: an engine's stream waits this long after a token for more, sent as one line
     weights_transport: str = "directory"  # how each new version reaches the engines (control/transport.py):
@@ -134,8 +134,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.policy.name not in POLICIES:
             raise UserError(f"unknown policy {self.policy.name!r}; choose one of {', '.join(POLICIES)}")
-        if self.engine.backend not in BACKENDS:
-            raise UserError(f"unknown backend {self.engine.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.engine.backend not in training_backends():
+            raise UserError(
+                f"unknown backend {self.engine.backend!r} for training; choose one of {', '.join(training_backends())}"
+            )
         positive = {
             "policy.num_steps": self.policy.num_steps,
             "resources.count": self.resources.count,

@@ -41,6 +41,7 @@ from core.policies import BasePolicy, make_policy
 from core.specs import DeviceSpec, ModelSpec
 from core.tags import Tag
 from reference.control.config import TrainConfig, check_feasible, policy_config
+from reference.engine.backends import BACKENDS, backend
 
 GB = 1e9
 FP32_PER_BF16 = 2  # the runtime's trainer and built-in engine compute in fp32; the simulator counts bf16
@@ -340,11 +341,9 @@ def _weights_line(cfg: TrainConfig) -> str:
             "weights: each new version a directory under OUT/weights/, read by every engine (a filesystem every "
             "worker sees)"
         )
-    from reference.engine.process import WEIGHTS_DTYPES
-
     where = cfg.engine.weights_local_root or "its Ray node's temp dir"
     return (
-        f"weights: each new version through Ray's object store in {WEIGHTS_DTYPES[cfg.engine.backend]}, copied "
+        f"weights: each new version through Ray's object store in {backend(cfg.engine.backend).weights_dtype}, copied "
         f"to each engine's node (under {where}); nothing is shared but Ray"
     )
 
@@ -406,8 +405,9 @@ def _problems(
         "the workers do not place GPUs yet: Ray actors ask for none, an engine starts with tensor parallel 1 "
         "and a trainer shard on CPU (control/worker.py)"
     )
-    if cfg.engine.backend != "vllm":
-        out.append(f"backend {cfg.engine.backend!r} runs on CPU cores: GPUs need --backend vllm")
+    if not BACKENDS[cfg.engine.backend].gpu:
+        gpu_backends = ", ".join(name for name, entry in BACKENDS.items() if entry.gpu)
+        out.append(f"backend {cfg.engine.backend!r} runs on CPU cores: GPUs need --backend {gpu_backends}")
     if task.context_tokens > model.max_context:
         out.append(
             f"the task's context ({task.context_tokens} tokens) exceeds the model's {model.max_context} positions"
@@ -464,8 +464,8 @@ def _activations(par) -> str:
 
 def _cpu_problems(cfg: TrainConfig, m: Memory) -> list[str]:
     out = []
-    if cfg.engine.backend == "vllm":
-        out.append("backend 'vllm' needs GPUs: set resources.gpus_per_resource and resources.gpu")
+    if BACKENDS[cfg.engine.backend].gpu:
+        out.append(f"backend {cfg.engine.backend!r} needs GPUs: set resources.gpus_per_resource and resources.gpu")
     if cfg.run.ray_address is None:
         try:
             check_feasible(cfg)

@@ -1,30 +1,28 @@
 """The built-in inference engine: continuous batching over a slot-based KV cache, on CPU.
 
-One worker thread owns the model. Its loop: run the commands callers posted (submit, abort, pause,
-weight update, resume, stats), then one step: admit waiting requests up to `max_batch`, prefill each
-new one (one forward over its context except the last token, writing its KV), then ONE batched decode
-step that feeds every running request its last token and samples one new token each. Requests join
-and leave between steps. Callers' event loops never run the model: tokens go back through
-`loop.call_soon_threadsafe` into a per-request asyncio.Queue. Because commands only run between
-steps, `pause()` returning means the worker is at a token boundary. A failure inside a command or a
-step fails only the requests it concerns (each stream gets an EngineError); the worker keeps serving.
+One worker thread owns the model. Its loop: run the commands callers posted (submit, abort, pause, weight update,
+resume, stats), then one step: admit waiting requests up to `max_batch`, prefill each new one (one forward over its
+context except the last token, writing its KV), then ONE batched decode step that feeds every running request its last
+token and samples one new token each. Requests join and leave between steps. Callers' event loops never run the model:
+tokens go back through `loop.call_soon_threadsafe` into a per-request asyncio.Queue. Because commands only run between
+steps, `pause()` returning means the worker is at a token boundary. A failure inside a command or a step fails only
+the requests it concerns (each stream gets an EngineError); the worker keeps serving.
 
-The pieces: `kv_cache.KVCache` (running request i lives in slot i; slots are compacted when one
-retires; capacity doubles up to `max_context`), `qwen3_forward.Qwen3Runner` (prefill and batched
-decode over the Hugging Face modules' weights), `sampling.sample`, `prefix_cache.PrefixCache`
-(finished requests' KV, copied into a new request that shares their prefix; emptied on every
-weight update) and `activity.ActivityLog` (what the engine did, as timeline intervals).
+The pieces: `kv_cache.KVCache` (running request i lives in slot i; slots are compacted when one retires; capacity
+doubles up to `max_context`), `qwen3_forward.Qwen3Runner` (prefill and batched decode over the Hugging Face modules'
+weights), `sampling.sample`, `prefix_cache.PrefixCache` (finished requests' KV, copied into a new request that shares
+their prefix; emptied on every weight update) and `activity.ActivityLog` (what the engine did, as timeline intervals).
 
-Logprobs: each TokenEvent carries the RAW model log-probability of the sampled token (temperature 1,
-no top-p, no vocab mask; see `sampling`), i.e. what `reference.model.score_logprobs` computes.
+Logprobs: each TokenEvent carries the RAW model log-probability of the sampled token (temperature 1, no top-p, no
+vocab mask; see `sampling`), i.e. what `reference.model.score_logprobs` computes.
 
-Stop tokens are only those in `SamplingParams.stop_token_ids` (pass the tokenizer's `stop_token_ids`
-for chat); the sampled stop token is included in the output. `resume()` re-prefills every running
-request even when the weights did not change (that is what the protocol asks, and what is counted).
+Stop tokens are only those in `SamplingParams.stop_token_ids` (pass the tokenizer's `stop_token_ids` for chat); the
+sampled stop token is included in the output. `resume()` re-prefills every running request even when the weights did
+not change (that is what the protocol asks, and what is counted).
 
-Departures from production engines (vLLM): no paged attention (prefixes are reused by copying, not
-shared in place), prefills run one request at a time, and the cache is a padded tensor per slot.
-The code follows the model's device, but it has only been tested on CPU.
+Departures from production engines (vLLM): no paged attention (prefixes are reused by copying, not shared in place),
+prefills run one request at a time, and the cache is a padded tensor per slot. The code follows the model's device,
+but it has only been tested on CPU.
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ import concurrent.futures
 import logging
 import queue
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -46,6 +45,7 @@ from transformers import Qwen3ForCausalLM
 
 from core.tags import Phase
 from reference.engine.activity import ActivityLog
+from reference.engine.backends import EngineSpec
 from reference.engine.base import (
     EngineError,
     EngineStats,
@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often a waiting stream checks that the worker is alive
 IDLE_WAIT_S = 0.05  # how long an idle worker blocks on its inbox before looking again
 PREFILL_BATCH_TOKENS = 4096  # new tokens per batched prefill forward, at most (a longer context goes alone)
+SWITCH_INTERVAL_S = 0.0005  # an engine process's sys.setswitchinterval (see from_spec)
 
 
 @dataclass
@@ -89,19 +90,14 @@ class _Counters:
     prefill_tokens: int = 0
     reprefills: int = 0
     steps: int = 0
-    # Wall seconds of decode steps: forward, sampling, handing the tokens out, and for a step that follows
-    # another without a prefill between, the time since that step ended (the commands drained between them
-    # and the engine's server streaming the tokens out, on the same core): `decode_s / steps` is what a
-    # decode step costs the engine's process.
+    # Wall seconds of decode steps: forward, sampling, handing the tokens out, and for a step that follows another
+    # without a prefill between, the time since that step ended (the commands drained between them and the engine's
+    # server streaming the tokens out, on the same core): `decode_s / steps` is what a decode step costs the process.
     decode_s: float = 0.0
 
 
 def _checked_max_context(config, max_batch: int, max_context: int | None, vocab_limit: int | None) -> int:
     """Validate the engine's arguments against the model config; the context length to use."""
-    if getattr(config, "model_type", None) != "qwen3":
-        raise ValueError(f"BuiltinEngine runs Qwen3 models, got model_type {getattr(config, 'model_type', None)!r}")
-    if "sliding_attention" in (config.layer_types or []):
-        raise ValueError("sliding-window attention layers are not supported by the built-in engine")
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     max_context = max_context if max_context is not None else config.max_position_embeddings
@@ -113,8 +109,7 @@ def _checked_max_context(config, max_batch: int, max_context: int | None, vocab_
 
 
 class BuiltinEngine:
-    """The embedded default `InferenceEngine` (see the module docstring). Use as a context manager, or
-    call `close()`, to stop its worker thread."""
+    """The embedded default `InferenceEngine` (see the module docstring); `close()` (or a `with`) stops its worker."""
 
     def __init__(
         self,
@@ -128,21 +123,18 @@ class BuiltinEngine:
         command_timeout_s: float = 600.0,
         prefix_cache_mb: float = 256.0,
     ) -> None:
-        """`prefix_cache_mb`: KV of finished requests kept for reuse by requests that share their
-        prefix (an agent's next turn); 0 turns prefix caching off."""
+        """`prefix_cache_mb`: KV of finished requests kept for reuse by requests that share their prefix (an agent's
+        next turn); 0 turns prefix caching off."""
         config = model.config
+        self._runner = Qwen3Runner(model)  # refuses a model it cannot run, first
         self.max_context = _checked_max_context(config, max_batch, max_context, vocab_limit)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch, self.vocab_limit, self.command_timeout_s = max_batch, vocab_limit, command_timeout_s
         self.vocab_size = vocab_limit if vocab_limit is not None else config.vocab_size
-        attn = model.model.layers[0].self_attn
-        kv_heads = config.num_key_value_heads
         weight = model.model.embed_tokens.weight
-        self._cache = KVCache(
-            config.num_hidden_layers, kv_heads, attn.head_dim, max_batch, self.max_context, weight.dtype, weight.device
-        )
-        self._runner = Qwen3Runner(model)
+        layers, kv_heads, head_dim = config.num_hidden_layers, config.num_key_value_heads, self._runner.head_dim
+        self._cache = KVCache(layers, kv_heads, head_dim, max_batch, self.max_context, weight.dtype, weight.device)
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         self._prefix = PrefixCache(int(prefix_cache_mb * 2**20))
@@ -577,6 +569,17 @@ class BuiltinEngine:
             "prefix_cache_entries": len(self._prefix),
         }
         return EngineStats(len(self._running), len(self._waiting), self._version, self._paused, self.max_context, extra)
+
+
+def from_spec(spec: EngineSpec) -> BuiltinEngine:
+    """The engine an engine process serves for the "builtin" backend: `spec.model`, torch on `spec.torch_threads`."""
+    if spec.torch_threads > 0:
+        torch.set_num_threads(spec.torch_threads)
+    # The worker thread and the process's HTTP loop share one interpreter (and one core, as the runtime places
+    # them): at Python's default 5 ms, the loop holding it made 128-sequence decode steps 11.5-12.5 ms, not 7.5-8.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    kw = {"seed": spec.seed, "max_batch": spec.max_batch}
+    return BuiltinEngine.default(**kw) if spec.model == "default" else BuiltinEngine.from_checkpoint(spec.model, **kw)
 
 
 def _request_error(seq: _Seq, err: Exception) -> EngineError:

@@ -10,7 +10,6 @@ engine. `base_url` may be reassigned (an engine restarted on another port); ever
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -23,12 +22,11 @@ from reference.engine.base import (
     EngineError,
     EngineStats,
     Finished,
-    FinishReason,
     GenerateRequest,
     TokenBatch,
     TokenEvent,
 )
-from reference.engine.server import MAX_BATCH, request_to_wire
+from reference.engine.wire import MAX_BATCH, parse_line, parse_tagged, request_to_wire
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +161,7 @@ class HTTPEngine:
         try:
             async with self._ndjson("/generate_many", body) as response:
                 async for raw in response.content:
-                    index, item = _parse_tagged(raw, self.base_url)
+                    index, item = parse_tagged(raw, self.base_url)
                     entry = open_.get(index) if index is not None else None
                     if entry is None:
                         continue  # a heartbeat, or a line for a request that already ended
@@ -190,7 +188,7 @@ class HTTPEngine:
         try:
             async with self._ndjson("/generate", request_to_wire(request)) as response:
                 async for raw in response.content:
-                    item = _parse_line(raw, self.base_url)
+                    item = parse_line(raw, self.base_url)
                     if isinstance(item, Finished):
                         # The server ends the body right after the finish line: reading that end lets the
                         # connection go back to the pool (an unread end closes it: a new TCP connection a call).
@@ -295,53 +293,3 @@ class _Entry:
     sent: bool = False  # its batch has gone to the engine
     ended: bool = False  # its consumer saw the end
     dropped: bool = False  # its consumer left early
-
-
-def _parse_tagged(raw: bytes, where: str) -> tuple[int | None, TokenBatch | Finished | Exception | None]:
-    """(request index, what the line says: a batch, the finish, or the request's own error) of a
-    `/generate_many` line; (None, None) for a heartbeat. A line that cannot be read fails the stream."""
-    d = _line_object(raw, where)
-    index = d.pop("r", None)
-    if index is None:
-        return None, _parse_object(d, raw, where)
-    if not isinstance(index, int) or isinstance(index, bool):
-        raise EngineError(f"{where}: a stream line with a bad request index: {raw[:80]!r}")
-    try:
-        return index, _parse_object(d, raw, where)
-    except (ValueError, EngineError) as e:  # this request's error, not the stream's
-        return index, e
-
-
-def _line_object(raw: bytes, where: str) -> dict:
-    try:
-        d = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise EngineError(f"{where}: unreadable stream line {raw[:80]!r}") from e
-    if not isinstance(d, dict):
-        raise EngineError(f"{where}: a stream line that is not an object: {raw[:80]!r}")
-    return d
-
-
-def _parse_line(raw: bytes, where: str) -> TokenBatch | Finished | None:
-    return _parse_object(_line_object(raw, where), raw, where)
-
-
-def _parse_object(d: dict, raw: bytes, where: str) -> TokenBatch | Finished | None:
-    if "t" in d:
-        ids, logprobs, versions = d["t"], d.get("l"), d.get("v")
-        if not isinstance(ids, list):
-            ids, logprobs, versions = [ids], [logprobs], [versions]
-        if not (
-            isinstance(logprobs, list) and isinstance(versions, list) and len(ids) == len(logprobs) == len(versions)
-        ):
-            raise EngineError(f"{where}: a malformed token line: {raw[:80]!r}")
-        return TokenBatch(ids, logprobs, versions)
-    if "hb" in d:
-        return None
-    if "error" in d:
-        if d.get("kind") == "bad_request":
-            raise ValueError(d["error"])
-        raise EngineError(f"{where}: {d['error']}")
-    if "finish" in d:
-        return Finished(FinishReason(d["finish"]))
-    raise EngineError(f"{where}: an unknown stream line {raw[:80]!r}")

@@ -12,8 +12,34 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from reference.engine.base import EngineStats, Finished, FinishReason, GenerateRequest, TokenEvent, check_request
+from reference.engine.options import check_options, option
+
+if TYPE_CHECKING:
+    from reference.engine.backends import EngineSpec
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    """The fake backend's options (its entry in reference/engine/backends.py): how fast it answers, how much."""
+
+    token_delay_s: float = option(0.0, 0, help="seconds per token")
+    reply_tokens: int = option(12, 1, help="tokens before it samples a stop token")
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+def from_spec(spec: EngineSpec) -> FakeEngine:
+    """The engine an engine process serves for the "fake" backend, over the default tokenizer's vocabulary."""
+    from reference.tokenizer import default_tokenizer
+
+    options: FakeConfig = spec.options
+    vocab = default_tokenizer().vocab_size
+    return FakeEngine(vocab_size=vocab, token_delay_s=options.token_delay_s, reply_tokens=options.reply_tokens)
 
 
 class FakeEngine:

@@ -1,9 +1,9 @@
 """Engines in their own processes: one per resource, each an HTTP server (reference/engine/server.py).
 
-`EngineProcess` starts `python -m reference engine ...` with a fresh secret token in its environment
-(never on its command line), waits for the line that announces its port, and hands back an
-`HTTPEngine` that sends the token. The child is killed on `close()` (and replaced on `restart()`),
-and dies with the parent's stdin pipe if the parent is killed without closing it.
+`EngineProcess` starts `python -m reference engine --spec-json SPEC` (its `EngineSpec`, reference/engine/backends.py,
+as one JSON document) with a fresh secret token in its environment (never on its command line), waits for the line
+that announces its port, and hands back an `HTTPEngine` that sends the token. The child is killed on `close()` (and
+replaced on `restart()`), and dies with the parent's stdin pipe if the parent is killed without closing it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 
 from reference.engine.auth import (
     MANAGER_TOKEN_ENV,
@@ -27,109 +26,35 @@ from reference.engine.auth import (
     require_token_off_loopback,
     token_from_env,
 )
+from reference.engine.backends import EngineSpec, engine_factory
 from reference.engine.base import InferenceEngine
 from reference.engine.client import HTTPEngine
 
 READY_PREFIX = "ENGINE READY port="
-BUILTIN_SWITCH_INTERVAL_S = 0.0005  # the built-in engine process's sys.setswitchinterval (see make_engine)
-BACKENDS = ("builtin", "fake", "vllm")
-# The dtype each backend's engine holds its weights in, so that a hand-off is cast once, by the trainer, to what
-# the engine keeps (`EngineSpec.weights_dtype`): the built-in engine computes in fp32; a vLLM engine is started
-# in bf16 (`make_engine`), whatever the checkpoint's dtype.
-WEIGHTS_DTYPES = {"builtin": "float32", "fake": "float32", "vllm": "bfloat16"}
+__all__ = ["EngineProcess", "EngineSpec", "engine_argv", "make_engine", "serve_engine"]
 
 
-@dataclass(frozen=True)
-class EngineSpec:
-    """What one engine process runs."""
-
-    backend: str = "builtin"  # builtin | fake | vllm
-    model: str = "default"  # "default" (the tiny Qwen3) or a local checkpoint directory
-    seed: int = 0
-    max_batch: int = 32
-    token_delay_s: float = 0.0  # fake backend only: seconds per token
-    fake_reply_tokens: int = 12  # fake backend only: tokens before it samples a stop token
-    tensor_parallel: int = 1  # vllm backend only
-    heartbeat_s: float = 5.0  # a quiet generation stream gets a heartbeat line this often
-    coalesce_s: float = 0.0  # > 0: wait this long after a token for more to send in the same line
-    torch_threads: int = 0  # builtin backend: CPU threads for torch (0: torch's default, every core)
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown engine backend {self.backend!r}; valid choices: {', '.join(BACKENDS)}")
-        if self.max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
-
-    @property
-    def weights_dtype(self) -> str:
-        """The torch dtype (by name) this engine holds its weights in: what a weight hand-off should carry."""
-        return WEIGHTS_DTYPES[self.backend]
-
-    def argv(self, host: str, port: int) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "reference",
-            "engine",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--backend",
-            self.backend,
-            "--model",
-            self.model,
-            "--seed",
-            str(self.seed),
-            "--max-batch",
-            str(self.max_batch),
-            "--token-delay-s",
-            str(self.token_delay_s),
-            "--tensor-parallel",
-            str(self.tensor_parallel),
-            "--fake-reply-tokens",
-            str(self.fake_reply_tokens),
-            "--heartbeat-s",
-            str(self.heartbeat_s),
-            "--coalesce-s",
-            str(self.coalesce_s),
-            "--torch-threads",
-            str(self.torch_threads),
-            "--watch-stdin",
-        ]
+def engine_argv(spec: EngineSpec, host: str, port: int) -> list[str]:
+    """The engine process's command line: the spec as one JSON document (no secret in it: the token travels in
+    the environment)."""
+    return [
+        sys.executable,
+        "-m",
+        "reference",
+        "engine",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--spec-json",
+        spec.to_json(),
+        "--watch-stdin",
+    ]
 
 
 def make_engine(spec: EngineSpec) -> InferenceEngine:
-    """Build the in-process engine a spec names (called inside the engine process)."""
-    if spec.backend == "fake":
-        from reference.engine.fake import FakeEngine
-        from reference.tokenizer import default_tokenizer
-
-        vocab = default_tokenizer().vocab_size
-        return FakeEngine(vocab_size=vocab, token_delay_s=spec.token_delay_s, reply_tokens=spec.fake_reply_tokens)
-    if spec.backend == "vllm":
-        from reference.engine.vllm_engine import VLLMEngine
-
-        if spec.model == "default":
-            raise ValueError("the vllm backend needs a local checkpoint directory: --model PATH")
-        return VLLMEngine(
-            spec.model, tensor_parallel_size=spec.tensor_parallel, seed=spec.seed, dtype=spec.weights_dtype
-        )
-    from reference.engine.builtin import BuiltinEngine
-
-    if spec.torch_threads > 0:
-        import torch
-
-        torch.set_num_threads(spec.torch_threads)
-    # The engine's worker thread and this process's HTTP loop share one interpreter (and, as the runtime
-    # places them, one core). At Python's default 5 ms switch interval the loop, streaming a step's tokens
-    # out, can hold the interpreter until it is forced to let go, and the worker's next step waits for it:
-    # measured at 128 sequences, decode steps then took 11.5-12.5 ms instead of 7.5-8 ms, switching between
-    # the two at random over a run. Handing over every 0.5 ms keeps every step at the faster time.
-    sys.setswitchinterval(BUILTIN_SWITCH_INTERVAL_S)
-    if spec.model == "default":
-        return BuiltinEngine.default(seed=spec.seed, max_batch=spec.max_batch)
-    return BuiltinEngine.from_checkpoint(spec.model, seed=spec.seed, max_batch=spec.max_batch)
+    """Build the in-process engine a spec names (called inside the engine process): its backend's factory."""
+    return engine_factory(spec.backend)(spec)
 
 
 class EngineProcess:
@@ -159,7 +84,7 @@ class EngineProcess:
         env.pop(TOKEN_FILE_ENV, None)
         env.pop(MANAGER_TOKEN_ENV, None)  # an engine gets its own token only, not the one that changes training
         self._proc = subprocess.Popen(
-            self.spec.argv(self.host, self._requested_port),
+            engine_argv(self.spec, self.host, self._requested_port),
             stdin=subprocess.PIPE,  # the child exits when this pipe closes (parent gone)
             stdout=subprocess.PIPE,
             text=True,
@@ -268,7 +193,8 @@ async def serve_engine(
     `watch_stdin`. `token` (default: from $SEAMLESSFLOW_ENGINE_TOKEN or $SEAMLESSFLOW_ENGINE_TOKEN_FILE) is
     demanded of every caller; without one, only a loopback `host` is allowed (ValueError otherwise). The
     port is bound before the model loads, so a port in use is a UserError at once."""
-    from reference.engine.server import bound_port, listen_sockets, start_engine_server
+    from reference.engine.server import start_engine_server
+    from reference.engine.sockets import bound_port, listen_sockets
 
     token = token_from_env() if token is None else check_token(token)
     require_token_off_loopback(host, token)

@@ -43,6 +43,12 @@ class Qwen3Runner:
     It reads the live parameters on every call (no fused copies), so a weight update needs no refresh."""
 
     def __init__(self, model: Qwen3ForCausalLM) -> None:
+        """ValueError for a model this forward pass does not compute: not Qwen3, or with sliding-window layers."""
+        config = model.config
+        if getattr(config, "model_type", None) != "qwen3":
+            raise ValueError(f"BuiltinEngine runs Qwen3 models, got model_type {getattr(config, 'model_type', None)!r}")
+        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+            raise ValueError("sliding-window attention layers are not supported by the built-in engine")
         self.model, self.inner = model, model.model
         attn = model.model.layers[0].self_attn
         self.head_dim, self.group = attn.head_dim, attn.num_key_value_groups

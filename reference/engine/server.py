@@ -1,7 +1,8 @@
 """An inference engine behind HTTP, so that each engine lives in its own process.
 
 The trajectory manager never runs a model in its own event loop: it reaches engines through
-`HTTPEngine` (reference/engine/client.py), which speaks the small protocol served here.
+`HTTPEngine` (reference/engine/client.py), which speaks the small protocol served here (its wire format,
+request bodies and stream lines, is reference/engine/wire.py; the listening sockets, sockets.py).
 
     POST /generate        {"request_id", "prompt_token_ids", "params": {...}} -> NDJSON stream:
                           {"t": [ids], "l": [logprobs], "v": [versions]} per batch of tokens (those
@@ -26,8 +27,6 @@ answers 401 to any call but /health without `Authorization: Bearer <token>` (aut
 from __future__ import annotations
 
 import asyncio
-import errno
-import json
 import logging
 import socket
 import time
@@ -35,9 +34,22 @@ from typing import Any
 
 from aiohttp import web
 
-from core.errors import UserError
 from reference.engine.auth import auth_middleware
-from reference.engine.base import Finished, GenerateRequest, InferenceEngine, SamplingParams, TokenEvent
+from reference.engine.base import Finished, InferenceEngine, TokenEvent
+from reference.engine.sockets import listen_sockets, serve_on
+from reference.engine.wire import (
+    HEARTBEAT_LINE,
+    MAX_ABORTS,
+    MAX_BATCH,
+    brief,
+    error_line,
+    finish_line,
+    loads_strict,
+    parse_generate,
+    tagged_line,
+    token_fields,
+    tokens_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,93 +64,6 @@ COALESCE_S = 0.0
 
 def _bad(message: str, status: int = 400) -> web.Response:
     return web.json_response({"error": message}, status=status)
-
-
-def parse_generate(body: Any) -> GenerateRequest:
-    """The wire form of a generate call, validated without coercion; ValueError names the bad field."""
-    if not isinstance(body, dict):
-        raise ValueError("body must be a JSON object")
-    request_id = body.get("request_id")
-    if not isinstance(request_id, str) or not request_id:
-        raise ValueError("request_id must be a non-empty string")
-    prompt = body.get("prompt_token_ids")
-    if not isinstance(prompt, list) or not all(_is_int(t) for t in prompt):
-        raise ValueError("prompt_token_ids must be a list of integers")
-    p = body.get("params")
-    p = {} if p is None else p
-    if not isinstance(p, dict):
-        raise ValueError(f"params must be a JSON object, got {_brief(p)}")
-    _check_param_types(p)
-    try:
-        params = SamplingParams(
-            max_tokens=p.get("max_tokens", 16),
-            temperature=p.get("temperature", 1.0),
-            top_p=p.get("top_p", 1.0),
-            stop_token_ids=tuple(p.get("stop_token_ids", ())),
-            seed=p.get("seed"),
-        )
-    except ValueError as e:
-        raise ValueError(f"bad sampling params: {e}") from None
-    return GenerateRequest(request_id, tuple(prompt), params)
-
-
-def _brief(value: Any, limit: int = 80) -> str:
-    """`repr(value)`, cut to `limit` characters (an error message never echoes a whole body)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_param_types(p: dict) -> None:
-    """JSON types of the sampling params, checked before their ranges (SamplingParams checks those)."""
-    unknown = sorted(set(p) - set(_PARAM_TYPES))
-    if unknown:
-        raise ValueError(f"unknown sampling param {unknown[0]!r}; allowed: {', '.join(_PARAM_TYPES)}")
-    for name, value in p.items():
-        what, check = _PARAM_TYPES[name]
-        if not check(value):
-            raise ValueError(f"params.{name} must be {what}, got {_brief(value)}")
-
-
-_PARAM_TYPES = {
-    "max_tokens": ("an integer", _is_int),
-    "temperature": ("a number", lambda v: _is_int(v) or isinstance(v, float)),
-    "top_p": ("a number", lambda v: _is_int(v) or isinstance(v, float)),
-    "stop_token_ids": ("a list of integers", lambda v: isinstance(v, list) and all(_is_int(t) for t in v)),
-    "seed": ("an integer or null", lambda v: v is None or _is_int(v)),
-}
-
-
-def request_to_wire(request: GenerateRequest) -> dict:
-    p = request.params
-    return {
-        "request_id": request.request_id,
-        "prompt_token_ids": list(request.prompt_token_ids),
-        "params": {
-            "max_tokens": p.max_tokens,
-            "temperature": p.temperature,
-            "top_p": p.top_p,
-            "stop_token_ids": list(p.stop_token_ids),
-            "seed": p.seed,
-        },
-    }
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"body is not valid JSON: {name} is not a number JSON allows")
-
-
-def loads_strict(text: str) -> Any:
-    """`json.loads` without NaN or Infinity, and a ValueError (not RecursionError) for too deep nesting."""
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise ValueError("body is not valid JSON: nested too deeply") from None
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -169,25 +94,22 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
             batch = await pump.batch(request.app[COALESCE_KEY])
             tokens = [e for e in batch if isinstance(e, TokenEvent)]
             if tokens:
-                await writer.write(_tokens_line(tokens))
+                await writer.write(tokens_line(tokens))
             if isinstance(batch[-1], Finished):
-                await writer.write(_event_line(batch[-1]))
+                await writer.write(finish_line(batch[-1]))
                 break
         await response.write_eof()
     except ConnectionResetError:  # the client went away mid-stream (the request is aborted below)
         pass
     except ValueError as e:  # the engine rejected the request, before any token
-        await _last_line(writer, response, _error_line(str(e), "bad_request"))
+        await _last_line(writer, response, error_line(str(e), "bad_request"))
     except Exception as e:  # engine failure mid-stream: tell the client, which retries elsewhere
         log.exception("generation %s failed", gen.request_id)
-        await _last_line(writer, response, _error_line(f"{type(e).__name__}: {e}", "engine"))
+        await _last_line(writer, response, error_line(f"{type(e).__name__}: {e}", "engine"))
     finally:
         writer.stop()
         await pump.close()  # on a disconnect this aborts the request and frees its slot
     return response
-
-
-MAX_BATCH = 4096  # requests in one /generate_many call
 
 
 async def handle_generate_many(request: web.Request) -> web.StreamResponse:
@@ -200,7 +122,7 @@ async def handle_generate_many(request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
         items = body.get("requests") if isinstance(body, dict) else None
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
-            raise ValueError(f"requests must be a list of 1 to {MAX_BATCH} generate calls, got {_brief(items)}")
+            raise ValueError(f"requests must be a list of 1 to {MAX_BATCH} generate calls, got {brief(items)}")
     except ValueError as e:
         return _bad(str(e))
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
@@ -265,7 +187,7 @@ def _burst_lines(burst: list) -> tuple[list[bytes], int]:
 
     def flush(index: int) -> None:
         if run := tokens.pop(index, None):
-            lines.append(_tagged(index, _token_fields(run)))
+            lines.append(tagged_line(index, token_fields(run)))
 
     for index, item in burst:
         if isinstance(item, TokenEvent):
@@ -274,17 +196,13 @@ def _burst_lines(burst: list) -> tuple[list[bytes], int]:
         flush(index)
         ended += 1
         if isinstance(item, Finished):
-            lines.append(_tagged(index, {"finish": str(item.reason)}))
+            lines.append(tagged_line(index, {"finish": str(item.reason)}))
         else:
             kind, message = item
-            lines.append(_tagged(index, {"error": message, "kind": kind}))
+            lines.append(tagged_line(index, {"error": message, "kind": kind}))
     for index in list(tokens):
         flush(index)
     return lines, ended
-
-
-def _tagged(index: int, fields: dict) -> bytes:
-    return (json.dumps({"r": index, **fields}) + "\n").encode()
 
 
 async def _last_line(writer: _LineWriter, response: web.StreamResponse, line: bytes) -> None:
@@ -354,31 +272,13 @@ class _LineWriter:
             await asyncio.sleep(max(0.0, self._last + self.heartbeat_s - time.monotonic()))
             if time.monotonic() - self._last >= self.heartbeat_s:
                 try:
-                    await self.write(b'{"hb": 1}\n')
+                    await self.write(HEARTBEAT_LINE)
                 except (ConnectionResetError, RuntimeError):
                     return
 
     def stop(self) -> None:
         if self._beat is not None:
             self._beat.cancel()
-
-
-def _error_line(message: str, kind: str) -> bytes:
-    return (json.dumps({"error": message, "kind": kind}) + "\n").encode()
-
-
-def _event_line(event) -> bytes:
-    if isinstance(event, Finished):
-        return (json.dumps({"finish": str(event.reason)}) + "\n").encode()
-    return _tokens_line([event])
-
-
-def _tokens_line(tokens: list[TokenEvent]) -> bytes:
-    return (json.dumps(_token_fields(tokens)) + "\n").encode()
-
-
-def _token_fields(tokens: list[TokenEvent]) -> dict:
-    return {"t": [t.token_id for t in tokens], "l": [t.logprob for t in tokens], "v": [t.version for t in tokens]}
 
 
 async def handle_pause(request: web.Request) -> web.Response:
@@ -405,9 +305,6 @@ async def handle_update_weights(request: web.Request) -> web.Response:
     except (ValueError, RuntimeError, FileNotFoundError) as e:
         return _bad(str(e), 409 if isinstance(e, RuntimeError) else 400)
     return web.json_response({"ok": True, "version": version})
-
-
-MAX_ABORTS = 65536  # request ids in one abort call
 
 
 async def handle_abort(request: web.Request) -> web.Response:
@@ -500,77 +397,3 @@ async def start_engine_server(
     sockets = listen_sockets(host, port) if sockets is None else sockets
     app = build_app(engine, heartbeat_s=heartbeat_s, coalesce_s=coalesce_s, token=token)
     return await serve_on(web.AppRunner(app, handler_cancellation=True, access_log=None), sockets)
-
-
-async def serve_on(runner: web.AppRunner, sockets: list[socket.socket], backlog: int = 128) -> web.AppRunner:
-    """Set up `runner` and serve it on listening `sockets`, which it then owns (its cleanup closes them)."""
-    try:
-        await runner.setup()
-        for sock in sockets:
-            await web.SockSite(runner, sock, backlog=backlog).start()
-    except BaseException:
-        await runner.cleanup()
-        for sock in sockets:
-            sock.close()
-        raise
-    return runner
-
-
-def listen_sockets(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
-    """Listening TCP sockets on every address `host` resolves to (as asyncio's `create_server` binds them),
-    for a server to take over with `serve_on`. Binding first, before a model loads or an engine starts, makes
-    a port in use, a port out of range or a host that is not this machine's one clear `UserError` at once;
-    and nothing can take the port between that check and the serving. Connections that arrive before the
-    server starts wait in the kernel's queue."""
-    if not 0 <= port <= 65535:
-        raise UserError(f"cannot listen on port {port}: a port is 0-65535 (0 picks any free one)")
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError) as e:
-        raise UserError(
-            f"cannot listen on host {host!r}: the name does not resolve ({getattr(e, 'strerror', e)}); "
-            f"use an address of this machine: 127.0.0.1 (this machine only) or 0.0.0.0 (every "
-            f"interface)"
-        ) from None
-    sockets: list[socket.socket] = []
-    try:
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio: restart despite TIME_WAIT
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio: "::" is IPv6 only
-            if port == 0 and len(sockets) > 1:  # every address on the port the first one was given
-                address = (address[0], sockets[0].getsockname()[1], *address[2:])
-            sock.bind(address)
-            sock.listen(backlog)
-    except OSError as e:
-        for sock in sockets:
-            sock.close()
-        raise UserError(_listen_error(host, port, e)) from None
-    return sockets
-
-
-def _listen_error(host: str, port: int, e: OSError) -> str:
-    where = f"{f'[{host}]' if ':' in host else host}:{port}"
-    if e.errno == errno.EADDRINUSE:
-        return (
-            f"cannot listen on {where}: the port is in use (another server, or an earlier run still going?); "
-            f"choose another --port, or 0 for any free one"
-        )
-    if e.errno == errno.EADDRNOTAVAIL:
-        return (
-            f"cannot listen on {where}: {host!r} is not an address of this machine; use 127.0.0.1 (this "
-            f"machine only) or 0.0.0.0 (every interface)"
-        )
-    if e.errno == errno.EACCES:
-        return f"cannot listen on {where}: permission denied (ports below 1024 need privileges); choose 1024-65535"
-    return f"cannot listen on {where}: {e.strerror or e}"
-
-
-def bound_port(runner: web.AppRunner) -> int:
-    for site in runner.sites:
-        server = getattr(site, "_server", None)
-        if server is not None and server.sockets:
-            return server.sockets[0].getsockname()[1]
-    raise RuntimeError("the server has no bound socket")

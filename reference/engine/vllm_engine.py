@@ -49,7 +49,7 @@ import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reference.engine.base import (
     EngineError,
@@ -60,6 +60,10 @@ from reference.engine.base import (
     TokenEvent,
     check_request,
 )
+from reference.engine.options import check_options, option
+
+if TYPE_CHECKING:
+    from reference.engine.backends import EngineSpec
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,27 @@ _RELOAD_METHOD = "reload_weights"  # vLLM's Worker.reload_weights(weights_iterat
 _INITIAL_LABEL = "default"  # vLLM's weight-version label before the first update_weight_version
 _SEED_SPACE = 2**63  # vLLM keeps seeds in an int64 array and reads -1 as "no seed": send [0, 2**63 - 1]
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """The vLLM backend's options (its entry in reference/engine/backends.py)."""
+
+    tensor_parallel: int = option(1, 1, help="GPUs per engine")
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+def from_spec(spec: EngineSpec) -> VLLMEngine:
+    """The engine an engine process serves for the "vllm" backend: the checkpoint `spec.model`, its weights in
+    the backend's dtype (bf16) whatever the checkpoint's."""
+    if spec.model == "default":
+        raise ValueError("the vllm backend needs a local checkpoint directory: --model PATH")
+    options: VLLMConfig = spec.options
+    return VLLMEngine(
+        spec.model, tensor_parallel_size=options.tensor_parallel, seed=spec.seed, dtype=spec.weights_dtype
+    )
 
 
 @dataclass(frozen=True)

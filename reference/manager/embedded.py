@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from reference.engine.base import InferenceEngine
-from reference.engine.server import bound_port
+from reference.engine.sockets import bound_port
 from reference.manager.manager import ManagerConfig, TrajectoryManager
 from reference.manager.server import start_manager_server
 from reference.manager.store import TrajectoryStore

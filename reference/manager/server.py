@@ -54,7 +54,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from reference.engine.auth import authorized
 from reference.engine.base import MAX_SEED
-from reference.engine.server import listen_sockets, serve_on
+from reference.engine.sockets import listen_sockets, serve_on
 from reference.manager.chat import (
     RequestError,
     chat_logprobs,

@@ -105,9 +105,9 @@ def test_an_unresolvable_host_is_refused(command, token_env, capsys, tmp_path, m
         (["--allowed-host", " "], "--allowed-host must name a host or an origin, got ' '"),
         (["--heartbeat-s", "0"], "--heartbeat-s must be > 0"),
         (["--max-batch", "0"], "--max-batch must be >= 1"),
-        (["--fake-reply-tokens", "0"], "--fake-reply-tokens must be >= 1"),
+        (["--reply-tokens", "0"], "--reply-tokens must be >= 1"),
         (["--seed", "-1"], "--seed must be in 0.."),
-        (["--backend", "vllm"], "--backend vllm needs --model"),
+        (["--backend", "vllm"], "engine backend 'vllm' needs a local checkpoint directory as its model (--model DIR)"),
         (["--engine-url", "localhost:9000"], "--engine-url must be http://HOST:PORT"),
     ],
 )

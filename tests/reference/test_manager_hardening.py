@@ -73,10 +73,11 @@ def test_every_answered_request_survives_the_manager_being_killed_before_a_fold(
     import signal
 
     from benchmarks.harness import engine_token, start_manager
+    from reference.engine.fake import FakeConfig
     from reference.engine.process import EngineProcess, EngineSpec
 
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
-    engine = EngineProcess(EngineSpec(backend="fake", fake_reply_tokens=4))
+    engine = EngineProcess(EngineSpec(backend="fake", options=FakeConfig(reply_tokens=4)))
     try:
         manager = start_manager(engine.url, tmp_path, engine_token(engine))
         try:

@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 
 from reference.consistency import check_store
-from reference.engine.fake import FakeEngine
+from reference.engine.fake import FakeConfig, FakeEngine
 from reference.engine.process import EngineProcess, EngineSpec
 from reference.manager.embedded import ManagerThread
 from reference.manager.manager import ManagerConfig
@@ -133,7 +133,7 @@ def chaos(m: ManagerThread, procs: list[EngineProcess], store: TrajectoryStore, 
 
 @pytest.mark.slow
 def test_soak(tok, tmp_path):
-    spec = EngineSpec(backend="fake", token_delay_s=0.004, fake_reply_tokens=10, heartbeat_s=0.5)
+    spec = EngineSpec(backend="fake", heartbeat_s=0.5, options=FakeConfig(token_delay_s=0.004, reply_tokens=10))
     procs = [EngineProcess(spec) for _ in range(3)]
     store = TrajectoryStore(tmp_path / "soak.sqlite", busy_timeout_s=2.0)
     names = {f"e{i}": p for i, p in enumerate(procs)}

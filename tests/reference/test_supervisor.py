@@ -7,6 +7,7 @@ import signal
 
 import pytest
 
+from reference.engine.fake import FakeConfig
 from reference.engine.process import EngineProcess, EngineSpec
 from reference.manager.embedded import ManagerThread
 from reference.manager.manager import ManagerConfig
@@ -26,7 +27,7 @@ def supervised(tok, tmp_path):
     opened: list = []
 
     def make(n: int) -> tuple[ManagerThread, list[EngineProcess]]:
-        procs = [EngineProcess(EngineSpec(backend="fake", fake_reply_tokens=4)) for _ in range(n)]
+        procs = [EngineProcess(EngineSpec(backend="fake", options=FakeConfig(reply_tokens=4))) for _ in range(n)]
         opened.extend(procs)
         names = {f"e{i}": p for i, p in enumerate(procs)}
         m = ManagerThread({k: p.client(stall_timeout_s=5.0) for k, p in names.items()}, tok, tmp_path / "t.sqlite",

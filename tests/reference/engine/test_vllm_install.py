@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 
 

@@ -179,7 +179,7 @@ def test_stop_token_ends_the_stream_and_is_included(engine, loop):
     assert list(stopped.token_ids) == tokens[: at + 1]
 
 
-async def _partial_rollout(engine: VLLMEngine, new_weights: Path, max_tokens: int):
+async def _partial_rollout(engine: VLLMEngine, new_weights: Path, max_tokens: int, eventually):
     """Pause a greedy generation after a few tokens, load `new_weights`, resume; returns (old version,
     events)."""
     version = (await engine.stats()).version
@@ -191,9 +191,8 @@ async def _partial_rollout(engine: VLLMEngine, new_weights: Path, max_tokens: in
             events.append(event)
 
     consumer = asyncio.create_task(consume())
-    while len(events) < 4:
-        assert not consumer.done(), "the request finished before it could be paused"
-        await asyncio.sleep(0.001)
+    await eventually(lambda: len(events) >= 4 or consumer.done(), timeout_s=120, what="4 tokens before the pause")
+    assert not consumer.done(), "the request finished before it could be paused"
     await engine.pause()
     assert (await engine.stats()).paused
     await engine.update_weights(version + 1, str(new_weights))
@@ -203,10 +202,10 @@ async def _partial_rollout(engine: VLLMEngine, new_weights: Path, max_tokens: in
 
 
 @gpu
-def test_pause_update_resume_switches_version_mid_generation(engine, loop, checkpoints, reference_models):
+def test_pause_update_resume_switches_version_mid_generation(engine, loop, checkpoints, reference_models, eventually):
     n = 300
     try:
-        version, events = run(loop, _partial_rollout(engine, checkpoints[1], n))
+        version, events = run(loop, _partial_rollout(engine, checkpoints[1], n, eventually))
     finally:
         run(loop, _load(engine, checkpoints[0]))  # the other tests expect the first checkpoint
     assert events[-1] == Finished(FinishReason.LENGTH)

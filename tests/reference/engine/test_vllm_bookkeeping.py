@@ -220,7 +220,7 @@ def test_generation_and_stop_tokens(engine):
     asyncio.run(main())
 
 
-async def _partial_rollout(eng, checkpoint, max_tokens=60):
+async def _partial_rollout(eng, checkpoint, eventually, max_tokens=60):
     """Pause after 5 tokens, load `checkpoint` as version 1, resume; returns (events, tokens before resume)."""
     events = []
 
@@ -229,12 +229,11 @@ async def _partial_rollout(eng, checkpoint, max_tokens=60):
             events.append(ev)
 
     task = asyncio.create_task(consume())
-    while len(events) < 5:
-        await asyncio.sleep(0.001)
+    await eventually(lambda: len(events) >= 5, what="5 tokens before the pause")
     await eng.pause()
     assert (await eng.stats()).paused
     await eng.update_weights(1, str(checkpoint))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a window for a token still in transit to land (none may: the count below)
     n_before = len(events)
     await eng.resume()
     await asyncio.wait_for(task, 10)
@@ -243,10 +242,10 @@ async def _partial_rollout(eng, checkpoint, max_tokens=60):
 
 @pytest.mark.parametrize("tokens_per_output", [1, 3])
 @pytest.mark.parametrize("mode", ["keep", "resubmit"])
-def test_partial_rollout_across_a_weight_update(mode, tokens_per_output, tmp_path):
+def test_partial_rollout_across_a_weight_update(mode, tokens_per_output, tmp_path, eventually):
     eng, llm = make(mode, tokens_per_output=tokens_per_output)
     (tmp_path / "w1").mkdir()
-    events, n_before = asyncio.run(_partial_rollout(eng, tmp_path / "w1"))
+    events, n_before = asyncio.run(_partial_rollout(eng, tmp_path / "w1", eventually))
     toks = [e for e in events if isinstance(e, TokenEvent)]
     assert events[-1] == Finished(FinishReason.LENGTH) and len(toks) == 60
     versions = [t.version for t in toks]
@@ -257,7 +256,13 @@ def test_partial_rollout_across_a_weight_update(mode, tokens_per_output, tmp_pat
     assert llm.label == "1" and eng.version_mismatches == 0  # vLLM's labels agree with every stamp
 
 
-def test_abort_early_exit_and_paused_start(engine):
+async def _idle(eng, llm) -> bool:
+    """Nothing running or waiting in the engine, and no request left inside the stand-in vLLM."""
+    s = await eng.stats()
+    return s.running == 0 and s.waiting == 0 and not llm.live
+
+
+def test_abort_early_exit_and_paused_start(engine, eventually):
     eng, llm = engine
 
     async def main():
@@ -271,12 +276,10 @@ def test_abort_early_exit_and_paused_start(engine):
         async for _ in agen:
             break
         await agen.aclose()
-        await asyncio.sleep(0.05)
-        s = await eng.stats()
-        assert s.running == 0 and s.waiting == 0 and not llm.live
+        await eventually(lambda: _idle(eng, llm), what="the early exit to free the request in vLLM")
         await eng.pause()
         t = asyncio.create_task(generate(eng, req("w", max_tokens=10)))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a paused engine must not serve it in this window
         assert not t.done()
         await eng.update_weights(1)
         await eng.resume()
@@ -286,7 +289,7 @@ def test_abort_early_exit_and_paused_start(engine):
     asyncio.run(main())
 
 
-def test_abort_while_paused_and_context_cap(engine):
+def test_abort_while_paused_and_context_cap(engine, eventually):
     eng, llm = engine
 
     async def main():
@@ -297,8 +300,7 @@ def test_abort_while_paused_and_context_cap(engine):
                 events.append(ev)
 
         task = asyncio.create_task(consume())
-        while len(events) < 3:
-            await asyncio.sleep(0.001)
+        await eventually(lambda: len(events) >= 3, what="3 tokens before the pause")
         await eng.pause()
         await eng.abort("q")
         await eng.resume()
@@ -306,8 +308,7 @@ def test_abort_while_paused_and_context_cap(engine):
         assert events[-1] == Finished(FinishReason.ABORT)
         r = await generate(eng, req("L", prompt=(1,) * (CTX - 4), max_tokens=50))
         assert r.finish_reason == FinishReason.LENGTH and len(r.token_ids) == 4
-        await asyncio.sleep(0.05)
-        assert not llm.live
+        await eventually(lambda: not llm.live, what="vLLM to drop the capped request")
 
     asyncio.run(main())
 
@@ -385,7 +386,7 @@ SEEDS = [0, 7, 2**63 - 1, -1, 2**63, 2**64 - 1]  # the last three only from a ca
 
 
 @pytest.mark.parametrize("mode", ["keep", "resubmit"])
-def test_vllm_gets_every_seed_in_int64_and_never_minus_one(mode, tmp_path):
+def test_vllm_gets_every_seed_in_int64_and_never_minus_one(mode, tmp_path, eventually):
     eng, llm = make(mode)
     (tmp_path / "w1").mkdir()
 
@@ -393,7 +394,7 @@ def test_vllm_gets_every_seed_in_int64_and_never_minus_one(mode, tmp_path):
         for i, seed in enumerate(SEEDS):
             r = await generate(eng, GenerateRequest(f"s{i}", (5, 6, 7), _bypassing_validation(seed=seed)))
             assert r.finish_reason == FinishReason.LENGTH
-        await _partial_rollout(eng, tmp_path / "w1")  # resubmit: a continuation gets its own seed
+        await _partial_rollout(eng, tmp_path / "w1", eventually)  # resubmit: a continuation gets its own seed
 
     asyncio.run(main())
     sent = [seed for *_, seed in llm.submitted]

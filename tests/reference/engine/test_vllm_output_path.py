@@ -168,7 +168,7 @@ def test_several_tokens_an_output_with_their_logprobs_and_a_stop_token():
     assert llm.internal_ids[0].startswith("a#0-") and len(llm.internal_ids[0]) == len("a#0-") + 8
 
 
-def test_vllms_weight_version_spans_agree_with_the_stamps_across_an_update(tmp_path):
+def test_vllms_weight_version_spans_agree_with_the_stamps_across_an_update(tmp_path, eventually):
     engine, llm = make()
     (tmp_path / "w1").mkdir()
 
@@ -180,8 +180,7 @@ def test_vllms_weight_version_spans_agree_with_the_stamps_across_an_update(tmp_p
                 events.append(event)
 
         task = asyncio.create_task(consume())
-        while len(events) < 5:
-            await asyncio.sleep(0.001)
+        await eventually(lambda: len(events) >= 5, what="5 tokens before the pause")
         await engine.pause()
         await engine.update_weights(1, str(tmp_path / "w1"))
         before = len(events)

@@ -12,7 +12,8 @@ import pytest
 from reference.engine.base import MAX_SEED, GenerateRequest, SamplingParams, generate
 from reference.engine.builtin import BuiltinEngine
 from reference.engine.fake import FakeEngine
-from reference.engine.server import bound_port, start_engine_server
+from reference.engine.server import start_engine_server
+from reference.engine.sockets import bound_port
 from reference.model import build_model, tiny_config
 
 VOCAB = 512

@@ -275,10 +275,7 @@ def test_consumer_going_away_frees_the_slot(model):
                     pass
 
             task = asyncio.create_task(consume())
-            for _ in range(1000):
-                if (await engine.stats()).running:
-                    break
-                await asyncio.sleep(0.01)
+            await _wait_for(lambda: _running(engine))
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -348,10 +345,13 @@ def test_max_batch_limits_running_requests(model):
         with BuiltinEngine(model, max_batch=2) as engine:
             tasks = [asyncio.create_task(generate(engine, req(f"r{i}", prompt(3), 60))) for i in range(5)]
             seen = []
-            while not all(t.done() for t in tasks):
+
+            async def finished() -> bool:
                 stats = await engine.stats()
                 seen.append((stats.running, stats.waiting))
-                await asyncio.sleep(0.002)
+                return all(t.done() for t in tasks)
+
+            await _wait_for(finished, timeout_s=120)
             return seen, [t.result() for t in tasks]
 
     seen, results = asyncio.run(run())
@@ -385,6 +385,10 @@ async def _wait_for(condition, timeout_s: float = 30.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not await condition():
             await asyncio.sleep(0.005)
+
+
+async def _running(engine) -> int:
+    return (await engine.stats()).running
 
 
 async def _outcome(task: asyncio.Task):

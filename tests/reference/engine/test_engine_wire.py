@@ -10,7 +10,8 @@ import pytest
 
 from reference.engine.base import EngineError, Finished, FinishReason, GenerateRequest, SamplingParams, TokenEvent
 from reference.engine.client import HTTPEngine
-from reference.engine.server import bound_port, start_engine_server
+from reference.engine.server import start_engine_server
+from reference.engine.sockets import bound_port
 
 
 class BurstyEngine:
@@ -136,7 +137,7 @@ def test_an_error_message_never_echoes_a_whole_value():
     assert len(json.loads(payload)["error"]) < 200
 
 
-def test_one_abort_call_ends_several_streams_and_leaves_the_others():
+def test_one_abort_call_ends_several_streams_and_leaves_the_others(eventually):
     from reference.engine.base import abort_all, generate
     from reference.engine.fake import FakeEngine
 
@@ -147,7 +148,7 @@ def test_one_abort_call_ends_several_streams_and_leaves_the_others():
         try:
             streams = {rid: asyncio.create_task(generate(client, GenerateRequest(rid, (1, 2), SamplingParams(
                 max_tokens={"keep": 20}.get(rid, 100_000))))) for rid in ("a", "b", "keep")}  # fmt: skip
-            await _until(lambda: len(engine._running) == 3)
+            await eventually(lambda: _running(engine, 3), what="3 requests running")
             await abort_all(client, ["a", "b", "not-running"])
             results = {rid: await task for rid, task in streams.items()}
             status, text = await _post("/abort", b'{"request_ids": ["a", 3]}', runner)
@@ -162,11 +163,9 @@ def test_one_abort_call_ends_several_streams_and_leaves_the_others():
     assert status == 400 and "request_ids" in text
 
 
-async def _until(condition, timeout_s: float = 60.0) -> None:
-    """Wait for `condition()` (polled), failing the test after `timeout_s`."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.01)
+async def _running(engine, n: int) -> bool:
+    """The engine reports `n` requests running (its public stats)."""
+    return (await engine.stats()).running == n
 
 
 async def _post(path: str, body: bytes, runner) -> tuple[int, str]:
@@ -238,7 +237,7 @@ def test_a_bad_request_in_a_batch_fails_alone():
     assert all(len(g.token_ids) == 5 for g in good)
 
 
-def test_leaving_one_stream_of_a_batch_aborts_only_its_request():
+def test_leaving_one_stream_of_a_batch_aborts_only_its_request(eventually):
     from reference.engine.base import generate
     from reference.engine.fake import FakeEngine
 
@@ -251,7 +250,8 @@ def test_leaving_one_stream_of_a_batch_aborts_only_its_request():
 
         stay = asyncio.create_task(generate(client, _req("stayer", max_tokens=60)))
         taken = await leave_after_two()
-        await _until(lambda: "leaver" not in engine._running)  # the abort reaches the engine, its stream ends
+        # the abort reaches the engine and its stream ends (the fake has no public view of one request's state)
+        await eventually(lambda: "leaver" not in engine._running, what="the leaver's abort")
         return taken, await stay
 
     (taken, stayed), batches = asyncio.run(_served(engine, body))
@@ -259,7 +259,7 @@ def test_leaving_one_stream_of_a_batch_aborts_only_its_request():
     assert len(stayed.token_ids) == 60 and stayed.finish_reason == FinishReason.LENGTH
 
 
-def test_closing_the_client_fails_the_streams_it_still_holds():
+def test_closing_the_client_fails_the_streams_it_still_holds(eventually):
     from reference.engine.base import generate
     from reference.engine.fake import FakeEngine
 
@@ -267,7 +267,7 @@ def test_closing_the_client_fails_the_streams_it_still_holds():
 
     async def body(client):
         streams = [asyncio.create_task(generate(client, _req(f"s{i}", max_tokens=100_000))) for i in range(3)]
-        await _until(lambda: len(engine._running) == 3)
+        await eventually(lambda: _running(engine, 3), what="3 requests running")
         await client.close()
         return await asyncio.gather(*streams, return_exceptions=True)
 

@@ -13,7 +13,7 @@ import pytest
 
 from reference.engine.base import EngineError, GenerateRequest, SamplingParams, generate
 from reference.engine.client import HTTPEngine
-from reference.engine.fake import FakeEngine
+from reference.engine.fake import FakeConfig, FakeEngine
 from reference.engine.process import EngineProcess, EngineSpec
 from reference.manager.embedded import ManagerThread
 from reference.manager.manager import ManagerConfig
@@ -25,8 +25,9 @@ MODEL = "seamlessflow-tiny"
 def fake_procs():
     procs: list[EngineProcess] = []
 
-    def make(n: int, token: str | None = None, **kw) -> list[EngineProcess]:
-        procs.extend(EngineProcess(EngineSpec(backend="fake", **kw), token=token) for _ in range(n))
+    def make(n: int, token: str | None = None, heartbeat_s: float = 5.0, **options) -> list[EngineProcess]:
+        spec = EngineSpec(backend="fake", heartbeat_s=heartbeat_s, options=FakeConfig(**options))
+        procs.extend(EngineProcess(spec, token=token) for _ in range(n))
         return procs[-n:]
 
     yield make
@@ -35,7 +36,7 @@ def fake_procs():
 
 
 def test_http_engine_round_trip_and_errors(fake_procs, tok):
-    (proc,) = fake_procs(1, fake_reply_tokens=5)
+    (proc,) = fake_procs(1, reply_tokens=5)
 
     async def main():
         client = proc.client()
@@ -155,17 +156,13 @@ def _gone(pid: int) -> bool:
     return False
 
 
-class _SilentSpec(EngineSpec):
+def test_a_child_that_never_announces_its_port_times_out(monkeypatch):
     """A child that starts but never announces its port."""
-
-    def argv(self, host: str, port: int) -> list[str]:
-        return [sys.executable, "-c", "import time; time.sleep(60)"]
-
-
-def test_a_child_that_never_announces_its_port_times_out():
+    silent = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setattr("reference.engine.process.engine_argv", lambda spec, host, port: silent)
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="did not start within 1.0 s"):
-        EngineProcess(_SilentSpec(backend="fake"), start_timeout_s=1.0)
+        EngineProcess(EngineSpec(backend="fake"), start_timeout_s=1.0)
     assert time.monotonic() - started < 30
 
 
@@ -193,7 +190,7 @@ def _serving_slot(manager, timeout_s: float = 20.0):
 
 
 def test_killed_engine_mid_generation_is_retried_elsewhere(fake_procs, tok, tmp_path, openai_client, http):
-    procs = fake_procs(2, fake_reply_tokens=60, token_delay_s=0.02)
+    procs = fake_procs(2, reply_tokens=60, token_delay_s=0.02)
     engines = {f"e{i}": p.client() for i, p in enumerate(procs)}
     with ManagerThread(engines, tok, tmp_path / "t.sqlite", ManagerConfig(default_max_tokens=80)) as m:
         t, result = _chat_in_background(m, "crash", openai_client)
@@ -201,6 +198,7 @@ def test_killed_engine_mid_generation_is_retried_elsewhere(fake_procs, tok, tmp_
         time.sleep(0.3)  # some tokens from the first engine
         procs[int(slot.name[1:])].kill()
         t.join(60)
+        assert not t.is_alive(), "the agent's request did not finish within 60 s of the kill"
         r = result["r"]
         traj = r.model_extra["trajectory"]
         assert r.choices[0].finish_reason in ("stop", "length") and len(traj["token_ids"]) > 20
@@ -220,7 +218,7 @@ def test_killed_engine_mid_generation_is_retried_elsewhere(fake_procs, tok, tmp_
 
 
 def test_all_engines_dead_is_a_clean_503(fake_procs, tok, tmp_path, http):
-    procs = fake_procs(2, fake_reply_tokens=5)
+    procs = fake_procs(2, reply_tokens=5)
     engines = {f"e{i}": p.client() for i, p in enumerate(procs)}
     with ManagerThread(engines, tok, tmp_path / "t.sqlite") as m:
         ok, _ = http("POST", f"{m.base_url('dead')}/chat/completions",
@@ -244,7 +242,7 @@ def test_frozen_engine_is_detected_by_the_stall_timeout(fake_procs, tok, tmp_pat
     import os
     import signal
 
-    procs = fake_procs(2, fake_reply_tokens=40, token_delay_s=0.02, heartbeat_s=0.2)
+    procs = fake_procs(2, reply_tokens=40, token_delay_s=0.02, heartbeat_s=0.2)
     engines = {f"e{i}": p.client(stall_timeout_s=3.0) for i, p in enumerate(procs)}
     with ManagerThread(engines, tok, tmp_path / "t.sqlite", ManagerConfig(default_max_tokens=60)) as m:
         t, result = _chat_in_background(m, "frozen", openai_client)
@@ -256,12 +254,13 @@ def test_frozen_engine_is_detected_by_the_stall_timeout(fake_procs, tok, tmp_pat
             t.join(30)
         finally:
             os.kill(frozen.pid, signal.SIGCONT)
+        assert not t.is_alive(), "the agent's request did not finish within 30 s of the freeze"
         assert result["r"].choices[0].finish_reason in ("stop", "length")
         assert sorted(s.failures for s in m.manager.router.slots) == [0, 1]
 
 
 def test_a_pause_longer_than_the_stall_timeout_is_not_a_failure(fake_procs, tok, tmp_path, openai_client):
-    (proc,) = fake_procs(1, fake_reply_tokens=100, token_delay_s=0.02, heartbeat_s=0.2)
+    (proc,) = fake_procs(1, reply_tokens=100, token_delay_s=0.02, heartbeat_s=0.2)
     config = ManagerConfig(default_max_tokens=120)
     with ManagerThread({"e0": proc.client(stall_timeout_s=2.0)}, tok, tmp_path / "t.sqlite", config) as m:
         t, result = _chat_in_background(m, "patient", openai_client)
@@ -271,22 +270,23 @@ def test_a_pause_longer_than_the_stall_timeout_is_not_a_failure(fake_procs, tok,
         m.call(m.manager.update_weights(1))
         m.call(m.manager.resume())
         t.join(30)
+        assert not t.is_alive(), "the agent's request did not finish within 30 s of the resume"
         versions = result["r"].model_extra["trajectory"]["versions"]
         assert m.manager.router.slots[0].failures == 0 and versions[-1] == 1
 
 
 def test_the_builtin_engine_process_hands_the_interpreter_over_often():
-    """The built-in engine's worker thread and its HTTP loop share the interpreter: `make_engine` shortens
-    the switch interval of the process it runs in (measured: decode steps without convoys behind the loop)."""
-    import sys
-
-    from reference.engine.process import BUILTIN_SWITCH_INTERVAL_S, EngineSpec, make_engine
+    """The built-in engine's worker thread and its HTTP loop share the interpreter: the builtin backend's
+    factory shortens the switch interval of the process it runs in (measured: decode steps without convoys
+    behind the loop)."""
+    from reference.engine.builtin import SWITCH_INTERVAL_S
+    from reference.engine.process import make_engine
 
     before = sys.getswitchinterval()
     try:
         engine = make_engine(EngineSpec(backend="builtin", max_batch=2))
         try:
-            assert sys.getswitchinterval() == pytest.approx(BUILTIN_SWITCH_INTERVAL_S)
+            assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
         finally:
             engine.close()
     finally:

@@ -14,7 +14,8 @@ from reference.engine.base import EngineError, GenerateRequest, SamplingParams, 
 from reference.engine.client import HTTPEngine
 from reference.engine.fake import FakeEngine
 from reference.engine.process import EngineSpec, serve_engine
-from reference.engine.server import bound_port, build_app, start_engine_server
+from reference.engine.server import build_app, start_engine_server
+from reference.engine.sockets import bound_port
 
 TOKEN = "s3cret-token"
 ENDPOINTS = [
