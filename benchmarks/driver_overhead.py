@@ -20,7 +20,7 @@ from core.policies import POLICIES, PolicyConfig, make_policy
 
 
 def measure(name: str, steps: int, batch: int) -> dict:
-    policy = make_policy(name, PolicyConfig(batch, steps, 1), 4, 0.5, 1)
+    policy = make_policy(name, PolicyConfig(batch_groups=batch, num_steps=steps, max_staleness=1), 4, 0.5, 1)
     fake = FakeExecutor(policy, seed=0, idle_chance=0.0)
     start = time.process_time()
     fake.run(max_events=50 * steps * batch)

@@ -36,9 +36,9 @@ import ray
 from ray.cluster_utils import Cluster
 
 from reference.control.transport import DirectoryTransport, ObjectStoreTransport
-from reference.control.worker import WorkerSpec
+from reference.control.worker import ResourceWorker, WorkerSpec
 from reference.model import build_model, tiny_config
-from reference.ray.workers import _RayResourceWorker
+from reference.ray.workers import ActorWorkers, _RayResourceWorker
 from reference.tasks.tokenizer import task_tokenizer
 from reference.tokenizer import default_tokenizer
 from reference.trainer.batch import Trajectory
@@ -68,29 +68,16 @@ def model_configs() -> dict:
     }
 
 
-class _Actors:
-    """`Workers` over two actors (RayWorkers' `call` and `call_split`)."""
-
-    def __init__(self, actors: dict) -> None:
-        self.actors = actors
-
-    def call(self, resource: str, method: str, *args):
-        return getattr(self.actors[resource], method).remote(*args)
-
-    def call_split(self, resource: str, method: str, *args):
-        return getattr(self.actors[resource], method).options(num_returns=2).remote(*args)
-
-
 def _masked_step(version: int) -> list[Trajectory]:
     """A step that only moves the trainer's version on (every sample masked out of the loss)."""
     return [Trajectory((1, 2), (0, 1), (-0.5,), (version,), "g", float(i), trained=False) for i in range(2)]
 
 
-async def _time(workers: _Actors, transport, versions: int, split: bool) -> list[tuple[float, float, float]]:
+async def _time(workers: ActorWorkers, transport, versions: int, split: bool) -> list[tuple[float, float, float]]:
     """(seconds until publish returns, until node B's copy is ready, of which node B's worker wrote) per version."""
     out = []
     for i in range(versions):
-        await workers.call("T00", "train_step", _masked_step(i))
+        await workers.trainer("T00").train_step(_masked_step(i))
         start = time.perf_counter()
         await transport.publish(["T00"], i + 1)
         published = time.perf_counter() - start
@@ -113,9 +100,9 @@ def measure(name: str, config, tokenizer, versions: int, work: Path) -> list[tup
         specs = WorkerSpec("T00", ("train",), (), str(initial)), WorkerSpec("R00", (), (), str(initial))
         trainer = actor.options(num_cpus=1, resources={"train": 1}).remote(specs[0])
         receiver = actor.options(num_cpus=1, resources={"rollout": 1}).remote(specs[1])
-        workers = _Actors({"T00": trainer, "R00": receiver})
+        workers = ActorWorkers({"T00": trainer, "R00": receiver})
         try:
-            ray.get(workers.call("T00", "init_trainer", 0, 1, "", {}, None, None))
+            workers.get("T00", ResourceWorker.init_trainer, 0, 1, "", {}, None, None)
             if transport_name == "directory":
                 root = work / f"weights-{name}"
                 transport = DirectoryTransport(workers, root, lambda v: v == 0)

@@ -1,7 +1,9 @@
 """Config loading: YAML files plus dotted `key.path=value` overrides into frozen dataclasses.
 
-Every field is required (the defaults live in the shipped YAML files, not in code). Unknown keys,
-missing keys and values of the wrong type raise `UserError` naming the dotted key.
+A field without a default is required (the defaults live in the shipped YAML files); a key whose field has
+a default may be left out and takes it (a section declared with its defaults in code, as the policy's settings
+are: `core/policies/settings.py`). Unknown keys, missing keys and values of the wrong type raise `UserError`
+naming the dotted key.
 """
 
 from __future__ import annotations
@@ -90,12 +92,17 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
     if unknown:
         key = f"{path}.{unknown[0]}" if path else str(unknown[0])
         raise UserError(f"unknown config key {key!r}; valid keys here: {', '.join(names)}")
-    missing = [n for n in names if n not in data]
+    defaulted = {f.name for f in dataclasses.fields(cls) if _has_default(f)}
+    missing = [n for n in names if n not in data and n not in defaulted]
     if missing:
         key = f"{path}.{missing[0]}" if path else missing[0]
         raise UserError(f"missing config key {key!r}")
-    kwargs = {n: _convert(hints[n], data[n], f"{path}.{n}" if path else n) for n in names}
+    kwargs = {n: _convert(hints[n], data[n], f"{path}.{n}" if path else n) for n in names if n in data}
     return cls(**kwargs)
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 
 
 def _convert(tp: Any, value: Any, path: str) -> Any:

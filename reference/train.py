@@ -28,8 +28,9 @@ from reference.control.layout import (
     worker_specs,
 )
 from reference.control.report import MetricsLog, Progress
-from reference.control.run import run_policy
+from reference.control.run import RunHandles, RunPlan, RunSinks, run_policy
 from reference.control.warm_start import warm_start
+from reference.control.worker import ResourceWorker
 from reference.engine.client import HTTPEngine
 from reference.manager.embedded import ManagerThread
 from reference.manager.manager import ManagerConfig
@@ -86,10 +87,11 @@ def _train(
     # object_store: weights the run wrote here go to each worker, which starts from its own copy
     shipped = {"initial_weights": model_dir} if ships_initial_weights(cfg, model_dir) else {}
     with workers_factory(specs, cfg.run.ray_address, **shipped) as workers:
-        addresses = {s.name: workers.get(s.name, "engine_address") for s in specs if s.can_roll_out}
+        addresses = {s.name: workers.get(s.name, ResourceWorker.engine_address) for s in specs if s.can_roll_out}
         engines = {name: HTTPEngine(url, token=token) for name, (url, token) in addresses.items()}
         local = cfg.run.ray_address is None
-        owned = {n: WorkerEngine(workers, n, engines[n].base_url, workers.get(n, "engine_pid"), local) for n in engines}
+        pids = {n: workers.get(n, ResourceWorker.engine_pid) for n in engines}
+        owned = {n: WorkerEngine(workers, n, engines[n].base_url, pids[n], local) for n in engines}
         # The rollout manager bounds the requests in flight itself, so the manager sheds nothing here.
         config = ManagerConfig(
             model_name=f"seamlessflow-{cfg.task.name}",
@@ -111,11 +113,16 @@ def _train(
             )
             adopted = []
             if checkpoint:  # every engine from the checkpoint's version: model_dir, or each worker's own copy of it
-                adopted = m.call(resumed(m.manager, done, {n: workers.get(n, "model_dir") for n in engines}))
+                own_copies = {n: workers.get(n, ResourceWorker.model_dir) for n in engines}
+                adopted = m.call(resumed(m.manager, done, own_copies))
             active = {n: policy.initial_active(n).value for n in policy.resources}
             recorder = TimelineRecorder(list(policy.resources.values()), active)
             with Progress(cfg.policy.num_steps, enabled=progress, done=done) as bar:
-                run = run_policy(cfg, task, policy, workers, m, recorder, metrics, bar, admin, out, done, adopted)
+                run = run_policy(
+                    plan=RunPlan(cfg, task, out, offset=done, adopted=tuple(adopted)),
+                    live=RunHandles(policy, workers, m, admin),
+                    sinks=RunSinks(recorder, metrics, bar),
+                )
                 wall = m.call(run, timeout_s=cfg.run.time_limit_s + 120)
     meta = {
         "policy": policy.name,

@@ -19,6 +19,7 @@ from pathlib import Path
 from core import config as cfgio
 from core import specs
 from core.errors import UserError
+from core.policies.settings import PolicySettings
 from sim import profile as profiles
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -222,15 +223,6 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
-class PolicySettings:
-    max_staleness: int
-    window_batches: int | None
-    fill_idle: bool
-    stale_samples: str  # streaming: drop | regenerate a finished group that fell out of the bound
-    drain: bool = False  # generate no group beyond what the run's steps train (core.policies.PolicyConfig)
-
-
-@dataclass(frozen=True)
 class CostConfig:
     """Achieved fractions of the device peaks, and fixed overheads (seconds)."""
 
@@ -284,7 +276,7 @@ class SimConfig:
     rollout: RolloutConfig
     train: TrainConfig
     workload: WorkloadConfig
-    policy: PolicySettings
+    policy: PolicySettings  # core/policies/settings.py: the scheduling policy's knobs, one class for both executors
     costs: CostConfig
 
     def __post_init__(self) -> None:

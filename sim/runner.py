@@ -103,15 +103,7 @@ class Simulation:
         self.cost = CostModel(cfg, model, specs.device(cfg.cluster.device))  # the train-capable resources'
         pool = cfg.cluster.rollout_pool
         self.rollout_cost = self.cost if pool is None else CostModel(cfg, model, specs.device(pool.device))
-        pcfg = PolicyConfig(
-            cfg.workload.prompts_per_step,
-            cfg.num_steps,
-            cfg.policy.max_staleness,
-            cfg.policy.window_batches,
-            cfg.policy.fill_idle,
-            cfg.policy.stale_samples,
-            cfg.policy.drain,
-        )
+        pcfg = PolicyConfig.of(cfg.policy, batch_groups=cfg.workload.prompts_per_step, num_steps=cfg.num_steps)
         self.policy = make_policy(policy, pcfg, cfg.num_resources, cfg.train_fraction, cfg.rollout.tensor_parallel)
         self.resources = self.policy.resources
         self._check_pools()

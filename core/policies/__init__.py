@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 from core.errors import unknown_name
 from core.policies.async_ import AsyncPolicy
-from core.policies.base import BasePolicy, Policy, PolicyConfig
+from core.policies.base import BasePolicy, Policy
 from core.policies.colocated import ColocatedPolicy
 from core.policies.disaggregated import DisaggregatedPolicy
+from core.policies.settings import PolicyConfig, PolicySettings
 from core.policies.streaming import StreamingPolicy
 from core.policies.tag import TagPolicy
 from core.tags import Resource
@@ -36,4 +37,4 @@ def make_policy(name: str, config: PolicyConfig, num_resources: int, train_fract
     return cls(resources, config)
 
 
-__all__ = ["POLICIES", "Policy", "PolicyConfig", "BasePolicy", "make_policy", "policy_class"]
+__all__ = ["POLICIES", "Policy", "PolicyConfig", "PolicySettings", "BasePolicy", "make_policy", "policy_class"]

@@ -10,58 +10,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import count
 from typing import ClassVar, Protocol
 
 from core.errors import ContractError, RunFailed, UserError
 from core.events import Decision, Event, Refresh, StartTrain, Submit, SyncFinished, SyncWeights
+from core.policies.settings import PolicyConfig
 from core.tags import Resource, Tag
-
-STALE_SAMPLES = ("drop", "regenerate")  # PolicyConfig.stale_samples
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    """Knobs shared by the policies.
-
-    batch_groups: prompt groups consumed by one training step.
-    num_steps: training steps in the run; the policy is done after the last one.
-    max_staleness: largest allowed policy-version lag of a trained token (`async`, `tag` and
-        `streaming`; the strictly on-policy policies ignore it and always train at lag 0).
-    fill_idle: `tag` starts extra groups beyond the window when a rollout resource runs dry. It turns
-        idle time into generation, but under a strict staleness bound most of that work is later
-        regenerated, so it is off by default (see docs/simulator.md).
-    window_batches: how many batches' worth of groups `tag` keeps in flight, finished or training
-        (None: 1 + max_staleness, the most that can still be trained within the bound).
-    stale_samples: what `streaming` does with a finished group that fell out of the staleness
-        bound: "regenerate" its stale samples (the rest of the group is kept) or "drop" the whole
-        group and start a new one in its place.
-    drain: submit no group beyond what the run's remaining steps consume, so the last steps run without
-        work that no step will train (a complete training run: the shortest wall time). Off by default:
-        a run then measures `num_steps` steps of a longer run, generating past its last step as a
-        pipelined policy does in steady state (see `submit`).
-    """
-
-    batch_groups: int
-    num_steps: int
-    max_staleness: int = 1
-    window_batches: int | None = None
-    fill_idle: bool = False
-    stale_samples: str = "regenerate"
-    drain: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("batch_groups", "num_steps"):
-            if getattr(self, name) < 1:
-                raise UserError(f"policy.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_staleness < 0:
-            raise UserError(f"policy.max_staleness must be >= 0, got {self.max_staleness}")
-        if self.window_batches is not None and self.window_batches < 1:
-            raise UserError(f"policy.window_batches must be >= 1, got {self.window_batches}")
-        if self.stale_samples not in STALE_SAMPLES:
-            choices = ", ".join(STALE_SAMPLES)
-            raise UserError(f"unknown policy.stale_samples {self.stale_samples!r}; valid choices: {choices}")
 
 
 class Policy(Protocol):

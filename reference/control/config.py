@@ -14,7 +14,7 @@ from pathlib import Path
 
 from core.config import apply_overrides, from_dict, load_yaml, merge
 from core.errors import UserError
-from core.policies import POLICIES, PolicyConfig
+from core.policies import POLICIES, PolicyConfig, PolicySettings
 from reference.engine.backends import training_backends
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "train.yaml"
@@ -30,16 +30,12 @@ class TaskSection:
     options: dict  # the task's config fields (e.g. digits)
 
 
-@dataclass(frozen=True)
-class PolicySection:
+@dataclass(frozen=True, kw_only=True)
+class PolicySection(PolicySettings):
+    """The policy's settings (`core/policies/settings.py`: every key but these two), its name and the run's length."""
+
     name: str  # colocated | disaggregated | async | tag | streaming
     num_steps: int  # training steps in the run
-    max_staleness: int  # largest policy-version lag of a trained token (async, tag, streaming)
-    window_batches: int | None  # tag: batches kept in flight (null: 1 + max_staleness)
-    fill_idle: bool  # tag: start extra groups when a rollout resource runs dry
-    stale_samples: str = "regenerate"  # streaming: regenerate | drop a finished group that fell out of the bound
-    drain: bool = False  # generate no group beyond what the run's steps train (false: keep the steady state's
-    # pipeline running past the last step, as a measurement of a longer run wants)
 
 
 @dataclass(frozen=True)
@@ -160,8 +156,6 @@ class TrainConfig:
             )
         if not 0 <= self.engine.coalesce_s <= 1:  # also refuses NaN
             raise UserError(f"engine.coalesce_s must be in [0, 1] seconds, got {self.engine.coalesce_s}")
-        if self.policy.max_staleness < 0:
-            raise UserError(f"policy.max_staleness must be >= 0, got {self.policy.max_staleness}")
         if self.model.dir is not None and not Path(self.model.dir).is_dir():
             raise UserError(f"model.dir {self.model.dir!r} is not a directory (a local Qwen3 checkpoint)")
         if not isinstance(self.run.evaluate, bool):
@@ -195,9 +189,7 @@ def policy_config(cfg: TrainConfig, num_steps: int | None = None) -> PolicyConfi
     """The scheduling policy's knobs for this run (`num_steps`: the steps left, where a resumed run has fewer)."""
     p = cfg.policy
     steps = p.num_steps if num_steps is None else num_steps
-    return PolicyConfig(
-        cfg.rollout.prompts_per_step, steps, p.max_staleness, p.window_batches, p.fill_idle, p.stale_samples, p.drain
-    )
+    return PolicyConfig.of(p, batch_groups=cfg.rollout.prompts_per_step, num_steps=steps)
 
 
 def _section_error(section: str, message: str) -> UserError:

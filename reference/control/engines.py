@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from reference.control.calls import WorkerGroup
+from reference.control.worker import ResourceWorker
+
 
 class WorkerEngine:
-    def __init__(self, workers, resource: str, url: str, pid: int | None, local: bool) -> None:
+    def __init__(self, workers: WorkerGroup, resource: str, url: str, pid: int | None, local: bool) -> None:
         self.workers, self.resource, self.url, self.pid, self.local = workers, resource, url, pid, local
         self.restarts = 0
 
@@ -21,7 +24,7 @@ class WorkerEngine:
 
     def restart(self) -> None:
         """Blocking (the supervisor calls it in a worker thread)."""
-        self.url, self.pid = self.workers.get(self.resource, "restart_engine")
+        self.url, self.pid = self.workers.get(self.resource, ResourceWorker.restart_engine)
         self.restarts += 1
 
 

@@ -20,7 +20,8 @@ How a published version reaches the engines is the run's weight transport (`refe
 a directory under the run's weights root that every engine reads, or Ray's object store and a copy on each
 engine's node.
 
-Resources are reached through `Workers` (Ray actors by default; in-process for tests). Any failure in
+Resources are reached through a `WorkerGroup`'s typed handles (`reference/control/calls.py`: Ray actors by default;
+in-process for tests), whose calls return the workers' records. Any failure in
 this work stops the run with an error that names the decision; nothing waits for ever (the driver's
 deadlines cover what an engine or a shard never finishes).
 
@@ -44,30 +45,22 @@ from typing import Protocol
 from core import events as ev
 from core.tags import Phase, SandboxPhase, Tag
 from core.timeline import SandboxInterval, StepRecord, TimelineRecorder
+from reference.control.calls import WorkerGroup
+from reference.control.worker import WeightsCopy
 from reference.manager.manager import TrajectoryManager
 from reference.rollout.episodes import SANDBOX_SPANS, TIMING_KEYS, Episode
 from reference.rollout.groups import GroupResult, RolloutManager, training_batch
 from reference.trainer.batch import Trajectory
 from reference.trainer.handoff import KEEP_LATEST_VERSIONS, version_dir
+from reference.trainer.trainer import StepMetrics
 
 log = logging.getLogger(__name__)
 _SANDBOX_KINDS = frozenset(p.value for p in SandboxPhase)
 
 
-class Workers(Protocol):
-    """Calls on the resources' workers (`reference.control.worker.ResourceWorker`), awaitable."""
-
-    def call(self, resource: str, method: str, *args) -> Awaitable: ...
-
-    def call_split(self, resource: str, method: str, *args) -> tuple[Awaitable, object]:
-        """A call whose result is a pair: (an awaitable of the first part, a handle to the second that other calls
-        take as an argument and receive as its value). The object-store weight transport needs it."""
-        ...
-
-
 class Sink(Protocol):
     def step(self, record: dict, held_out: dict | None) -> None:
-        """One finished training step's metrics (see `RuntimeExecutor._step_metrics`), and the held-out
+        """One finished training step's metrics (see `step_metrics`), and the held-out
         evaluation of its weights when there was one."""
 
 
@@ -81,31 +74,12 @@ class _State:
     failure: BaseException | None = None
 
 
-# The trainer's own step figures passed through to metrics.jsonl as they are (StepMetrics: global over ranks):
-# the PPO ratio, the off-policy corrections' weights, the engine-trainer mismatch on fresh tokens, dynamic sampling.
-TRAINER_KEYS = (
-    "pg_loss",
-    "dual_clip_fraction",
-    "ratio_mean",
-    "ratio_max",
-    "off_policy_fraction",
-    "is_weight_mean",
-    "is_weight_max",
-    "is_capped_fraction",
-    "fresh_tokens",
-    "fresh_mismatch_mean",
-    "fresh_kl",
-    "dropped_groups",
-    "dropped_sequences",
-)
-
-
 class RuntimeExecutor:
     def __init__(
         self,
         manager: TrajectoryManager,
         rollout: RolloutManager,
-        workers: Workers,
+        workers: WorkerGroup,
         recorder: TimelineRecorder,
         trainers: Sequence[str],
         weights_root: Path,
@@ -232,11 +206,11 @@ class RuntimeExecutor:
         batch = await asyncio.to_thread(training_batch, self.manager.store, groups)
         shards = _shard(groups, batch, len(d.resources))
         results = await asyncio.gather(
-            *(self.workers.call(r, "train_step", shard) for r, shard in zip(d.resources, shards, strict=True))
+            *(self.workers.trainer(r).train_step(shard) for r, shard in zip(d.resources, shards, strict=True))
         )
         handoff = await self.transport.publish(d.resources, step + 1)
-        if handoff["version"] != step + 1:
-            raise RuntimeError(f"step {step} published version {handoff['version']}, not {step + 1}")
+        if handoff.version != step + 1:
+            raise RuntimeError(f"step {step} published version {handoff.version}, not {step + 1}")
         self.newest = max(self.newest, step + 1)
         held_out = None  # an evaluation of the new weights is trainer work: it counts as train time
         if self.evaluate is not None:
@@ -247,7 +221,7 @@ class RuntimeExecutor:
             self.recorder.add_tokens(r, sum(len(t.token_ids) for t in shard))
             self.recorder.set(r, Phase.IDLE, end, step + 1)
         self.recorder.add_step(record)
-        self.sink.step(self._step_metrics(step, groups, results, handoff, record), held_out)
+        self.sink.step(step_metrics(step, groups, results, handoff, record), held_out)
         self.post(ev.TrainFinished(d.step))
 
     async def _sync(self, d: ev.SyncWeights) -> None:
@@ -268,42 +242,46 @@ class RuntimeExecutor:
         engine reads, or each engine's own copy on its node, waited for where it is still being made."""
         return await self.transport.sources(version, engines)
 
-    def _step_metrics(self, step: int, groups, results: list[dict], handoff: dict, record: StepRecord) -> dict:
-        rewards = [s.reward for g in groups for s in g.episodes]
-        timings = {k: sum(e.info.get(k, 0.0) for g in groups for e in g.episodes) for k in TIMING_KEYS}
-        n = len(rewards)
-        mean = sum(rewards) / n
-        tokens = results[0]["tokens"]  # every rank reports the step's global count
-        return {
-            "step": step,
-            "reward_mean": mean,
-            "reward_std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
-            "exact_match": sum(s.exact for g in groups for s in g.episodes) / n,
-            "samples": n,
-            "trained_tokens": results[0]["tokens"],  # generated tokens in the loss (each rank reports the global count)
-            "generated_tokens": record.generated_tokens,
-            "staleness": {str(k): v for k, v in sorted(record.lag_tokens.items())},
-            "loss": _mean(results, "loss"),
-            "kl": _mean(results, "kl"),
-            "entropy": _mean(results, "entropy"),
-            "clip_fraction": _mean(results, "clip_fraction"),
-            "grad_norm": results[0]["grad_norm"],
-            "train_s": max(r["time_s"] for r in results),
-            "publish_s": handoff["seconds"],
-            "step_s": record.end_s - record.start_s,
-            "time_s": record.end_s,
-            "tokens_per_s_trained": tokens / max(1e-9, max(r["time_s"] for r in results)),
-            "episodes": {
-                "exit_reasons": dict(Counter(e.exit_reason for g in groups for e in g.episodes)),
-                **{f"{k}_sum": v for k, v in timings.items()},
-            },
-            **{k: results[0][k] for k in TRAINER_KEYS if k in results[0]},  # NaN: null in metrics.jsonl (report.py)
-        }
-
     async def close(self) -> None:
         for task in list(self.state.tasks):
             task.cancel()
         await asyncio.gather(*self.state.tasks, return_exceptions=True)
+
+
+def step_metrics(step: int, groups, results: list[StepMetrics], handoff: WeightsCopy, record: StepRecord) -> dict:
+    """A finished step's line in metrics.jsonl: its groups' rewards and episodes, the shards' figures (`results`,
+    one a rank), the publish of its version and its timeline record."""
+    rewards = [s.reward for g in groups for s in g.episodes]
+    timings = {k: sum(e.info.get(k, 0.0) for g in groups for e in g.episodes) for k in TIMING_KEYS}
+    n = len(rewards)
+    mean = sum(rewards) / n
+    tokens = results[0].tokens  # every rank reports the step's global count
+    train_s = max(r.time_s for r in results)
+    return {
+        "step": step,
+        "reward_mean": mean,
+        "reward_std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
+        "exact_match": sum(s.exact for g in groups for s in g.episodes) / n,
+        "samples": n,
+        "trained_tokens": tokens,  # generated tokens in the loss
+        "generated_tokens": record.generated_tokens,
+        "staleness": {str(k): v for k, v in sorted(record.lag_tokens.items())},
+        "loss": _mean(results, [r.loss for r in results]),
+        "kl": _mean(results, [r.kl for r in results]),
+        "entropy": _mean(results, [r.entropy for r in results]),
+        "clip_fraction": _mean(results, [r.clip_fraction for r in results]),
+        "grad_norm": results[0].grad_norm,
+        "train_s": train_s,
+        "publish_s": handoff.seconds,
+        "step_s": record.end_s - record.start_s,
+        "time_s": record.end_s,
+        "tokens_per_s_trained": tokens / max(1e-9, train_s),
+        "episodes": {
+            "exit_reasons": dict(Counter(e.exit_reason for g in groups for e in g.episodes)),
+            **{f"{k}_sum": v for k, v in timings.items()},
+        },
+        **results[0].to_metrics(),  # the trainer's own figures, global over the ranks
+    }
 
 
 def prune_versions(root: Path, newest: int, keep: Callable[[int], bool]) -> None:
@@ -315,10 +293,10 @@ def prune_versions(root: Path, newest: int, keep: Callable[[int], bool]) -> None
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _mean(results: list[dict], key: str) -> float:
-    """A token-weighted mean over the shards."""
-    total = sum(r["tokens"] for r in results)
-    return sum(r[key] * r["tokens"] for r in results) / max(1, total)
+def _mean(results: Sequence[StepMetrics], values: Sequence[float]) -> float:
+    """A token-weighted mean over the shards of `values`, one a shard."""
+    total = sum(r.tokens for r in results)
+    return sum(v * r.tokens for v, r in zip(values, results, strict=True)) / max(1, total)
 
 
 def _shard(groups: Sequence[GroupResult], batch: list[Trajectory], n: int) -> list[list[Trajectory]]:

@@ -9,75 +9,99 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core import events as ev
 from core.driver import Deadlines, Driver
 from core.tags import Phase
 from core.timeline import TimelineRecorder
+from reference.control.calls import WorkerGroup
 from reference.control.executor import RuntimeExecutor
-from reference.control.transport import object_store_transport
-from reference.rollout.groups import RolloutConfig, RolloutManager
+from reference.control.transport import ObjectStoreTransport, object_store_transport
+from reference.rollout.groups import GroupResult, RolloutConfig, RolloutManager
 from reference.tasks.base import SingleTurn
+
+if TYPE_CHECKING:
+    from core.policies import BasePolicy
+    from reference.control.config import TrainConfig
+    from reference.control.report import MetricsLog, Progress
+    from reference.manager.embedded import ManagerThread
+    from reference.tasks.base import Task
 
 WATCH_INTERVAL_S = 0.02  # how often the rollout/idle phases are sampled
 
 
-async def run_policy(
-    cfg,
-    task,
-    policy,
-    workers,
-    m,
-    recorder: TimelineRecorder,
-    metrics,
-    bar,
-    token: str,
-    out: Path,
-    offset: int = 0,
-    adopted=(),
-) -> float:
-    """Run the policy to its last step; returns the wall time of the run (held-out evaluations excluded).
-    `offset`: steps trained before (a resumed run); `adopted`: finished groups no kept step trained."""
+@dataclass(frozen=True)
+class RunPlan:
+    """What the run is: its config and task, where it writes, and where a resumed run starts."""
+
+    cfg: TrainConfig
+    task: Task
+    out: Path  # the run's folder (published versions under out/weights)
+    offset: int = 0  # steps trained before this run (a resumed run)
+    adopted: tuple[GroupResult, ...] = ()  # finished groups no kept step trained (a resumed run's)
+
+
+@dataclass(frozen=True)
+class RunHandles:
+    """The live parts the run drives."""
+
+    policy: BasePolicy
+    workers: WorkerGroup  # the resources' workers
+    manager_thread: ManagerThread  # the embedded trajectory manager; the run runs on its event loop
+    admin_token: str  # the manager's admin token (rewards and weights)
+
+
+@dataclass(frozen=True)
+class RunSinks:
+    """Where the run reports: the timeline, metrics.jsonl and the progress bar."""
+
+    recorder: TimelineRecorder
+    metrics: MetricsLog
+    progress: Progress
+
+
+async def run_policy(*, plan: RunPlan, live: RunHandles, sinks: RunSinks) -> float:
+    """Run the policy to its last step; returns the wall time of the run (held-out evaluations excluded)."""
+    cfg, manager = plan.cfg, live.manager_thread.manager
     driver: Driver | None = None
 
     def finished(group) -> None:
-        driver.post(ev.GroupFinished(group.group_id, group.min_version - offset))
+        driver.post(ev.GroupFinished(group.group_id, group.min_version - plan.offset))
 
     rcfg = RolloutConfig(cfg.rollout.group_size, cfg.rollout.max_concurrency, cfg.rollout.temperature)
-    async with RolloutManager(task, m.url, rcfg, f"run{time.time_ns()}", cfg.run.seed, finished, token) as rollout:
-        rollout.adopt(adopted)
+    session = f"run{time.time_ns()}"
+    url, token = live.manager_thread.url, live.admin_token
+    async with RolloutManager(plan.task, url, rcfg, session, cfg.run.seed, finished, token) as rollout:
+        rollout.adopt(plan.adopted)
         if cfg.run.evaluate:
-            bar.note(f"evaluating the weights before RL ({_per_problem(cfg.run)}) ...")
-            start = await evaluate_splits(rollout, task, "start", cfg.run.eval_samples, cfg.run.held_out_samples)
-            bar.note(evaluation_line("start", start))
-            metrics.held_out(offset, {**start, "label": "start", "time_s": 0.0})
-        sink = _Sink(metrics, bar)
-        evaluations = Evaluations(cfg, task, rollout, workers, policy.trainers, metrics)
-        transport = None  # a directory under OUT/weights that every engine reads
-        if cfg.engine.weights_transport == "object_store":
-            transport = await object_store_transport(workers, m.manager, offset)
+            start = await _held_out(plan, rollout, sinks.progress, "start")
+            sinks.metrics.held_out(plan.offset, {**start, "label": "start", "time_s": 0.0})
+        evaluations = Evaluations(cfg, plan.task, rollout, live.workers, live.policy.trainers, sinks.metrics)
+        transport = await _transport(plan, live)
         executor = RuntimeExecutor(
-            m.manager,
-            rollout,
-            workers,
-            recorder,
-            policy.trainers,
-            out / "weights",
-            sink,
-            offset,
-            evaluations.of_version,
-            transport,
+            manager=manager,
+            rollout=rollout,
+            workers=live.workers,
+            recorder=sinks.recorder,
+            trainers=live.policy.trainers,
+            weights_root=plan.out / "weights",
+            sink=_Sink(sinks.metrics, sinks.progress),
+            offset=plan.offset,
+            evaluate=evaluations.of_version,
+            transport=transport,
         )
         try:
             evaluations.now = executor.now
             every_checkpoint = cfg.run.checkpoint_every_steps  # --resume starts engines from a checkpoint's version
             executor.keep_version = lambda v: v == 0 or bool(every_checkpoint and v % every_checkpoint == 0)
-            driver = Driver(policy, executor, recorder, Deadlines())
+            driver = Driver(live.policy, executor, sinks.recorder, Deadlines())
             executor.attach(driver.post)
-            metrics.clock_zero_epoch_s = time.time() - executor.now()
-            engines_before = await engine_counters(m.manager)
-            watcher = asyncio.create_task(watch_phases(m.manager, recorder, policy, executor.now))
+            sinks.metrics.clock_zero_epoch_s = time.time() - executor.now()
+            engines_before = await engine_counters(manager)
+            watcher = asyncio.create_task(watch_phases(manager, sinks.recorder, live.policy, executor.now))
             try:
                 await _until_done(driver, executor, cfg.run.time_limit_s)
             finally:
@@ -85,33 +109,53 @@ async def run_policy(
                 watcher.cancel()  # before anything else awaits: the timeline ends at `wall`
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
-                engines_after = await engine_counters(m.manager)
+                engines_after = await engine_counters(manager)
                 await executor.close()
             await evaluations.finish()
             if cfg.run.evaluate:
-                await _load_newest(m.manager, executor, executor.newest)  # the final weights, on every engine
-                await _all_serving(m.manager)  # the last held-out evaluation may use every engine
-                bar.note(f"evaluating the weights after RL ({_per_problem(cfg.run)}) ...")
-                end = await evaluate_splits(rollout, task, "end", cfg.run.eval_samples, cfg.run.held_out_samples)
-                bar.note(evaluation_line("end", end))
-                metrics.held_out(
-                    cfg.policy.num_steps,
-                    {**end, "label": "end", "time_s": wall, "engine_versions": _engine_versions(m.manager)},
+                await _load_newest(manager, executor, executor.newest)  # the final weights, on every engine
+                await _all_serving(manager)  # the last held-out evaluation may use every engine
+                end = await _held_out(plan, rollout, sinks.progress, "end")
+                versions = _engine_versions(manager)
+                sinks.metrics.held_out(
+                    cfg.policy.num_steps, {**end, "label": "end", "time_s": wall, "engine_versions": versions}
                 )
             engines = {k: max(0, v - engines_before.get(k, 0)) for k, v in engines_after.items()}  # 0: one restarted
-            metrics.counters.update(
-                sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
-                syncs=len(executor.sync_s),
-                requests=rollout.requests,
-                engine_restarts=m.manager.supervisor.restarts,
-                restarted_requests=executor.restarted + rollout.refreshed,
-                **engines,
-            )
-            if stage_s := executor.transport.stage_s:  # copies to the engines' nodes (object_store)
-                metrics.counters.update(weights_copy_s_mean=sum(stage_s) / len(stage_s))
+            _count(sinks.metrics, executor, rollout, manager, engines)
         finally:
             await executor.transport.close()  # copies still being made are abandoned
     return wall
+
+
+async def _transport(plan: RunPlan, live: RunHandles) -> ObjectStoreTransport | None:
+    """The run's weight transport (None: a directory under OUT/weights that every engine reads)."""
+    if plan.cfg.engine.weights_transport != "object_store":
+        return None
+    return await object_store_transport(live.workers, live.manager_thread.manager, plan.offset)
+
+
+async def _held_out(plan: RunPlan, rollout: RolloutManager, progress: Progress, label: str) -> dict:
+    """The held-out evaluation at the `start` or the `end` of RL (`evaluate_splits`), noted on the progress bar."""
+    run = plan.cfg.run
+    progress.note(f"evaluating the weights {'before' if label == 'start' else 'after'} RL ({_per_problem(run)}) ...")
+    result = await evaluate_splits(rollout, plan.task, label, run.eval_samples, run.held_out_samples)
+    progress.note(evaluation_line(label, result))
+    return result
+
+
+def _count(metrics: MetricsLog, executor: RuntimeExecutor, rollout: RolloutManager, manager, engines: dict) -> None:
+    """The run's counters: syncs, requests, engine restarts, restarted requests, the engines' own counts
+    (`engines`: what they did during the run) and, with the object store, the mean copy time of a version."""
+    metrics.counters.update(
+        sync_s_mean=sum(executor.sync_s) / max(1, len(executor.sync_s)),
+        syncs=len(executor.sync_s),
+        requests=rollout.requests,
+        engine_restarts=manager.supervisor.restarts,
+        restarted_requests=executor.restarted + rollout.refreshed,
+        **engines,
+    )
+    if stage_s := executor.transport.stage_s:  # copies to the engines' nodes (object_store)
+        metrics.counters.update(weights_copy_s_mean=sum(stage_s) / len(stage_s))
 
 
 ENGINE_COUNTERS = ("tokens_generated", "prefill_tokens", "reprefills")  # summed over engines, in a run's counters
@@ -175,7 +219,9 @@ class Evaluations:
     engines and its sandboxes: they run beside the rollout, the step does not wait, and each result is logged
     when it is in, with the policy versions its episodes were generated with."""
 
-    def __init__(self, cfg, task, rollout: RolloutManager, workers, trainers: Sequence[str], metrics) -> None:
+    def __init__(
+        self, cfg, task, rollout: RolloutManager, workers: WorkerGroup, trainers: Sequence[str], metrics
+    ) -> None:
         self.cfg, self.task, self.rollout, self.workers = cfg, task, rollout, workers
         self.trainers = list(trainers) if cfg.trainer_parallel.fsdp else list(trainers[:1])
         self.metrics = metrics
@@ -190,9 +236,9 @@ class Evaluations:
             seed = self.cfg.run.seed * 1_000_003 + version
             options = self.cfg.task.options
             results = await asyncio.gather(
-                *(self.workers.call(t, "evaluate", self.cfg.task.name, options, seed) for t in self.trainers)
+                *(self.workers.trainer(t).evaluate(self.cfg.task.name, options, seed) for t in self.trainers)
             )
-            return results[0]
+            return results[0].to_metrics()
         task = asyncio.get_running_loop().create_task(self._in_background(version))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)

@@ -6,24 +6,28 @@ load that path. Every worker must see the same filesystem: one machine, or a sha
 
 `object_store`: nothing is written where the trainer runs. Rank 0 returns the engine-facing tensors, cast to the
 engines' dtype (the backend's: `EngineSpec.weights_dtype`), and Ray keeps them in its object store, once a
-version (`Workers.call_split`). As soon as a version is published, the worker of every engine is handed its
+version (`TrainerHandle.publish_payload`). As soon as a version is published, the worker of every engine is handed its
 object ref; Ray moves the bytes to that worker's node, and the worker writes them under a root of its own there
-(`ResourceWorker.stage_weights`), keeping the newest few versions and the one its engine holds. A sync waits for
+(`RolloutHandle.stage_weights`), keeping the newest few versions and the one its engine holds. A sync waits for
 its engines' copies (before pausing them) and tells each engine to load its own; a restarted engine reloads its
 version from the same copy (the manager keeps each engine's source). The executor drops its ref to a version's
 payload when every worker has its copy, so Ray frees it: the store holds a version only while it is in transit.
 
-Both answer `publish(trainers, version)` (what rank 0's publish says: version, seconds, bytes) and
-`sources(version, engines)` (what `TrajectoryManager.update_weights` takes: one path for all, or one per engine).
+Both answer `publish(trainers, version)` (what rank 0's publish says: a `WeightsCopy`) and `sources(version,
+engines)` (what `TrajectoryManager.update_weights` takes: one path for all, or one per engine). Both reach the
+workers through `reference/control/calls.py`'s handles.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from reference.control.calls import WorkerGroup
+from reference.control.worker import WeightsCopy
 from reference.trainer.handoff import KEEP_LATEST_VERSIONS, version_dir
 
 
@@ -32,16 +36,16 @@ class DirectoryTransport:
 
     name = "directory"
 
-    def __init__(self, workers, root: Path, keep_version: Callable[[int], bool]) -> None:
+    def __init__(self, workers: WorkerGroup, root: Path, keep_version: Callable[[int], bool]) -> None:
         """`keep_version`: published versions never pruned (the initial weights, those a checkpoint resumes from)."""
         self.workers, self.root, self.keep_version = workers, Path(root), keep_version
         self.failure: BaseException | None = None
         self.stage_s: list[float] = []  # nothing is staged: every engine reads the one directory
 
-    async def publish(self, trainers: Sequence[str], version: int) -> dict:
+    async def publish(self, trainers: Sequence[str], version: int) -> WeightsCopy:
         from reference.control.executor import prune_versions
 
-        handoffs = await asyncio.gather(*(self.workers.call(r, "publish", str(self.root)) for r in trainers))
+        handoffs = await asyncio.gather(*(self.workers.trainer(r).publish(str(self.root)) for r in trainers))
         await asyncio.to_thread(prune_versions, self.root, version, self.keep_version)
         return next(h for h in handoffs if h is not None)
 
@@ -59,7 +63,7 @@ class ObjectStoreTransport:
 
     def __init__(
         self,
-        workers,
+        workers: WorkerGroup,
         engines: Sequence[str],
         dtype: str,
         initial: Mapping[str, str],
@@ -76,17 +80,17 @@ class ObjectStoreTransport:
         self._staging: dict[int, asyncio.Task] = {}  # version -> its copies: {engine: path}
         self._tasks: set[asyncio.Task] = set()
 
-    async def publish(self, trainers: Sequence[str], version: int) -> dict:
+    async def publish(self, trainers: Sequence[str], version: int) -> WeightsCopy:
         start = time.perf_counter()
-        calls = [self.workers.call_split(r, "publish_payload", self.dtype) for r in trainers]
+        calls = [self.workers.trainer(r).publish_payload(self.dtype) for r in trainers]
         metas = await asyncio.gather(*(meta for meta, _ in calls))
         rank0 = next(i for i, meta in enumerate(metas) if meta is not None)
         payload = calls[rank0][1]
         del calls  # the other ranks' refs (to None)
-        if metas[rank0]["version"] == version:  # else the executor stops the run on the mismatch
+        if metas[rank0].version == version:  # else the executor stops the run on the mismatch
             self._stage(version, payload)
         # the trainer's time to gather and cast, and Ray's to store its result: the step waits for all of it
-        return {**metas[rank0], "seconds": time.perf_counter() - start}
+        return dataclasses.replace(metas[rank0], seconds=time.perf_counter() - start)
 
     def _stage(self, version: int, payload) -> None:
         """Every engine's worker copies `version` to its node, in the background; the payload's ref lives in
@@ -101,10 +105,10 @@ class ObjectStoreTransport:
 
     async def _copies(self, version: int, payload, keep: dict[str, int]) -> dict[str, str]:
         results = await asyncio.gather(
-            *(self.workers.call(e, "stage_weights", version, payload, [keep[e]]) for e in self.engines)
+            *(self.workers.rollout(e).stage_weights(version, payload, [keep[e]]) for e in self.engines)
         )
-        self.stage_s.append(max((r["seconds"] for r in results), default=0.0))
-        return {e: r["path"] for e, r in zip(self.engines, results, strict=True)}
+        self.stage_s.append(max((r.seconds for r in results), default=0.0))
+        return {e: r.path for e, r in zip(self.engines, results, strict=True)}
 
     def _done(self, version: int) -> Callable[[asyncio.Task], None]:
         def done(task: asyncio.Task) -> None:
@@ -135,15 +139,15 @@ class ObjectStoreTransport:
         self._staging.clear()
 
 
-async def object_store_transport(workers, manager, initial_version: int = 0) -> ObjectStoreTransport:
+async def object_store_transport(workers: WorkerGroup, manager, initial_version: int = 0) -> ObjectStoreTransport:
     """The object-store transport to every engine the manager fronts (each named after its resource): the dtype
     from their workers' engine specs (one for all), their initial weights as each worker sees them."""
     engines = [slot.name for slot in manager.router.slots]
-    dtypes = await asyncio.gather(*(workers.call(e, "engine_weights_dtype") for e in engines))
+    dtypes = await asyncio.gather(*(workers.rollout(e).weights_dtype() for e in engines))
     if len(set(dtypes)) != 1 or None in dtypes:
         found = dict(zip(engines, dtypes, strict=True))
         raise RuntimeError(f"the object-store weight transport needs one engine dtype, got {found}")
-    initial = await asyncio.gather(*(workers.call(e, "model_dir") for e in engines))
+    initial = await asyncio.gather(*(workers.rollout(e).model_dir() for e in engines))
     return ObjectStoreTransport(
         workers,
         engines,

@@ -8,7 +8,9 @@ manager routes none to it) and the shard computes. Both stay loaded, so a tag sw
 only the hand-over, not a reload.
 
 The class is plain Python: `reference/ray/` runs it as a Ray actor (placement by capability tags),
-and tests can run it in-process. Every method is synchronous and returns plain data.
+and tests can run it in-process. Every method is synchronous and returns plain data or a frozen record
+(`StepMetrics`, `Evaluation`, `WeightsCopy`), which crosses Ray as it is; the driver calls it through the typed
+handles of `reference/control/calls.py`, never by a method's name.
 
 Weights without a shared filesystem (`engine.weights_transport: object_store`): the trainer's rank 0 returns
 each version as a `WeightsPayload` (`publish_payload`), which Ray keeps in its object store; the worker of each
@@ -26,7 +28,7 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -38,7 +40,7 @@ from reference.trainer.batch import Trajectory
 from reference.trainer.config import TrainerConfig
 from reference.trainer.handoff import WeightsPayload, prune_local, trainer_payload, write_files, write_payload
 from reference.trainer.parallel import DataParallel, init_process_group
-from reference.trainer.trainer import Trainer
+from reference.trainer.trainer import StepMetrics, Trainer
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,29 @@ class WorkerSpec:
     @property
     def can_roll_out(self) -> bool:
         return "rollout" in self.capabilities
+
+
+@dataclass(frozen=True)
+class WeightsCopy:
+    """A version of the weights a worker made available for the engines."""
+
+    version: int
+    path: str | None  # its directory (None: a payload left in Ray's object store, written nowhere yet)
+    seconds: float  # the worker's time to make it
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A held-out evaluation of a trainer shard's current weights, drawn in-process."""
+
+    reward_mean: float
+    exact_match: float  # share of problems answered exactly
+    eval_s: float
+
+    def to_metrics(self) -> dict[str, float]:
+        """The keys of a held-out evaluation in metrics.jsonl."""
+        return asdict(self)
 
 
 class ResourceWorker:
@@ -162,11 +187,11 @@ class ResourceWorker:
             )
         return self.trainer.step
 
-    def train_step(self, trajectories: list[Trajectory]) -> dict:
+    def train_step(self, trajectories: list[Trajectory]) -> StepMetrics:
         """One optimiser step on this shard (every shard of the group calls it together)."""
-        return self._trainer().train_step(trajectories).to_dict()
+        return self._trainer().train_step(trajectories)
 
-    def evaluate(self, task_name: str, options: dict, seed: int) -> dict:
+    def evaluate(self, task_name: str, options: dict, seed: int) -> Evaluation:
         """Held-out reward of the current weights: one temperature-1 sample per held-out problem, drawn by
         this shard's trainer model in-process (so it never competes with rollout for an engine)."""
         from reference.tasks import make_task
@@ -175,46 +200,38 @@ class ResourceWorker:
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(seed)
         reward, exact = evaluate(self._trainer().model, make_task(task_name, **options), generator)
-        return {"reward_mean": reward, "exact_match": exact, "eval_s": time.perf_counter() - start}
+        return Evaluation(reward_mean=reward, exact_match=exact, eval_s=time.perf_counter() - start)
 
-    def publish(self, root: str) -> dict | None:
-        """Write the current weights as a version directory under `root` (rank 0 writes)."""
+    def publish(self, root: str) -> WeightsCopy | None:
+        """Write the current weights as a version directory under `root` (rank 0 writes; the others get None)."""
         start = time.perf_counter()
         handoff = self._trainer().publish(root, self.tokenizer)
         if handoff is None:
             return None
-        return {
-            "version": handoff.version,
-            "path": str(handoff.path),
-            "seconds": time.perf_counter() - start,
-            "bytes": handoff.bytes,
-        }
+        return WeightsCopy(handoff.version, str(handoff.path), time.perf_counter() - start, handoff.bytes)
 
-    def publish_payload(self, dtype: str) -> tuple[dict | None, WeightsPayload | None]:
+    def publish_payload(self, dtype: str) -> tuple[WeightsCopy | None, WeightsPayload | None]:
         """The current weights for the engines, cast to `dtype`: (what `publish` returns, path None; the payload)
         on rank 0, (None, None) on the others (every shard of the group calls it together). Ray stores the two
-        separately (`RayWorkers.call_split`): the caller reads the first and passes the second on unread."""
+        separately (`WorkerGroup.call_split`): the caller reads the first and passes the second on unread."""
         start = time.perf_counter()
         payload = trainer_payload(self._trainer(), dtype)
         if payload is None:
             return None, None
-        return {
-            "version": payload.version,
-            "path": None,
-            "seconds": time.perf_counter() - start,
-            "bytes": payload.nbytes,
-        }, payload
+        return WeightsCopy(payload.version, None, time.perf_counter() - start, payload.nbytes), payload
 
-    def stage_weights(self, version: int, payload: WeightsPayload, keep: list[int] | tuple[int, ...] = ()) -> dict:
+    def stage_weights(
+        self, version: int, payload: WeightsPayload, keep: list[int] | tuple[int, ...] = ()
+    ) -> WeightsCopy:
         """Write version `version` (its payload, fetched to this node) under this worker's own root, for its engine
         to load; keep the newest `handoff.KEEP_LATEST_VERSIONS` written and those of `keep` (the version its engine
-        holds: a restarted engine reloads it), remove older ones. {"version", "path", "seconds", "bytes"}."""
+        holds: a restarted engine reloads it), remove older ones."""
         start = time.perf_counter()
         if payload.version != version:
             raise ValueError(f"resource {self.spec.name}: a payload of version {payload.version} is not {version}")
         path = write_payload(payload, self.local_root())
         self._staged = prune_local(self.local_root(), [*self._staged, version], keep)
-        return {"version": version, "path": str(path), "seconds": time.perf_counter() - start, "bytes": payload.nbytes}
+        return WeightsCopy(version, str(path), time.perf_counter() - start, payload.nbytes)
 
     def staged_versions(self) -> list[int]:
         """The versions written under this worker's own root and kept."""

@@ -8,7 +8,8 @@ as many tag units as the plan's workers need. `ray_address` joins an existing cl
 nodes must offer the tags (`ray start --resources='{"rollout": 8, "train": 8}'`); scaling past one
 machine is Ray's job.
 
-Calls return Ray object refs, which asyncio awaits directly.
+Calls (`reference/control/calls.py`'s `WorkerGroup`, named by the `ResourceWorker` method) return Ray object
+refs, which asyncio awaits directly.
 
 Weights without a shared filesystem (`engine.weights_transport: object_store`): `call_split` leaves a trainer's
 payload in Ray's object store, owned by this process, and its ref is passed to each engine's worker, which Ray
@@ -26,11 +27,13 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import ray
 
 from core.errors import UserError
+from reference.control.calls import WorkerGroup
 from reference.control.worker import ResourceWorker, WorkerSpec
 from reference.trainer.handoff import read_files
 
@@ -42,8 +45,28 @@ class _RayResourceWorker(ResourceWorker):
         return ray.get_runtime_context().get_temp_dir()
 
 
-class RayWorkers:
-    """The `Workers` of a run on Ray. Use as a context manager: actors (and a Ray started here) are released."""
+class ActorWorkers(WorkerGroup):
+    """A `WorkerGroup` over `ResourceWorker` actors, by resource name."""
+
+    def __init__(self, actors: dict) -> None:
+        self.actors = actors
+
+    def call(self, resource: str, method: Callable, *args: Any):
+        """`method(*args)` on the resource's worker: an awaitable Ray object ref."""
+        return getattr(self.actors[resource], method.__name__).remote(*args)
+
+    def call_split(self, resource: str, method: Callable, *args: Any):
+        """`method(*args)`, which returns a pair, with each part its own object ref: the first awaited for what it
+        says, the second (a payload) left in the object store and passed on to other calls unread."""
+        return getattr(self.actors[resource], method.__name__).options(num_returns=2).remote(*args)
+
+    def get(self, resource: str, method: Callable, *args: Any, timeout_s: float = 600.0):
+        """The same, waited for (from a thread that is not an event loop)."""
+        return ray.get(self.call(resource, method, *args), timeout=timeout_s)
+
+
+class RayWorkers(ActorWorkers):
+    """The workers of a run on Ray. Use as a context manager: actors (and a Ray started here) are released."""
 
     def __init__(
         self,
@@ -83,7 +106,7 @@ class RayWorkers:
                     signal.signal(signal.SIGTERM, sigterm)
             self._started_ray = True
         actor = ray.remote(_RayResourceWorker)
-        self.actors = {}
+        super().__init__({})
         try:
             initial = ray.put(read_files(initial_weights)) if initial_weights is not None else None
             self.actors = {
@@ -101,19 +124,6 @@ class RayWorkers:
             self.close()
             raise
 
-    def call(self, resource: str, method: str, *args):
-        """`method(*args)` on the resource's worker: an awaitable Ray object ref."""
-        return getattr(self.actors[resource], method).remote(*args)
-
-    def call_split(self, resource: str, method: str, *args):
-        """`method(*args)`, which returns a pair, with each part its own object ref: the first awaited for what it
-        says, the second (a payload) left in the object store and passed on to other calls unread."""
-        return getattr(self.actors[resource], method).options(num_returns=2).remote(*args)
-
-    def get(self, resource: str, method: str, *args, timeout_s: float = 600.0):
-        """The same, waited for (from a thread that is not an event loop)."""
-        return ray.get(self.call(resource, method, *args), timeout=timeout_s)
-
     def init_trainers(
         self,
         trainers: Sequence[str],
@@ -126,9 +136,10 @@ class RayWorkers:
         order), from the initial weights or the checkpoint `resume`; returns the step each starts at.
         `parallel`: `DataParallel`'s settings (FSDP needs the group even for one shard)."""
         grouped = len(trainers) > 1 or bool((parallel or {}).get("fsdp"))
-        address = self.get(trainers[0], "free_address", self._local) if grouped else ""
+        address = self.get(trainers[0], ResourceWorker.free_address, self._local) if grouped else ""
+        init = ResourceWorker.init_trainer
         refs = [
-            self.call(r, "init_trainer", rank, len(trainers), address, trainer_config, checkpoints, resume, parallel)
+            self.call(r, init, rank, len(trainers), address, trainer_config, checkpoints, resume, parallel)
             for rank, r in enumerate(trainers)
         ]
         return ray.get(refs, timeout=600)

@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -96,8 +97,31 @@ class StepMetrics:
     fresh_kl: float  # k3 estimate of KL(engine || trainer) over them: mean of exp(m) - 1 - m, m the mismatch
     time_s: float
 
+    # What metrics.jsonl takes of a step as it is (the runtime executor adds the run's own figures and the ranks'
+    # token-weighted means): the PPO ratio, the off-policy corrections' weights, the engine-trainer mismatch on
+    # fresh tokens, dynamic sampling. A NaN is written as null (reference/control/report.py).
+    METRICS_KEYS: ClassVar[tuple[str, ...]] = (
+        "pg_loss",
+        "dual_clip_fraction",
+        "ratio_mean",
+        "ratio_max",
+        "off_policy_fraction",
+        "is_weight_mean",
+        "is_weight_max",
+        "is_capped_fraction",
+        "fresh_tokens",
+        "fresh_mismatch_mean",
+        "fresh_kl",
+        "dropped_groups",
+        "dropped_sequences",
+    )
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def to_metrics(self) -> dict[str, float | int]:
+        """`METRICS_KEYS` and their values."""
+        return {key: getattr(self, key) for key in self.METRICS_KEYS}
 
 
 def token_budget_slices(lengths: Sequence[int], budget: int) -> list[tuple[int, int]]:

@@ -66,6 +66,19 @@ def test_missing_key_names_its_dotted_path():
         cfgio.from_dict(Outer, {k: v for k, v in GOOD.items() if k != "limit"})
 
 
+@dataclass(frozen=True)
+class WithDefault:
+    needed: int
+    optional: float = 0.5
+
+
+def test_a_key_whose_field_has_a_default_may_be_left_out():
+    assert cfgio.from_dict(WithDefault, {"needed": 1}) == WithDefault(1, 0.5)
+    assert cfgio.from_dict(WithDefault, {"needed": 1, "optional": 2}).optional == 2.0
+    with pytest.raises(UserError, match=r"missing config key 'needed'"):
+        cfgio.from_dict(WithDefault, {"optional": 1.0})
+
+
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [

@@ -52,6 +52,7 @@ def cluster():
 
 def test_engines_on_another_node_get_every_version_through_the_object_store(cluster, tmp_path, monkeypatch):
     from reference.control.report import write_outputs
+    from reference.control.worker import ResourceWorker
     from reference.engine.client import HTTPEngine
     from reference.ray.workers import RayWorkers
     from reference.train import train
@@ -72,8 +73,8 @@ def test_engines_on_another_node_get_every_version_through_the_object_store(clus
         """Ray's workers; then the driver's weights root goes, so nothing may read it from here on."""
         started["shipped"] = "initial_weights" in kw
         workers = RayWorkers(specs, address, **kw)
-        started["model_dirs"] = {s.name: workers.get(s.name, "model_dir") for s in specs}
-        started["nodes"] = {s.name: workers.get(s.name, "node_temp_dir") for s in specs}
+        started["model_dirs"] = {s.name: workers.get(s.name, ResourceWorker.model_dir) for s in specs}
+        started["nodes"] = {s.name: workers.get(s.name, ResourceWorker.node_temp_dir) for s in specs}
         shutil.rmtree(out / "weights")
         return workers
 

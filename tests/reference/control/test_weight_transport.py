@@ -18,8 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from reference.control.calls import LocalWorkers
 from reference.control.transport import ObjectStoreTransport
-from reference.control.worker import ResourceWorker, WorkerSpec
+from reference.control.worker import ResourceWorker, WeightsCopy, WorkerSpec
 from reference.engine.builtin import BuiltinEngine
 from reference.engine.fake import FakeEngine
 from reference.engine.process import EngineSpec
@@ -100,8 +101,9 @@ def test_a_worker_keeps_the_newest_copies_and_the_one_its_engine_holds(tmp_path)
     try:
         for v in range(1, 7):
             result = worker.stage_weights(v, _payload(v), [2])  # the engine still holds version 2
-            assert result["path"] == str(version_dir(worker.local_root(), v))
-            assert Path(result["path"], WEIGHTS_FILE).is_file()
+            assert result.version == v
+            assert result.path == str(version_dir(worker.local_root(), v))
+            assert Path(result.path, WEIGHTS_FILE).is_file()
         newest = list(range(7 - KEEP_LATEST_VERSIONS, 7))
         assert worker.staged_versions() == [2, *newest]
         on_disk = sorted(int(p.name[1:]) for p in worker.local_root().glob("v*"))
@@ -151,31 +153,26 @@ class _Ref:
         self.value = value
 
 
-class _Workers:
-    """In-process `Workers`: methods run in threads; a `_Ref` argument reaches the method as its value."""
+class _Workers(LocalWorkers):
+    """In-process workers whose split calls hand on a `_Ref` (as Ray hands on an object ref), which reaches a method
+    as its value; a method of `fail` raises instead."""
 
-    def __init__(self, workers: dict[str, ResourceWorker], fail: set[str] = frozenset()) -> None:
-        self.workers, self.fail = workers, fail
-        self.calls: list[tuple[str, str]] = []
+    def __init__(self, workers: dict, fail: set[str] = frozenset()) -> None:
+        super().__init__(workers)
+        self.fail = fail
 
     async def _run(self, resource, method, *args):
-        self.calls.append((resource, method))
-        if method in self.fail:
-            raise RuntimeError(f"{method} failed on {resource}")
-        args = tuple(a.value if isinstance(a, _Ref) else a for a in args)
-        return await asyncio.to_thread(getattr(self.workers[resource], method), *args)
+        if method.__name__ in self.fail:
+            raise RuntimeError(f"{method.__name__} failed on {resource}")
+        return await super().call(resource, method, *(a.value if isinstance(a, _Ref) else a for a in args))
 
     def call(self, resource, method, *args):
         return self._run(resource, method, *args)
 
     def call_split(self, resource, method, *args):
-        meta, payload = getattr(self.workers[resource], method)(*args)
+        meta, payload = super().call_split(resource, method, *args)
         self.last_payload = weakref.ref(ref := _Ref(payload))
-
-        async def first():
-            return meta
-
-        return first(), ref
+        return meta, ref
 
 
 class _Trainer:
@@ -187,7 +184,7 @@ class _Trainer:
     def publish_payload(self, dtype: str):
         self.version += 1
         p = _payload(self.version)
-        return {"version": p.version, "path": None, "seconds": 0.0, "bytes": p.nbytes}, p
+        return WeightsCopy(p.version, None, 0.0, p.nbytes), p
 
 
 def _engine_worker(root: Path, name: str) -> ResourceWorker:
@@ -206,7 +203,8 @@ def test_each_engine_loads_its_own_copy_and_the_payload_is_released_once_copied(
         paths = {}
         for version in (1, 2, 3, 4, 5):
             meta = await transport.publish(["T00"], version)
-            assert meta["version"] == version and meta["bytes"] > 0
+            assert meta.version == version
+            assert meta.bytes > 0
             paths[version] = await transport.sources(version, list(engines))
             held.update(dict.fromkeys(engines, version))
         gc.collect()
@@ -286,16 +284,6 @@ def test_payload_buffers_are_plain_uint8_arrays():
 # ---- a restarted engine comes back to its version from its worker's copy ----
 
 
-class _InProcess:
-    """`workers.get` as `WorkerEngine` (the supervisor's handle on a worker's engine) calls it."""
-
-    def __init__(self, worker: ResourceWorker) -> None:
-        self.worker = worker
-
-    def get(self, resource: str, method: str, *args):
-        return getattr(self.worker, method)(*args)
-
-
 def _greedy(url: str, token: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """A greedy generation's tokens and logprobs: what the engine's current weights say about one prompt."""
     from reference.engine.base import GenerateRequest, SamplingParams, generate
@@ -335,11 +323,11 @@ def test_a_restarted_engine_reloads_its_version_from_its_own_copy(tok, tmp_path,
     try:
         url, token = worker.engine_address()
         at_start = _greedy(url, token)
-        copy = worker.stage_weights(1, _payload(1), [0])["path"]
+        copy = worker.stage_weights(1, _payload(1), [0]).path
         for v in (2, 3, 4, 5):  # newer versions arrive; the engine still holds 1
             worker.stage_weights(v, _payload(v), [1])
         assert Path(copy).is_dir()
-        handle = WorkerEngine(_InProcess(worker), "R00", url, worker.engine_pid(), local=True)
+        handle = WorkerEngine(LocalWorkers({"R00": worker}), "R00", url, worker.engine_pid(), local=True)
         fast = SupervisorConfig(interval_s=0.2, probe_timeout_s=2.0, restart_after_s=2.0)
         with ManagerThread({"R00": HTTPEngine(url, token=token)}, tok, tmp_path / "store.sqlite", ManagerConfig(),
                            processes={"R00": handle}, supervisor=fast) as m:  # fmt: skip

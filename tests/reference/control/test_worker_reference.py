@@ -32,9 +32,9 @@ def test_a_kl_term_trains_against_the_initial_weights_frozen(tmp_path):
     assert trainer.ref_model is not None and not any(p.requires_grad for p in trainer.ref_model.parameters())
     before = {k: v.clone() for k, v in trainer.ref_model.state_dict().items()}
     first = worker.train_step(_batch(0, 0))
-    assert first["kl"] == 0.0  # the policy is still the reference
+    assert first.kl == 0.0  # the policy is still the reference
     second = worker.train_step(_batch(1, 1))
-    assert second["kl"] > 0  # one update away from it
+    assert second.kl > 0  # one update away from it
     after = trainer.ref_model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the reference never moves
 
