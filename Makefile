@@ -34,7 +34,7 @@ OUT_ARG := $(if $(OUT),--out $(OUT),)
 # (15 s, retried 5 times) for each of torch's ten packages, so an unreachable TORCH_INDEX is left out.
 URL_ANSWERS := import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)
 
-.PHONY: help setup setup-sim setup-gpu sim compare serve test test-fast test-gpu calibrate-gpu lint bench bench-sim bench-runtime bench-train bench-swe \
+.PHONY: help setup setup-sim setup-gpu sim compare serve test test-fast test-gpu bench-trainer-gpu calibrate-gpu lint bench bench-sim bench-runtime bench-train bench-swe \
 	figures figures-runtime train-math compare-train train-swe validate validate-swe staleness clean
 
 help:  ## this list; the second column is what a target installs on first use
@@ -100,6 +100,11 @@ test-fast: $(FULL_STAMP)  ## the tests not marked slow or gpu, no lint
 test-gpu: $(GPU_STAMP)  ## the gpu-marked tests (vLLM backend), on a GPU machine; installs the gpu layer first
 	@$(PY) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "test-gpu: torch sees no CUDA GPU")'
 	$(PY) -m pytest -m gpu -rs
+
+bench-trainer-gpu: $(GPU_STAMP)  ## on a GPU machine: a bf16 FSDP trainer step (checkpointing, chunked loss) of random Qwen3-1.7B and 8B at 8k and 32k tokens, peak memory and tokens/s beside the simulator's
+	@$(PY) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "bench-trainer-gpu: torch sees no CUDA GPU")'
+	for m in qwen3-1.7b qwen3-8b; do for n in 8192 32768; do \
+	  $(PY) -m benchmarks.trainer_memory --device cuda --ranks 1 --steps 2 --model $$m --tokens $$n || echo "$$m at $$n tokens: did not complete (above)"; done; done
 
 calibrate-gpu: $(GPU_STAMP)  ## make calibrate-gpu [MODELS=qwen3-8b,qwen3-32b] [OUT=file.yaml]: measure this GPU into a profile for costs.profile
 	@$(PY) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "calibrate-gpu: torch sees no CUDA GPU")'

@@ -3,19 +3,25 @@ memory model predict it? One GRPO step (`Trainer.train_step`) of a random-initia
 shipped shape (`core/specs/models.yaml`, optionally with fewer layers) on one sequence per micro-batch
 of `--tokens` tokens, the last `--generated` share of them generated (an agent episode: most tokens are
 prompt and tool output), on `--ranks` gloo processes of this CPU with the run's `trainer_parallel`
-settings (FSDP, bf16 compute with fp32 masters, activation checkpointing).
+settings (FSDP, bf16 compute with fp32 masters, activation checkpointing); with `--device cuda`, on one
+GPU a rank over NCCL (ranks <= the GPUs torch sees).
 
-Measured per rank: the resident memory the step adds at its peak (Linux's VmHWM, reset just before the
-step, less the resident memory before the model was built: the interpreter and libraries), and the step's
-seconds; tokens/s counts every position of every rank's sequences. Beside it the simulator's
+Measured per rank on a CPU: the resident memory the step adds at its peak (Linux's VmHWM, reset just
+before the step, less the resident memory before the model was built: the interpreter and libraries); on
+a GPU: the allocator's peak during the step (`torch.cuda.max_memory_allocated`, the model's sharded state
+included, since nothing else lives on the GPU) and what it reserved. The step's seconds are the last of
+`--steps` (the first one on a GPU pays cuBLAS's and the allocator's warm-up; on a CPU keep 1: memory an
+earlier step freed but the C allocator kept stays resident and counts, 0.8 GB more at 1,024 tokens on two
+layers); tokens/s counts every position of every rank's sequences. Beside it the simulator's
 `sim.train_layout.memory` for the same model, sequence and layout (state, gather buffers, activations;
 fp32 activations count twice its bf16 estimate, as `reference/control/plan.py` does; the loss's logits
 are the trained tokens', `trainer.logit_chunk_tokens` at a time, in fp32).
 
     python -m benchmarks.trainer_memory --model qwen3-0.6b --layers 4 --tokens 8192
     python -m benchmarks.trainer_memory --model qwen3-0.6b --layers 4 --tokens 8192 --param-dtype float32 --no-fsdp
+    python -m benchmarks.trainer_memory --device cuda --ranks 1 --steps 2 --model qwen3-1.7b --tokens 32768
 
-Linux only (it reads /proc/self/status and writes /proc/self/clear_refs).
+Linux only on a CPU (it reads /proc/self/status and writes /proc/self/clear_refs).
 """
 
 from __future__ import annotations
@@ -81,30 +87,56 @@ def _batch(args, rank: int):
 
 
 def _rank(rank: int, args, init: str, out: str) -> None:
-    from reference.model import build_model
-    from reference.trainer.config import TrainerConfig
-    from reference.trainer.parallel import DataParallel, init_process_group
-    from reference.trainer.trainer import Trainer
+    from reference.trainer.parallel import init_process_group
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))
-    baseline = _rss("VmRSS")
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))
+    baseline = 0.0 if cuda else _rss("VmRSS")
     if args.ranks > 1 or args.fsdp:
-        init_process_group("gloo", init, rank, args.ranks)
+        init_process_group("nccl" if cuda else "gloo", init, rank, args.ranks)
     try:
-        parallel = DataParallel(rank, args.ranks, args.fsdp, args.param_dtype, args.checkpointing)
-        config = TrainerConfig(micro_batch_size=1, entropy_coef=0.0, lr=1e-6, seed=rank)
-        trainer = Trainer(build_model(_config(args), seed=0), config, pad_id=0, parallel=parallel)
-        batch = _batch(args, rank)
-        parallel.barrier()
-        _reset_peak()
-        start = time.perf_counter()
-        trainer.train_step(batch)
-        seconds = time.perf_counter() - start
-        record = {"rank": rank, "seconds": seconds, "peak_added": _rss("VmHWM") - baseline, "baseline": baseline}
+        record = _measure(rank, args, baseline)
         Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _measure(rank: int, args, baseline: float) -> dict:
+    """`--steps` GRPO steps of this rank's trainer; the last one's seconds and peak memory."""
+    from reference.model import build_model
+    from reference.trainer.config import TrainerConfig
+    from reference.trainer.parallel import DataParallel
+    from reference.trainer.trainer import Trainer
+
+    cuda = args.device == "cuda"
+    parallel = DataParallel(rank, args.ranks, args.fsdp, args.param_dtype, args.checkpointing)
+    config = TrainerConfig(micro_batch_size=1, entropy_coef=0.0, lr=1e-6, seed=rank)
+    with torch.device("cuda" if cuda else "cpu"):  # a GPU's model is built there: no full copy in host memory
+        model = build_model(_config(args), seed=0)
+    trainer = Trainer(model, config, pad_id=0, parallel=parallel)
+    batch = _batch(args, rank)
+    for _ in range(args.steps - 1):
+        trainer.train_step(batch)
+    parallel.barrier()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        _reset_peak()
+    start = time.perf_counter()
+    trainer.train_step(batch)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    if cuda:
+        peak, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    else:
+        peak, reserved = _rss("VmHWM") - baseline, 0.0
+    return {"rank": rank, "seconds": seconds, "peak_added": peak, "reserved": reserved, "baseline": baseline}
 
 
 def simulated(args):
@@ -151,13 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=0, help="decoder layers (0: the model's own count)")
     p.add_argument("--tokens", type=int, default=8192, help="tokens of each sequence")
     p.add_argument("--generated", type=float, default=0.1, help="share of each sequence that is generated")
-    p.add_argument("--ranks", type=int, default=2, help="gloo processes (data-parallel ranks)")
+    p.add_argument("--ranks", type=int, default=2, help="data-parallel ranks (processes; on cuda one GPU each)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu: gloo ranks; cuda: NCCL ranks")
+    p.add_argument("--steps", type=int, default=1, help="steps a rank runs; the last one is measured")
     p.add_argument("--param-dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--no-fsdp", dest="fsdp", action="store_false")
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     args = p.parse_args(argv)
-    if args.tokens < 2 or args.ranks < 1 or args.layers < 0 or not 0 < args.generated < 1:
-        p.error("need --tokens >= 2, --ranks >= 1, --layers >= 0 and 0 < --generated < 1")
+    if args.tokens < 2 or args.ranks < 1 or args.layers < 0 or args.steps < 1 or not 0 < args.generated < 1:
+        p.error("need --tokens >= 2, --ranks >= 1, --layers >= 0, --steps >= 1 and 0 < --generated < 1")
+    if args.device == "cuda" and args.ranks > torch.cuda.device_count():
+        p.error(f"--device cuda --ranks {args.ranks} needs {args.ranks} GPUs; torch sees {torch.cuda.device_count()}")
     if args.param_dtype == "bfloat16" and not args.fsdp:
         p.error("--param-dtype bfloat16 needs FSDP (drop --no-fsdp)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,11 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     what = (
         f"{args.model} x {args.layers or 'all'} layers, {args.tokens} tokens a sequence "
         f"({args.generated:.0%} generated), {args.ranks} ranks, fsdp {args.fsdp}, {args.param_dtype}, "
-        f"checkpointing {args.checkpointing}"
+        f"checkpointing {args.checkpointing}, {args.device}"
     )
     print(what)
     print(f"step: {seconds:.1f} s, {2 * args.tokens * args.ranks / seconds:,.0f} tokens/s")
-    print(f"peak added per rank: {peak:.2f} GB (before the model: {ranks[0]['baseline'] / GB:.2f} GB resident)")
+    if args.device == "cuda":
+        reserved = max(r["reserved"] for r in ranks) / GB
+        print(f"peak allocated per GPU: {peak:.2f} GB (reserved by the allocator: {reserved:.2f} GB)")
+    else:
+        print(f"peak added per rank: {peak:.2f} GB (before the model: {ranks[0]['baseline'] / GB:.2f} GB resident)")
     print(
         f"simulator: {predicted:.2f} GB (state {state:.2f} + buffers {buffers:.2f} + activations {act:.2f}); "
         f"measured / simulated {peak / predicted:.2f}"
