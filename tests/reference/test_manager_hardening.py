@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from reference.manager.admin import dumps_in_slices
 from reference.manager.manager import ManagerConfig
-from reference.manager.server import dumps_in_slices
 from reference.manager.store import TrajectoryStore
 
 MODEL = "seamlessflow-tiny"
