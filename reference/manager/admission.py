@@ -21,12 +21,14 @@ from reference.manager.load import AdaptiveLimit, LoopLag
 
 if TYPE_CHECKING:
     from reference.manager.manager import ManagerConfig
+    from reference.tokenizer import Tokenizer
 
 
 class Admission:
     """The manager's checks before a request is let in (see the module docstring)."""
 
     config: ManagerConfig
+    tok: Tokenizer
     max_context: int | None
     in_flight: int  # agent requests under way
     body_bytes: int  # request bodies being read, parsed or tokenised (max_body_bytes_in_flight)

@@ -41,6 +41,7 @@ from reference.manager.sessions import Session
 
 if TYPE_CHECKING:
     from reference.manager.manager import ManagerConfig
+    from reference.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class Outcome:
 
 @dataclass
 class Progress:
+    """A request's generated tokens so far, over every engine it ran on."""
+
     token_ids: list[int]
     logprobs: list[float]
     versions: list[int]
@@ -82,7 +85,7 @@ class Generation:
     context by `Admission.budget`."""
 
     config: ManagerConfig
-    tok: object  # the tokenizer
+    tok: Tokenizer
     router: Router
     recorder: Recorder
     _progress: dict[str, Progress]  # engine request id -> its request's progress
