@@ -2,7 +2,7 @@
 
 Plain torch + transformers + the project's tokenizer, engine, manager renderer and agent code; no Ray, no server
 process. It answers how far a supervised warm start on the 32 train demonstrations takes a tiny Qwen3, how cheaply,
-and whether RL then has room (issue 22: `make train-swe` must show learning).
+and whether RL then has room (`make train-swe` must show learning).
 
 What it does, per command (`python -m reference.trainer.swe_probe COMMAND ...`):
 
