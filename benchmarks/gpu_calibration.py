@@ -23,13 +23,16 @@ point is captured once as a CUDA graph (the step, greedy sampling on the device,
 replayed, as vLLM does for decode: the host's launch cost goes, the kernels stay plain torch's.
 Training keeps weights, gradients and AdamW moments in the model's dtype (8 bytes a parameter in bf16;
 the simulator's default trainer keeps fp32 master weights and moments) with no activation recompute
-and no overhead per step; the predictions are made for that setup (`PREDICTION`). A point that does not
-fit in memory is skipped and listed.
+and no overhead per step; the predictions are made for that setup (`calibration_roofline.PREDICTION`). A
+point that does not fit in memory is skipped and listed.
 
 The prediction ("sim") is the roofline of the shipped device spec matching the CUDA device's name
 (`--device-spec` picks one, or a device YAML file); on a CPU there is none unless given, and "-" is
 printed. The sim/measured column is predicted seconds over measured seconds: below 1 the simulator is
 optimistic.
+
+The timing and the device's peaks are reference/measure.py's (experiments/runtime_parts.py measures with them
+too); the predictions and the tables are benchmarks/calibration_roofline.py's.
 
     python -m benchmarks.gpu_calibration [--models qwen3-0.6b,qwen3-1.7b,qwen3-8b] [--device cuda]
         [--device-spec h100] [--parts decode,prefill,train,logprob] [--cuda-graphs]
@@ -40,14 +43,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
-import math
 import platform
 import random
 import shlex
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -58,18 +57,17 @@ import torch.nn.functional as F
 import transformers
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from benchmarks.calibration_roofline import peak_lines, table
 from core import specs
 from core.errors import UserError, unknown_name
 from core.specs import DeviceSpec, ModelSpec
 from reference.engine.kv_cache import KVCache
 from reference.engine.qwen3_forward import Qwen3Runner
+from reference.measure import free_bytes, measure_peaks, release, timed
 from reference.model import TINY_DEFAULTS, tiny_config
 from reference.tokenizer import default_tokenizer
 from sim import train_layout
-from sim.config import load_config
-from sim.cost import CostModel
 from sim.profile import (
-    MEASURED_SETUP,
     DecodePoint,
     DeviceInfo,
     LogprobPoint,
@@ -85,9 +83,6 @@ GPU_MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-8b")
 SEED = 0
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 PARTS = ("decode", "prefill", "train", "logprob")
-# The simulator's config for the predictions: one GPU an engine, and the trainer measured here (the setup
-# sim/calibration.py fits a profile's points in).
-PREDICTION = MEASURED_SETUP
 
 
 @dataclass(frozen=True)
@@ -262,22 +257,6 @@ def make_plan(args: argparse.Namespace, argv: list[str]) -> Plan:
 # ---- measuring ----
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _free_bytes(device: torch.device) -> float:
-    """Memory a measurement may still allocate: 90% of what the GPU has free; unchecked on a CPU."""
-    return torch.cuda.mem_get_info(device)[0] * 0.9 if device.type == "cuda" else math.inf
-
-
-def _release(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def build_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
     """Random weights (transformers' own init), created on `device` in `dtype`, from a fixed seed."""
     previous = torch.get_default_dtype()
@@ -301,25 +280,12 @@ def _cache(spec: ModelSpec, slots: int, capacity: int, dtype: torch.dtype, devic
     return cache
 
 
-def _timed(run: Callable[[], object], device: torch.device, warmup: int, runs: int, pick=statistics.median) -> float:
-    """Median (or `pick`) seconds of `runs` calls after `warmup` untimed ones."""
-    times = []
-    for i in range(warmup + runs):
-        _sync(device)
-        start = time.perf_counter()
-        run()
-        _sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return pick(times)
-
-
 def measure_decode(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, skipped: list[str]) -> list[DecodePoint]:
     g, rng, points = plan.grid, random.Random(SEED), []
     steps = g.warmup + g.decode_steps
     for batch in g.batches:
         for context in g.contexts:
-            _release(plan.device)  # the last point's cache back from torch's allocator, for _free_bytes to see
+            release(plan.device)  # the last point's cache back from torch's allocator, for free_bytes to see
             need = 2 * spec.layers * spec.kv_heads * spec.head_dim * plan.dtype.itemsize * batch * (context + steps)
             if context + steps > spec.max_context:
                 skipped.append(
@@ -327,7 +293,7 @@ def measure_decode(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, skipped: li
                     f"the model's {spec.max_context}-token context"
                 )
                 continue
-            if need > _free_bytes(plan.device):
+            if need > free_bytes(plan.device):
                 skipped.append(f"decode batch={batch} context={context}: a {need / 1e9:.1f} GB KV cache does not fit")
                 continue
             tokens = [rng.randrange(spec.vocab) for _ in range(batch)]
@@ -343,9 +309,7 @@ def _decode_step_s(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, context: in
     cache = _cache(spec, batch, context + g.warmup + g.decode_steps, plan.dtype, plan.device)
     positions = iter(range(context, context + g.warmup + g.decode_steps))
     # decode() returns the logits on the CPU, as an engine's sampler needs them
-    return _timed(
-        lambda: runner.decode(cache, tokens, [next(positions)] * batch), plan.device, g.warmup, g.decode_steps
-    )
+    return timed(lambda: runner.decode(cache, tokens, [next(positions)] * batch), plan.device, g.warmup, g.decode_steps)
 
 
 GRAPH_WARMUP = 3  # eager runs on a side stream before the capture, as torch.cuda.graph asks
@@ -376,7 +340,7 @@ def _graphed_decode_step_s(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, con
     with torch.cuda.graph(graph):
         step()  # recorded, not run: pos stays where the warm-up left it
     try:
-        return _timed(graph.replay, dev, g.warmup, g.decode_steps)
+        return timed(graph.replay, dev, g.warmup, g.decode_steps)
     finally:
         del graph
 
@@ -390,7 +354,7 @@ def measure_prefill(runner: Qwen3Runner, spec: ModelSpec, plan: Plan, skipped: l
         ids = [rng.randrange(spec.vocab) for _ in range(tokens)]
         cache = _cache(spec, 1, tokens, plan.dtype, plan.device)
         points.append(
-            PrefillPoint(tokens, _timed(partial(runner.prefill, cache, 0, ids), plan.device, g.warmup, g.prefill_runs))
+            PrefillPoint(tokens, timed(partial(runner.prefill, cache, 0, ids), plan.device, g.warmup, g.prefill_runs))
         )
     return points
 
@@ -407,9 +371,9 @@ def measure_logprob(model: Qwen3ForCausalLM, spec: ModelSpec, plan: Plan, skippe
     for seq_len in g.train_lens:
         ids = torch.randint(spec.vocab, (1, seq_len), generator=generator, device=plan.device)
         try:
-            seconds = _timed(partial(forward, ids), plan.device, g.warmup, g.train_steps)
+            seconds = timed(partial(forward, ids), plan.device, g.warmup, g.train_steps)
         except torch.cuda.OutOfMemoryError:
-            _release(plan.device)
+            release(plan.device)
             skipped.append(f"logprob seq_len={seq_len}: out of memory")
             continue
         flops = train_layout.forward_flops(spec, [seq_len])
@@ -433,10 +397,10 @@ def measure_train(model: Qwen3ForCausalLM, spec: ModelSpec, plan: Plan, skipped:
     for seq_len in g.train_lens:
         ids = torch.randint(spec.vocab, (1, seq_len), generator=generator, device=plan.device)
         try:
-            seconds = _timed(partial(step, ids), plan.device, g.warmup, g.train_steps)
+            seconds = timed(partial(step, ids), plan.device, g.warmup, g.train_steps)
         except torch.cuda.OutOfMemoryError:
             optimizer.zero_grad(set_to_none=True)
-            _release(plan.device)
+            release(plan.device)
             skipped.append(f"train seq_len={seq_len}: out of memory")
             continue
         points.append(TrainPoint(seq_len, seq_len / seconds, _mfu(spec, plan, seq_len, seconds, skipped)))
@@ -460,48 +424,6 @@ def _fraction(flops_per_s: float, plan: Plan, what: str, skipped: list[str]) -> 
     return mfu
 
 
-@dataclass(frozen=True)
-class Peaks:
-    matmul_tflops: float
-    copy_gb_s: float
-    host_to_device_gb_s: float | None  # None on a CPU
-    device_to_host_gb_s: float | None
-
-
-def measure_peaks(plan: Plan) -> Peaks:
-    """The device's own ceilings: best of several runs of a square matrix product in the plan's dtype, a
-    device-to-device copy (bytes read + written, as a datasheet's bandwidth counts them) and, on a GPU,
-    copies from and to pinned host memory."""
-    peaks = Peaks(_matmul_tflops(plan), *_copy_gb_s(plan))
-    _release(plan.device)
-    return peaks
-
-
-def _matmul_tflops(plan: Plan) -> float:
-    side, dev = plan.peak_sizes[0], plan.device
-    a = torch.randn(side, side, device=dev, dtype=plan.dtype)
-    b = torch.randn(side, side, device=dev, dtype=plan.dtype)
-    return 2 * side**3 / _best(lambda: a @ b, dev) / 1e12
-
-
-def _copy_gb_s(plan: Plan) -> tuple[float, float | None, float | None]:
-    size, dev = plan.peak_sizes[1], plan.device
-    src = torch.empty(size, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    copy = 2 * size / _best(lambda: dst.copy_(src), dev) / 1e9
-    if dev.type != "cuda":
-        return copy, None, None
-    host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    h2d = size / _best(lambda: src.copy_(host, non_blocking=True), dev) / 1e9
-    d2h = size / _best(lambda: host.copy_(src, non_blocking=True), dev) / 1e9
-    return copy, h2d, d2h
-
-
-def _best(run: Callable[[], object], device: torch.device) -> float:
-    """The fastest of 10 calls after 2 untimed ones: a ceiling."""
-    return _timed(run, device, warmup=2, runs=10, pick=min)
-
-
 def measure(spec: ModelSpec, plan: Plan) -> ModelProfile:
     skipped: list[str] = []
     model = build_model(spec, plan.device, plan.dtype)
@@ -518,112 +440,12 @@ def measure(spec: ModelSpec, plan: Plan) -> ModelProfile:
     if "train" in plan.parts:
         train = measure_train(model, spec, plan, skipped)
     del model, runner
-    _release(plan.device)
+    release(plan.device)
     return ModelProfile(spec.name, tuple(decode), tuple(prefill), tuple(train), tuple(logprob), tuple(skipped))
 
 
-# ---- the simulator's side, and the table ----
-
-
-class Roofline:
-    """sim/cost.py's predictions for one model on one device, in the measured setup (`PREDICTION`)."""
-
-    def __init__(self, model: ModelSpec, device: DeviceSpec) -> None:
-        self.model, self.device = model, device
-        self.cfg = load_config(overrides=list(PREDICTION))
-        self.cost = CostModel(self.cfg, model, device)
-
-    def decode_s(self, batch: int, context: int) -> float:
-        return self.cost.decode_step_s(batch, batch * context)
-
-    def prefill_s(self, tokens: int) -> float:
-        return self.cost.prefill_s(tokens, tokens * tokens / 2)
-
-    def train_s(self, seq_len: int) -> float:
-        return train_layout.step(self.cfg, self.model, self.device, [seq_len], 1).total_s
-
-    def mfu(self, seq_len: int, seconds: float) -> float:
-        return self.mfu_of(self.model, self.device, seq_len, seconds)
-
-    def logprob_s(self, seq_len: int) -> float:
-        c = self.cfg.costs
-        return train_layout.forward_s(
-            self.model, self.device, seq_len, c.logprob_mfu, c.logprob_attention_mfu, c.logprob_layer_host_s
-        )
-
-    @staticmethod
-    def mfu_of(model: ModelSpec, device: DeviceSpec, seq_len: int, seconds: float) -> float:
-        """Model FLOPs utilisation of a training step over `seq_len` tokens that takes `seconds`."""
-        return 3 * train_layout.forward_flops(model, [seq_len]) / seconds / (device.peak_tflops * 1e12)
-
-
-def _cells(measured_s: float, sim_s: float | None) -> str:
-    """Measured ms, predicted ms and predicted / measured."""
-    if sim_s is None:
-        return f"{measured_s * 1e3:12.3f} {'-':>10} {'-':>13}"
-    return f"{measured_s * 1e3:12.3f} {sim_s * 1e3:10.3f} {sim_s / measured_s:13.3g}"
-
-
-def _pct(value: float | None) -> str:
-    return f"{value:8.1%}" if value is not None else f"{'-':>8}"
-
-
-def table(entry: ModelProfile, spec: ModelSpec, plan: Plan) -> list[str]:
-    """The measurements of one model, each beside the roofline's prediction."""
-    roof = Roofline(spec, plan.spec) if plan.spec else None
-    where = f"{plan.device_name} ({plan.device}), {str(plan.dtype).removeprefix('torch.')}"
-    sim = f"the {plan.spec.name} roofline (sim/cost.py)" if plan.spec else "none (no device spec: --device-spec)"
-    head = f"{'measured ms':>12} {'sim ms':>10} {'sim/measured':>13}"
-    size = f"{spec.params / 1e9:.2f} B" if spec.params >= 1e8 else f"{spec.params / 1e6:.2f} M"
-    lines = [f"{spec.name}: {size} parameters on {where}; sim: {sim}"]
-    if "decode" in plan.parts:
-        lines.append(f"  {'decode':<8} {'batch':>7} {'context':>8} {head}")
-    for p in entry.decode:
-        sim_s = roof.decode_s(p.batch, p.context) if roof else None
-        lines.append(f"  {'':<8} {p.batch:7d} {p.context:8d} {_cells(p.step_s, sim_s)}")
-    if "prefill" in plan.parts:
-        lines.append(f"  {'prefill':<8} {'tokens':>7} {'':>8} {head}")
-    for p in entry.prefill:
-        sim_s = roof.prefill_s(p.tokens) if roof else None
-        lines.append(f"  {'':<8} {p.tokens:7d} {'':>8} {_cells(p.seconds, sim_s)}")
-    if "train" in plan.parts:
-        lines.append(f"  {'train':<8} {'seq_len':>7} {'tokens/s':>8} {head} {'MFU':>8} {'sim MFU':>8}")
-    for p in entry.train:
-        sim_s = roof.train_s(p.seq_len) if roof else None
-        sim_mfu = roof.mfu(p.seq_len, sim_s) if roof else None
-        cells = _cells(p.seq_len / p.tokens_per_s, sim_s)
-        lines.append(f"  {'':<8} {p.seq_len:7d} {p.tokens_per_s:8.0f} {cells} {_pct(p.mfu)} {_pct(sim_mfu)}")
-    if "logprob" in plan.parts:
-        lines.append(f"  {'logprob':<8} {'seq_len':>7} {'tokens/s':>8} {head} {'MFU':>8} {'sim MFU':>8}")
-    for p in entry.logprob:
-        sim_s = roof.logprob_s(p.seq_len) if roof else None
-        sim_mfu = roof.cfg.costs.logprob_mfu if roof else None
-        cells = _cells(p.seq_len / p.tokens_per_s, sim_s)
-        lines.append(f"  {'':<8} {p.seq_len:7d} {p.tokens_per_s:8.0f} {cells} {_pct(p.mfu)} {_pct(sim_mfu)}")
-    lines += [f"  skipped: {reason}" for reason in entry.skipped]
-    return lines
-
-
-def peak_lines(peaks: Peaks, plan: Plan) -> list[str]:
-    """The measured ceilings, each beside the device spec's figure."""
-    spec = plan.spec
-    rows = [
-        ("matrix product", f"{plan.peak_sizes[0]}^3", peaks.matmul_tflops, "TFLOP/s", spec and spec.peak_tflops),
-        ("device copy", f"{plan.peak_sizes[1] >> 20} MiB", peaks.copy_gb_s, "GB/s", spec and spec.hbm_bandwidth_gb_s),
-        ("host to device", "pinned", peaks.host_to_device_gb_s, "GB/s", spec and spec.pcie_gb_s),
-        ("device to host", "pinned", peaks.device_to_host_gb_s, "GB/s", spec and spec.pcie_gb_s),
-    ]
-    lines = [f"peaks on {plan.device_name}: measured, and the share of the {spec.name if spec else '-'} spec"]
-    for what, size, value, unit, datasheet in rows:
-        if value is None:
-            continue
-        share = f"{value / datasheet:8.1%}" if datasheet else f"{'-':>8}"
-        lines.append(f"  {what:<15} {size:>10} {value:10.1f} {unit:<8} {share}")
-    return lines
-
-
 def run(plan: Plan) -> Profile:
-    peaks = measure_peaks(plan)
+    peaks = measure_peaks(plan.device, plan.dtype, *plan.peak_sizes)
     print("\n".join(peak_lines(peaks, plan)), flush=True)
     entries = []
     for spec in plan.models:

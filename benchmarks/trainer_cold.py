@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _time_conditions(args, own: int, other: int) -> dict[str, list[float]]:
     """Each batch's step seconds under each condition (see the module's docstring)."""
-    from experiments.runtime_parts import workload_batch
-    from experiments.validate import runtime_setup
+    from experiments.trainer_parts import workload_batch
+    from experiments.validate_setup import runtime_setup
     from reference.model import build_model
     from reference.trainer.config import TrainerConfig
     from reference.trainer.trainer import Trainer

@@ -386,7 +386,7 @@ def serve(args) -> int:
     start the engines, open the store and serve until SIGINT (exit 130) or SIGTERM (0)."""
     from reference.engine.process import EngineProcess
     from reference.engine.sockets import listen_sockets
-    from reference.manager.server import LISTEN_BACKLOG
+    from reference.manager.connections import LISTEN_BACKLOG
     from reference.manager.store import TrajectoryStore
 
     _check_serve_flags(args)

@@ -69,7 +69,8 @@ from swebench_env.evaluation import (
     read_eval_log,
 )
 from swebench_env.git import GitError
-from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, copy_in, folder_archive, write_files
+from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError
+from swebench_env.sandbox_files import copy_in, folder_archive, write_files
 from swebench_env.tasks import Instance, materialize_repo
 
 TESTBED = "/testbed"  # where the repository lies in a sandbox, as in SWE-bench's images

@@ -29,7 +29,7 @@ the network off copies a wheelhouse in, runs `pip install --no-index --find-link
 commands, and tags the result `seamlessflow/swe-task:<hash>` of (base image id, recipe, wheel files), so
 it is built once per machine and reused. A file lock per tag keeps concurrent builders from racing.
 
-Task repositories get into a sandbox by copying: `sandbox.copy_in(sandbox, checkout, "/testbed")`.
+Task repositories get into a sandbox by copying: `sandbox_files.copy_in(sandbox, checkout, "/testbed")`.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ from swebench_env.grading import (
     checkout_archive,
     is_official,
 )
-from swebench_env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError, copy_in
+from swebench_env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError
+from swebench_env.sandbox_files import copy_in
 from swebench_env.tasks import Instance
 
 LANE_PREFIX = "sandbox-"

@@ -34,18 +34,18 @@ Clean-up: `close()` (or leaving the `with` block) removes the container. At inte
 SIGTERM or SIGHUP where the process had the default handler (it is replaced by one that raises
 SystemExit), the sandboxes still open are removed. A process killed outright leaves its containers
 for the reaper (`reaper.py`), which the first `start()` of the next process runs.
+
+A command's output stream is read by `exec_stream.py`; files are copied in by `sandbox_files.py` (`copy_in`,
+`folder_archive`, `write_files`).
 """
 
 from __future__ import annotations
 
 import atexit
-import io
 import logging
 import math
 import os
-import select
 import signal
-import socket
 import tarfile
 import tempfile
 import threading
@@ -53,9 +53,9 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from swebench_env.docker_util import DockerUnavailable, docker_client
+from swebench_env.exec_stream import Output, close_socket, exit_status, pump, send
 from swebench_env.reaper import LABEL, Owner, reap_stale_sandboxes
 
 __all__ = [
@@ -65,9 +65,6 @@ __all__ = [
     "Sandbox",
     "SandboxConfig",
     "SandboxError",
-    "copy_in",
-    "folder_archive",
-    "write_files",
     "reap_stale_sandboxes",
 ]
 
@@ -81,11 +78,9 @@ wait "$t"; rc=$?
 kill -s KILL -- "-$t" 2>/dev/null
 exit "$rc"
 """
-POLL_S = 1.0  # with no output for this long, ask the daemon whether the command has ended
 # Where a sandbox with a read-only root may write, and each place's permissions.
 WRITABLE_PATHS = ("/testbed", "/tmp", "/var/tmp", "/root", "/home")
 _TMPFS_MODE = {"/tmp": "1777", "/var/tmp": "1777", "/root": "700"}
-PUT_TIMEOUT_S = 600.0  # copying files in (`put_archive`) gives up after this long
 CACHED_CONTENT_BYTES = 1 << 20  # an image's content at the writable places, kept in memory up to this size
 SIGKILL_STATUS = 128 + signal.SIGKILL
 
@@ -272,15 +267,15 @@ class Sandbox:
             sock = api.exec_start(exec_id, socket=True)
         except Exception as e:
             raise SandboxError(f"sandbox {self.name}: could not run a command: {e}") from e
-        out = _Output(self.config.output_limit_bytes)
+        out = Output(self.config.output_limit_bytes)
         try:
-            ended = _pump(sock, out, lambda: not api.exec_inspect(exec_id)["Running"], start + timeout_s, self.config)
-            status = _exit_status(api, exec_id) if ended else None
+            ended = pump(sock, out, lambda: not api.exec_inspect(exec_id)["Running"], start + timeout_s, self.config)
+            status = exit_status(api, exec_id) if ended else None
         except Exception as e:
             self._require()  # closed under the command (its status went with the container): "not running"
             raise SandboxError(f"sandbox {self.name}: lost a command's stream or status: {e}") from e
         finally:
-            _close_socket(sock)
+            close_socket(sock)
         duration_s = time.monotonic() - start
         timed_out = status is None or (status == SIGKILL_STATUS and duration_s >= timeout_s)
         exit_code = -1 if status is None else status
@@ -295,7 +290,7 @@ class Sandbox:
         if answer.status is None:
             self._require()  # a closed sandbox or a vanished container is a SandboxError, as for `docker exec`
         duration_s = time.monotonic() - start
-        out = _Output(c.output_limit_bytes)
+        out = Output(c.output_limit_bytes)
         out.head, out.tail, out.dropped = bytearray(answer.head), bytearray(answer.tail), answer.dropped
         status = answer.status
         timed_out = (status is None and not answer.died) or (status == SIGKILL_STATUS and duration_s >= timeout_s)
@@ -315,14 +310,14 @@ class Sandbox:
             sock = api.exec_start(exec_id, socket=True)
         except Exception as e:
             raise SandboxError(f"sandbox {self.name}: could not copy files into {dest}: {e}") from e
-        out = _Output(4096)
+        out = Output(4096)
         try:
-            _send(sock, tar_stream, out)
-            status = _exit_status(api, exec_id)
+            send(sock, tar_stream, out)
+            status = exit_status(api, exec_id)
         except Exception as e:
             raise SandboxError(f"sandbox {self.name}: lost the copy into {dest}: {e}") from e
         finally:
-            _close_socket(sock)
+            close_socket(sock)
         if status != 0:
             raise SandboxError(f"sandbox {self.name}: copying files into {dest} failed: {out.text().strip()}")
 
@@ -350,133 +345,6 @@ class Sandbox:
         if container is None:
             raise SandboxError(f"sandbox {self.name} is not running (not started, or closed)")
         return container
-
-
-def copy_in(sandbox: Sandbox, local_dir: str | Path | bytes, dest: str) -> None:
-    """Copy the contents of `local_dir` (a git checkout, say) to `dest` in the sandbox, owned by root; or, given
-    bytes, unpack that tar (as `folder_archive` writes it) there.
-
-    Owners are reset to root because git refuses to work in a repository owned by another user."""
-    if isinstance(local_dir, bytes):
-        _check_dest(dest, "copy_in")
-        sandbox.put_archive(dest, io.BytesIO(local_dir), make_dest=True)
-        return
-    local_dir = Path(local_dir)
-    if not local_dir.is_dir():
-        raise ValueError(f"copy_in: {local_dir} is not a folder")
-    _put_tar(sandbox, dest, "copy_in", lambda tar: _add_as_root(tar, local_dir))
-
-
-def folder_archive(local_dir: str | Path) -> bytes:
-    """The tar that `copy_in(sandbox, local_dir, dest)` unpacks, as bytes (to copy the same folder in many times)."""
-    local_dir = Path(local_dir)
-    if not local_dir.is_dir():
-        raise ValueError(f"folder_archive: {local_dir} is not a folder")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        _add_as_root(tar, local_dir)
-    return buf.getvalue()
-
-
-def _add_as_root(tar: tarfile.TarFile, local_dir: Path) -> None:
-    tar.add(local_dir, arcname=".", filter=_as_root)
-
-
-def write_files(sandbox: Sandbox, dest: str, files: Mapping[str, str], mode: int = 0o644) -> None:
-    """Write `files` (name -> UTF-8 text) into the folder `dest` of the sandbox (made if absent), owned by root."""
-    for name in files:
-        if "/" in name or name in ("", ".", ".."):
-            raise ValueError(f"write_files: {name!r} is not a plain file name")
-
-    def fill(tar: tarfile.TarFile) -> None:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-
-    _put_tar(sandbox, dest, "write_files", fill)
-
-
-def _put_tar(sandbox: Sandbox, dest: str, caller: str, fill) -> None:
-    """Make the folder `dest` in the sandbox and unpack there the tar that `fill(tar)` writes."""
-    _check_dest(dest, caller)
-    with tempfile.TemporaryFile() as buf:
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            fill(tar)
-        buf.seek(0)
-        sandbox.put_archive(dest, buf, make_dest=True)
-
-
-def _check_dest(dest: str, caller: str) -> None:
-    if not dest.startswith("/"):
-        raise ValueError(f"{caller}: dest={dest!r} must be an absolute path")
-
-
-def _as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    return info
-
-
-class _Output:
-    """At most `limit` bytes of a stream: its first half and its last half, and how much was dropped."""
-
-    def __init__(self, limit: int) -> None:
-        self.head_max, self.tail_max = limit // 2, limit - limit // 2
-        self.head, self.tail = bytearray(), bytearray()
-        self.dropped = 0
-
-    def add(self, data: bytes) -> None:
-        room = self.head_max - len(self.head)
-        self.head += data[:room]
-        self.tail += data[room:] if room > 0 else data
-        if len(self.tail) > 2 * self.tail_max:  # trim in batches, not on every chunk
-            self._trim()
-
-    def _trim(self) -> None:
-        extra = len(self.tail) - self.tail_max
-        if extra > 0:
-            del self.tail[:extra]
-            self.dropped += extra
-
-    def text(self) -> str:
-        self._trim()
-        gap = f"\n[... {self.dropped} bytes of output left out ...]\n".encode() if self.dropped else b""
-        return bytes(self.head + gap + self.tail).decode("utf-8", errors="replace")
-
-
-def _pump(sock, out: _Output, finished, deadline: float, config: SandboxConfig) -> bool:
-    """Feed the exec stream's payload into `out` until it ends (True), or until the client's deadline
-    (`deadline` + grace) passes with the command still running (False)."""
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    frames, give_up = bytearray(), deadline + config.client_grace_s
-    while (left := give_up - time.monotonic()) > 0:
-        if not poller.poll(min(POLL_S, left) * 1000):
-            if finished():  # the command has ended, but a process it started holds the stream open
-                _drain(sock, poller, frames, out)
-                return True
-            continue
-        data = _recv(sock)
-        if not data:
-            return True
-        frames += data
-        _unframe(frames, out)
-    return finished()
-
-
-def _send(sock, stream, out: _Output) -> None:
-    """Write `stream` to an exec's stdin, close it, and read the exec's output into `out` until it ends."""
-    raw = getattr(sock, "_sock", sock)
-    raw.settimeout(PUT_TIMEOUT_S)
-    while chunk := stream.read(1 << 20):
-        raw.sendall(chunk)
-    raw.shutdown(socket.SHUT_WR)
-    frames = bytearray()
-    while data := raw.recv(65536):
-        frames += data
-        _unframe(frames, out)
 
 
 def _add_image_dir(tar: tarfile.TarFile, container, path: str) -> int:
@@ -549,53 +417,6 @@ def _probe_storage_opt(client, config: SandboxConfig) -> bool | None:
         return False
     probe.remove(force=True, v=True)
     return True
-
-
-def _drain(sock, poller, frames: bytearray, out: _Output) -> None:
-    while poller.poll(50) and (data := _recv(sock)):
-        frames += data
-        _unframe(frames, out)
-
-
-def _unframe(frames: bytearray, out: _Output) -> None:
-    """Move the payload of every complete frame to `out`. Docker multiplexes an exec's stdout and
-    stderr as frames: 1 byte stream id, 3 zero bytes, 4 bytes big-endian payload length, payload."""
-    while len(frames) >= 8:
-        size = int.from_bytes(frames[4:8], "big")
-        if len(frames) < 8 + size:
-            return
-        out.add(bytes(frames[8 : 8 + size]))
-        del frames[: 8 + size]
-
-
-def _recv(sock) -> bytes:
-    try:
-        return sock.recv(65536) if hasattr(sock, "recv") else (sock.read(65536) or b"")
-    except OSError:
-        return b""
-
-
-def _close_socket(sock) -> None:
-    for s in (sock, getattr(sock, "_sock", None)):  # SocketIO over a unix socket: close both
-        if s is not None:
-            try:
-                s.close()
-            except OSError:
-                pass
-
-
-def _exit_status(api, exec_id: str, timeout_s: float = 10.0) -> int | None:
-    """The exec's exit status; None if it is still running `timeout_s` after its stream ended."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.005
-    while True:
-        info = api.exec_inspect(exec_id)
-        if not info["Running"] and info["ExitCode"] is not None:
-            return int(info["ExitCode"])
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
 
 
 # Sandboxes not yet closed, for the exit hooks.

@@ -36,6 +36,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from swebench_env.exec_stream import close_socket
+
 log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 4096  # an answer's JSON header; more without a newline is not the runner's
@@ -120,9 +122,7 @@ class Shell:
     """The command runner of one started sandbox (`Sandbox.start_shell()` makes it)."""
 
     def __init__(self, api, container_id: str, wrapper: str, env: Mapping[str, str], workdir: str) -> None:
-        from swebench_env.sandbox import _close_socket
-
-        self._close_socket = _close_socket
+        self._close_socket = close_socket
         self.lock = threading.Lock()  # held while a command runs
         self.alive = False
         self._state = threading.Lock()  # guards `alive`, `_busy` and the descriptor's release

@@ -2,7 +2,7 @@
 
 Plain torch + transformers + the project's tokenizer, engine, manager renderer and agent code; no Ray, no server
 process. It answers how far a supervised warm start on the 32 train demonstrations takes a tiny Qwen3, how cheaply,
-and whether RL then has room (issue 22: `make train-swe` must show learning).
+and whether RL then has room (`make train-swe` must show learning).
 
 What it does, per command (`python -m reference.trainer.swe_probe COMMAND ...`):
 
@@ -144,17 +144,17 @@ the runtime (8 steps, 2 evaluation episodes a task): train pass@1 0.469 -> 0.750
 (seed 1), 0.422 -> 0.641 (seed 2), an earlier seed-1 run 0.312 -> 0.438; docs/swe.md
 ("Training on SWE tasks") has every run.
 
+The demonstrations' recordings and rendered episodes are `swe_probe_data.py`'s, the proxy `swe_probe_proxy.py`'s.
+
 Sampled commands run on this machine with no isolation, as `--sandbox local` rollouts do: trusted models only.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import copy
 import json
 import random
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -163,119 +163,23 @@ from pathlib import Path
 
 import torch
 
-from reference.engine.base import GenerateRequest, GenerateResult, SamplingParams, generate
 from reference.engine.builtin import BuiltinEngine
-from reference.manager.chat import ChatRenderer
-from reference.manager.tools import parse_tool_calls
 from reference.model import build_model, load_checkpoint, save_checkpoint, tiny_config
 from reference.tokenizer import Tokenizer, default_tokenizer
-from swebench_env.agent import TOOLS, AgentConfig, instance_messages, observation
-from swebench_env.demos import Demonstration
-from swebench_env.runner import LocalRunner
-from swebench_env.scripted import step_message
-from swebench_env.tasks import Instance, materialize_repo
+from reference.trainer.swe_probe_data import Data, RenderedEpisode, load_data
+from reference.trainer.swe_probe_proxy import (
+    FIX_MAX_TOKENS,
+    FixJudge,
+    bash_command,
+    fix_prompt,
+    proxy_pass_at_1,
+    sample_completions,
+)
+from swebench_env.agent import AgentConfig
+from swebench_env.tasks import Instance
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "swe_probe"
-STEP_TIMEOUT_S = 60.0  # each demonstration command while recording (the agent's default command timeout)
-FIX_TIMEOUT_S = 20.0  # a sampled fix command
-FIX_MAX_TOKENS = 512  # the longest demonstrated fix turn is 391 tokens
 OPTIMIZER_FILE = "optimizer.pt"  # `sft --save DIR` writes the AdamW state here
-
-
-# ---- recorded outputs ----
-
-
-@dataclass(frozen=True)
-class Recording:
-    """A demonstration's outputs in a fresh checkout: per step (exit code, output, timed out); the first step
-    that changes the checkout (the fix) and the diff it leaves."""
-
-    outputs: tuple[tuple[int, str, bool], ...]
-    fix_step: int
-    fix_diff: str
-
-
-def _diff(repo: Path) -> str:
-    done = subprocess.run(["git", "diff", "--no-color"], cwd=repo, capture_output=True, text=True, check=True)
-    return done.stdout
-
-
-def record_demonstration(task: Instance, demo: Demonstration) -> Recording:
-    """Run `demo` step by step in a fresh checkout of `task` (see the module docstring)."""
-    with tempfile.TemporaryDirectory(prefix=f"swe-probe-{task.instance_id}-") as tmp:
-        repo = materialize_repo(task, Path(tmp) / "repo")
-        runner, outputs, fix_step, fix_diff = LocalRunner(repo), [], -1, ""
-        for k, step in enumerate(demo.steps[:-1]):  # the last step submits: the agent never runs it
-            result = runner.exec(step.command, STEP_TIMEOUT_S)
-            outputs.append((result.exit_code, result.output, result.timed_out))
-            if fix_step < 0 and (diff := _diff(repo)):
-                fix_step, fix_diff = k, diff
-    if fix_step < 0:
-        raise ValueError(f"the demonstration of {task.instance_id!r} changes nothing")
-    return Recording(tuple(outputs), fix_step, fix_diff)
-
-
-def load_recordings(pairs: Sequence[tuple[Instance, Demonstration]], path: Path) -> dict[str, Recording]:
-    """Every pair's `Recording`, from the JSON cache at `path`; missing ones are recorded and added."""
-    cached = json.loads(path.read_text()) if path.is_file() else {}
-    missing = [(t, d) for t, d in pairs if t.instance_id not in cached]
-    for task, demo in missing:
-        r = record_demonstration(task, demo)
-        cached[task.instance_id] = {"outputs": r.outputs, "fix_step": r.fix_step, "fix_diff": r.fix_diff}
-    if missing:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cached, ensure_ascii=False))
-    return {
-        t.instance_id: Recording(
-            tuple(map(tuple, cached[t.instance_id]["outputs"])),
-            cached[t.instance_id]["fix_step"],
-            cached[t.instance_id]["fix_diff"],
-        )
-        for t, _ in pairs
-    }
-
-
-# ---- rendering, as the manager stores the built-in agent's episode ----
-
-
-@dataclass(frozen=True)
-class RenderedEpisode:
-    instance_id: str
-    token_ids: tuple[int, ...]  # the final request's prompt and completion: the stored branch
-    generated_mask: tuple[int, ...]  # 1 on each assistant turn's tokens (its <|im_end|> included)
-    turns: tuple[tuple[int, int], ...]  # [start, end) of each assistant turn in token_ids
-    fix_turn: int  # index into turns of the turn that fixes the code
-
-
-def render_episode(
-    task: Instance, demo: Demonstration, recording: Recording, tok: Tokenizer, config: AgentConfig | None = None
-) -> RenderedEpisode:
-    """The token ids the manager records when the built-in agent plays `demo` (see the module docstring): the
-    messages are built as `BashAgent` builds them and rendered by the manager's `ChatRenderer`, which splices
-    each earlier reply back as the ids the (demonstration) engine produced."""
-    config = config or AgentConfig()
-    renderer, messages = ChatRenderer(tok), instance_messages(task, config)
-    turns: list[tuple[int, int]] = []
-    ids: list[int] = []
-    for k, step in enumerate(demo.steps):
-        prompt = renderer.render(messages, TOOLS)
-        assert prompt[: len(ids)] == ids, "a session's prompt extends its previous request"
-        text = step_message(step)
-        completion = [*tok.encode(text), tok.im_end_id]
-        renderer.remember(text, completion)
-        turns.append((len(prompt), len(prompt) + len(completion)))
-        ids = prompt + completion
-        content, calls = parse_tool_calls(text)
-        messages.append({"role": "assistant", "content": content, "tool_calls": calls})
-        if k == len(demo.steps) - 1:
-            break
-        code, output, timed_out = recording.outputs[k]
-        seen = observation(code, output, timed_out, config)
-        messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": seen})
-    mask = [0] * len(ids)
-    for start, end in turns:
-        mask[start:end] = [1] * (end - start)
-    return RenderedEpisode(task.instance_id, tuple(ids), tuple(mask), tuple(turns), recording.fix_step)
 
 
 # ---- the model and supervised training ----
@@ -351,123 +255,7 @@ def turn_exact_match(model, episodes: Sequence[RenderedEpisode], pad_id: int) ->
     return fix / len(episodes), every / turns
 
 
-# ---- the proxy: sampled fix turns, run in a checkout ----
-
-
-def sample_completions(
-    model,
-    prompts: Sequence[Sequence[int]],
-    n: int,
-    stop_ids: Sequence[int],
-    max_tokens: int,
-    seed: int,
-    max_batch: int = 32,
-    temperature: float = 1.0,
-) -> list[list[GenerateResult]]:
-    """`n` completions of each prompt at `temperature` (each up to and including a stop token, or `max_tokens`
-    long), with their raw logprobs, from the project's built-in engine (continuous batching, a KV cache, the
-    prompt's KV shared by its samples) over a copy of `model`."""
-    params = [
-        SamplingParams(max_tokens, temperature, stop_token_ids=tuple(stop_ids), seed=seed * 1_000_003 + i)
-        for i in range(len(prompts) * n)
-    ]
-    requests = [GenerateRequest(f"r{i}", tuple(prompts[i // n]), p) for i, p in enumerate(params)]
-
-    async def run(engine) -> list[GenerateResult]:
-        return list(await asyncio.gather(*(generate(engine, r) for r in requests)))
-
-    with BuiltinEngine(copy.deepcopy(model), max_batch=max_batch, seed=seed) as engine:
-        results = asyncio.run(run(engine))
-    return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
-
-
-def bash_command(text: str) -> str | None:
-    """The command of a reply's first tool call when it is a `bash` call with a string command, as the agent
-    reads it (the manager's `parse_tool_calls`, then the call's JSON arguments)."""
-    _, calls = parse_tool_calls(text)
-    if not calls or calls[0]["function"]["name"] != "bash":
-        return None
-    try:
-        command = json.loads(calls[0]["function"]["arguments"]).get("command")
-    except (json.JSONDecodeError, AttributeError):
-        return None
-    return command if isinstance(command, str) and command.strip() else None
-
-
-class FixJudge:
-    """Whether a fix command resolves a task: run in a kept checkout of it (reset after each command), the diff
-    compared with the demonstration's; a different non-empty diff is graded by the task's tests. Cached."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._cache: dict[tuple[str, str], bool] = {}
-
-    def __call__(self, task: Instance, recording: Recording, command: str | None) -> bool:
-        if command is None:
-            return False
-        key = (task.instance_id, command)
-        if key not in self._cache:
-            self._cache[key] = self._judge(task, recording, command)
-        return self._cache[key]
-
-    def _judge(self, task: Instance, recording: Recording, command: str) -> bool:
-        from swebench_env.evaluation import evaluate_locally
-
-        repo = self.root / task.instance_id
-        if not repo.is_dir():
-            materialize_repo(task, repo)
-        try:
-            LocalRunner(repo).exec(command, FIX_TIMEOUT_S)
-            diff = _diff(repo)
-        finally:
-            subprocess.run(["git", "checkout", "-q", "--", "."], cwd=repo, check=False)
-            subprocess.run(["git", "clean", "-qfdx"], cwd=repo, check=False)
-        if diff == recording.fix_diff:
-            return True
-        return bool(diff) and evaluate_locally(task, diff + ("" if diff.endswith("\n") else "\n")).resolved
-
-
-def fix_prompt(episode: RenderedEpisode) -> tuple[int, ...]:
-    return episode.token_ids[: episode.turns[episode.fix_turn][0]]
-
-
-def proxy_pass_at_1(
-    model, tok: Tokenizer, items, judge: FixJudge, samples: int, seed: int, temperature: float = 1.0
-) -> float:
-    """Mean over `items` (task, recording, episode) of the share of `samples` sampled fix turns that resolve."""
-    prompts = [fix_prompt(episode) for _, _, episode in items]
-    groups = sample_completions(
-        model, prompts, samples, tok.stop_token_ids, FIX_MAX_TOKENS, seed, temperature=temperature
-    )
-    total = 0.0
-    for (task, recording, _), group in zip(items, groups, strict=True):
-        total += sum(judge(task, recording, bash_command(tok.decode(r.token_ids))) for r in group) / samples
-    return total / len(items)
-
-
 # ---- the runs ----
-
-
-@dataclass(frozen=True)
-class Data:
-    """The rendered suite: (task, recording, episode) per task of each split."""
-
-    train: list
-    held_out: list
-
-
-def load_data(tok: Tokenizer, cache: Path, config: AgentConfig | None = None) -> Data:
-    from swebench_env.suite import load_suite, load_suite_demonstrations
-
-    splits = {}
-    for split in ("train", "held_out"):
-        pairs = list(zip(load_suite(split), load_suite_demonstrations(split), strict=True))
-        recordings = load_recordings(pairs, cache)
-        splits[split] = [
-            (t, recordings[t.instance_id], render_episode(t, d, recordings[t.instance_id], tok, config))
-            for t, d in pairs
-        ]
-    return Data(splits["train"], splits["held_out"])
 
 
 def evaluate(

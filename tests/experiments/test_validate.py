@@ -13,7 +13,9 @@ import sys
 import pytest
 import yaml
 
+from experiments import comparison, cpu_sampler, in_run, validate_setup, validate_swe
 from experiments import runtime_parts as parts
+from experiments import trainer_parts as tparts
 from experiments import validate as v
 
 
@@ -27,14 +29,14 @@ def _mirror(tmp_path, costs: dict | None = None):
     """The simulator's mirror of a 3-step runtime run, with an empty profile of the runtime's model."""
     from sim.profile import DeviceInfo, ModelProfile, Profile, write_profile
 
-    rt, task, model_config = v.runtime_setup(3)
+    rt, task, model_config = validate_setup.runtime_setup(3)
     (tmp_path / "model").mkdir()
     model_config.to_json_file(str(tmp_path / "model" / "config.json"))
     _device(tmp_path)
     name = str((tmp_path / "model" / "config.json").resolve())
     write_profile(Profile(1, DeviceInfo("cpu", "float32", spec=parts.DEVICE_NAME), (ModelProfile(name),)),
                   tmp_path / "profile.yaml")  # fmt: skip
-    config = v.sim_config_dict(rt, task, 3, tmp_path, costs or {})
+    config = validate_setup.sim_config_dict(rt, task, 3, tmp_path, costs or {})
     (tmp_path / "sim_config.yaml").write_text(yaml.safe_dump(config))
     return rt, task, config
 
@@ -68,11 +70,11 @@ def test_the_trainer_fit_recovers_known_costs(tmp_path):
     assert cfg.train.micro_batch_sequences == 64  # the mirror pads as the runtime's trainer does
     truth = measured_setup(cfg, train_mfu=0.3, train_attention_mfu=0.1, train_step_overhead_s=0.05)
     rng = random.Random(0)
-    batches = [[sum(pair) for pair in parts.draw_batch_lengths(task, n, 16, rng)] for n in (64, 128, 256) * 2]
+    batches = [[sum(pair) for pair in tparts.draw_batch_lengths(task, n, 16, rng)] for n in (64, 128, 256) * 2]
     points = [
         {"seq_lens": lens, "seconds": train_layout.step(truth, model, device, lens, 1).total_s} for lens in batches
     ]
-    fitted = parts.fit_trainer(cfg, model, device, points)
+    fitted = tparts.fit_trainer(cfg, model, device, points)
     assert fitted["train_mfu"] == pytest.approx(0.3, rel=1e-6)
     assert fitted["train_attention_mfu"] == pytest.approx(0.1, rel=1e-6)
     assert fitted["train_step_overhead_s"] == pytest.approx(0.05, rel=1e-6)
@@ -81,7 +83,7 @@ def test_the_trainer_fit_recovers_known_costs(tmp_path):
     same = measured_setup(cfg, train_mfu=0.3, train_attention_mfu=None, train_step_overhead_s=0.0)
     flat = [{"seq_lens": p["seq_lens"], "seconds": train_layout.step(same, model, device, p["seq_lens"], 1).total_s}
             for p in points]  # fmt: skip
-    again = parts.fit_trainer(cfg, model, device, flat)
+    again = tparts.fit_trainer(cfg, model, device, flat)
     assert again["train_mfu"] == pytest.approx(0.3, rel=1e-3)
     assert again["train_attention_mfu"] in (None, pytest.approx(0.3, rel=1e-3))
     assert again["train_step_overhead_s"] == pytest.approx(0.0, abs=1e-6)
@@ -89,7 +91,7 @@ def test_the_trainer_fit_recovers_known_costs(tmp_path):
     fast = measured_setup(cfg, train_mfu=0.75, train_attention_mfu=0.05, train_step_overhead_s=0.1)
     capped = [{"seq_lens": p["seq_lens"], "seconds": train_layout.step(fast, model, device, p["seq_lens"], 1).total_s}
               for p in points]  # fmt: skip
-    assert parts.fit_trainer(cfg, model, device, capped) == pytest.approx(
+    assert tparts.fit_trainer(cfg, model, device, capped) == pytest.approx(
         {"train_mfu": 0.75, "train_attention_mfu": 0.05, "train_step_overhead_s": 0.1}, rel=1e-6
     )
     # Data-parallel steps made with a known overhead of their own beyond the one-rank constants give it back,
@@ -102,8 +104,8 @@ def test_the_trainer_fit_recovers_known_costs(tmp_path):
         shards = [sum(groups[rank::2], []) for rank in (0, 1)]
         seconds = train_layout.step(dp_truth, model, device, shards[0] + shards[1], 2).total_s
         dp_points.append({"shards": shards, "seconds": seconds})
-    assert parts.fit_data_parallel(cfg, model, device, dp_points, fitted) == pytest.approx(0.2, rel=1e-6)
-    assert parts.fit_data_parallel(cfg, model, device, [], fitted) is None
+    assert tparts.fit_data_parallel(cfg, model, device, dp_points, fitted) == pytest.approx(0.2, rel=1e-6)
+    assert tparts.fit_data_parallel(cfg, model, device, [], fitted) is None
     one = train_layout.step(dp_truth, model, device, batches[0], 1)
     assert one.overhead_s == pytest.approx(0.05)  # one rank: no data-parallel step
 
@@ -118,24 +120,24 @@ def test_batches_of_one_length_pin_the_trainer_fit_on_a_noisy_machine(tmp_path):
     from sim.config import load_config
 
     _, task, _ = _mirror(tmp_path)
-    context = v.runtime_setup(3)[2].max_position_embeddings
+    context = validate_setup.runtime_setup(3)[2].max_position_embeddings
     cfg = load_config(tmp_path / "sim_config.yaml")
     model, device = specs.model(cfg.model), specs.device(cfg.cluster.device)
     truth = measured_setup(cfg, train_mfu=0.3, train_attention_mfu=0.1, train_step_overhead_s=0.05)
-    shapes = parts.shape_lengths(context, 8192)
+    shapes = tparts.shape_lengths(context, 8192)
     assert [length for _, length in shapes] == sorted({length for _, length in shapes})  # distinct, short to long
     assert all(abs(n * length - 8192) <= length for n, length in shapes)  # one token count
     rng = random.Random(0)
-    workload = [[sum(pair) for pair in parts.draw_batch_lengths(task, n, 16, rng)] for n in (64, 128, 256) * 3]
+    workload = [[sum(pair) for pair in tparts.draw_batch_lengths(task, n, 16, rng)] for n in (64, 128, 256) * 3]
     spread = {}
-    one_length = [parts.padded_lengths(k, n, 64) for k, n in shapes]
+    one_length = [tparts.padded_lengths(k, n, 64) for k, n in shapes]
     for label, batches in (("workload", workload), ("with shapes", workload + one_length)):
         attention = []
         for seed in range(10):
             noise = random.Random(seed)
             points = [{"seq_lens": b, "seconds": train_layout.step(truth, model, device, b, 1).total_s
                        * (1 + noise.uniform(-0.1, 0.1))} for b in batches]  # fmt: skip
-            fitted = parts.fit_trainer(cfg, model, device, points)
+            fitted = tparts.fit_trainer(cfg, model, device, points)
             attention.append(fitted["train_attention_mfu"] or fitted["train_mfu"])
         spread[label] = max(attention) / min(attention)
         if label == "with shapes":
@@ -149,7 +151,7 @@ def test_batches_of_one_length_pin_the_trainer_fit_on_a_noisy_machine(tmp_path):
 def test_one_length_batches_pad_every_micro_batch_of_the_trainer(n, length, micro_batch):
     """The trainer (reference/trainer/trainer.py) sorts a batch by length and slices it into near-equal
     micro-batches; a micro-batch with nothing padded runs without an attention mask, faster than a run's."""
-    lengths = parts.padded_lengths(n, length, micro_batch)
+    lengths = tparts.padded_lengths(n, length, micro_batch)
     assert len(lengths) == n and max(lengths) == length and min(lengths) >= length - 2 * (-(-n // micro_batch))
     ordered, count = sorted(lengths), -(-n // micro_batch)
     slices = [ordered[i * n // count : (i + 1) * n // count] for i in range(count)]
@@ -162,8 +164,8 @@ def _summary(tokens_s: float, step_s: float, bubble: float, util: dict, steps: i
 
 
 def test_batches_are_drawn_in_groups_that_share_a_length():
-    _, task, _ = v.runtime_setup(3)
-    lengths = parts.draw_batch_lengths(task, 40, 16, random.Random(0))
+    _, task, _ = validate_setup.runtime_setup(3)
+    lengths = tparts.draw_batch_lengths(task, 40, 16, random.Random(0))
     assert len(lengths) == 40 and len(set(lengths[:16])) == 1 and len(set(lengths[16:32])) == 1
     assert len(set(lengths)) > 1  # the groups differ
     cap = task.simulator_workload()["response_tokens"]["max"]
@@ -175,14 +177,14 @@ def test_compare_gives_relative_errors_points_and_ratios():
                 "tag": _summary(1500, 1.0, 0.2, {"rollout": 0.6, "train": 0.2, "sync": 0.0, "idle": 0.2})}  # fmt: skip
     predicted = {"colocated": _summary(2000, 1.0, 0.05, {"rollout": 0.5, "train": 0.5}),
                  "tag": _summary(1500, 1.5, 0.25, {"rollout": 0.5, "train": 0.25, "idle": 0.25})}  # fmt: skip
-    rows = v.compare(measured, predicted)
+    rows = comparison.compare(measured, predicted)
     assert rows["colocated"]["trained tok/s"]["error"] == pytest.approx(1.0)  # +100%
     assert rows["colocated"]["step (s)"]["error"] == pytest.approx(-0.5)
     assert rows["tag"]["bubble"]["error"] == pytest.approx(0.05) and rows["tag"]["bubble"]["error_kind"] == "points"
     assert rows["colocated"]["train dev-s/step"]["measured"] == pytest.approx(0.4 * 10 / 4)
     assert rows["tag"]["sync dev-s/step"]["predicted"] == 0.0 and math.isnan(rows["tag"]["sync dev-s/step"]["error"])
     assert rows["tag"]["ratio to colocated"] == {"measured": 1.5, "predicted": 0.75}
-    text = v.table(rows)
+    text = comparison.table(rows)
     assert "+100%" in text and "+5.0 pt" in text and "0.75x" in text
 
 
@@ -191,17 +193,17 @@ def test_repeats_give_a_mean_with_its_range_and_the_orders_side_by_side():
     colocated = [_summary(900, 2.0, 0.1, idle), _summary(1100, 2.2, 0.1, idle), _summary(1000, 1.8, 0.1, idle)]
     measured = {"colocated": colocated, "tag": [_summary(1400, 1.0, 0.2, idle), _summary(1600, 1.0, 0.2, idle)]}
     predicted = {"colocated": _summary(1100, 2.0, 0.1, idle), "tag": _summary(1000, 1.0, 0.2, idle)}
-    rows = v.compare(measured, predicted)
+    rows = comparison.compare(measured, predicted)
     cell = rows["colocated"]["trained tok/s"]
     assert (cell["measured"], cell["low"], cell["high"], cell["runs"]) == (1000, 900, 1100, 3)
     assert cell["spread"] == pytest.approx(0.1) and cell["error"] == pytest.approx(0.1)
     assert rows["tag"]["trained tok/s"]["error"] == pytest.approx(1000 / 1500 - 1)
-    agree = v.agreement(rows)
+    agree = comparison.agreement(rows)
     assert agree["order_measured"] == ["tag", "colocated"] and agree["order_predicted"] == ["colocated", "tag"]
     assert not agree["same_order"]
     assert agree["trained tok/s"]["max_abs_error"] == pytest.approx(1 / 3)
     assert agree["trained tok/s"]["largest_spread"] == pytest.approx(0.1)
-    assert "900-1,100 (3)" in v.table(rows) and "a different order" in v.agreement_text(agree)
+    assert "900-1,100 (3)" in comparison.table(rows) and "a different order" in comparison.agreement_text(agree)
     assert "rounds" not in agree  # one prediction for every round: no round's own error
 
 
@@ -211,18 +213,18 @@ def test_a_prediction_a_round_gives_each_rounds_error_and_order():
                 "tag": [_summary(1000, 1.0, 0.2, idle), _summary(1000, 1.0, 0.2, idle)]}  # fmt: skip
     predicted = {"colocated": [_summary(990, 2.0, 0.1, idle), _summary(1100, 2.2, 0.1, idle)],
                  "tag": [_summary(1050, 1.0, 0.2, idle), _summary(1200, 1.0, 0.2, idle)]}  # fmt: skip
-    rows = v.compare(measured, predicted)
+    rows = comparison.compare(measured, predicted)
     cell = rows["colocated"]["trained tok/s"]
     assert cell["predicted"] == pytest.approx(1045) and cell["error"] == pytest.approx(0.045)
     assert cell["round_errors"] == pytest.approx([0.1, 0.0])
-    agree = v.agreement(rows)
+    agree = comparison.agreement(rows)
     first, second = agree["rounds"]
     assert first["trained tok/s"]["mean_abs_error"] == pytest.approx((0.1 + 0.05) / 2)
     assert first["same_order"] and first["order_measured"] == ["tag", "colocated"]
     assert second["trained tok/s"]["max_abs_error"] == pytest.approx(0.2)
     assert not second["same_order"] and second["order_predicted"] == ["tag", "colocated"]
     assert second["step (s)"]["max_abs_error"] == pytest.approx(0.1)
-    text = v.agreement_text(agree)
+    text = comparison.agreement_text(agree)
     assert "round 1 (its own parts and runs)" in text and "round 2" in text and "order tag > colocated" in text
 
 
@@ -233,10 +235,10 @@ def test_only_pairs_the_runtimes_runs_tell_apart_have_an_order_to_agree_with():
                 "async": [_summary(1300, 1.0, 0.2, idle), _summary(1400, 1.0, 0.2, idle)]}  # above both  # fmt: skip
     predicted = {"colocated": _summary(1200, 2.0, 0.1, idle), "tag": _summary(1000, 1.0, 0.2, idle),
                  "async": _summary(1100, 1.0, 0.2, idle)}  # fmt: skip
-    agree = v.agreement(v.compare(measured, predicted))
+    agree = comparison.agreement(comparison.compare(measured, predicted))
     pairs = {(p["faster"], p["slower"]): p["same"] for p in agree["separated_pairs"]}
     assert pairs == {("async", "colocated"): False, ("async", "tag"): True}  # tag and colocated overlap
-    text = v.agreement_text(agree)
+    text = comparison.agreement_text(agree)
     assert "tell apart (one's slowest run above the other's fastest): 2 of 3" in text
     assert "orders 1 of them the same (not: async > colocated)" in text
 
@@ -247,7 +249,7 @@ def test_the_swe_mirror_runs_the_rounds_measured_workload_in_the_runtimes_slots(
     from sim.config import load_config
     from sim.workload import Workload
 
-    rt, task, model_config = v.runtime_setup(3, "swe")
+    rt, task, model_config = validate_setup.runtime_setup(3, "swe")
     try:
         assert rt.task.name == "swe" and not rt.run.evaluate and rt.policy.num_steps == 3
         assert model_config.max_position_embeddings == task.config.context_tokens
@@ -256,7 +258,7 @@ def test_the_swe_mirror_runs_the_rounds_measured_workload_in_the_runtimes_slots(
                     "tool_latency_s": {"median": 0.2, "sigma": 0.5, "min": 0.05, "max": 3.0},
                     "test_run_s": {"median": 1.5, "sigma": 0.2, "min": 0.9, "max": 4.0},
                     "episodes": 64, "exit_reasons": {"submitted": 40, "turn_limit": 24}}  # fmt: skip
-        config = v.sim_config_dict(rt, task, 3, tmp_path, {}, measured)
+        config = validate_setup.sim_config_dict(rt, task, 3, tmp_path, {}, measured)
         w = config["workload"]
         assert "episodes" not in w and "exit_reasons" not in w  # what the fit reports beside the simulator's keys
         assert w["turns"] == measured["turns"] and w["test_run_s"] == measured["test_run_s"]
@@ -272,9 +274,9 @@ def test_the_swe_mirror_runs_the_rounds_measured_workload_in_the_runtimes_slots(
         group = Workload(cfg.workload, 0).new_group()
         assert len(group) == 4 and all(2 <= len(s.turns) <= 10 for s in group)
         # the trainer's part draws whole episodes, as the trainer gets them
-        lengths = parts.draw_batch_lengths(task, 8, 4, random.Random(0))
+        lengths = tparts.draw_batch_lengths(task, 8, 4, random.Random(0))
         assert len(lengths) == 8 and all(p > 500 and r > 0 for p, r in lengths)
-        context, generated = v.mean_lengths(task)
+        context, generated = validate_setup.mean_lengths(task)
         assert context > 700 and 0 < generated < context
     finally:
         v._close(task)
@@ -291,17 +293,17 @@ def test_a_rounds_swe_workload_is_its_runs_episodes_with_the_sandboxes_measured_
                  "test_run_s": {"median": 0.6, "sigma": 0.1, "min": 0.5, "max": 0.8},
                  "start_s": {"median": 0.4, "sigma": 0.02, "min": 0.38, "max": 0.41}, "start_slots": 2,
                  "docker_cpu_s": 0.2}  # fmt: skip
-    w = v.round_workload(tmp_path / "runtime", ("tag", "async"), 0, 1, sandboxes)
+    w = validate_swe.round_workload(tmp_path / "runtime", ("tag", "async"), 0, 1, sandboxes)
     assert w["episodes"] == 2 and w["turns"]["median"] == 2.0
     assert w["prompt_tokens"]["min"] == 700 and w["prompt_tokens"]["max"] == 900
     assert w["tool_output_tokens"]["median"] == 25.0
     assert w["sandbox_start_s"] == sandboxes["start_s"] and w["sandbox_start_slots"] == 2
     assert w["test_run_s"] == sandboxes["test_run_s"] and "docker_cpu_s" not in w
     assert "sandbox_busy_stretch" not in w  # a run made before the busy part: the simulator's default (1)
-    busy = v.round_workload(tmp_path / "runtime", ("tag", "async"), 0, 1, {**sandboxes, "busy_stretch": 3.5})
+    busy = validate_swe.round_workload(tmp_path / "runtime", ("tag", "async"), 0, 1, {**sandboxes, "busy_stretch": 3.5})
     assert busy["sandbox_busy_stretch"] == 3.5 and "sandbox_cpu_cores" not in busy  # no episode seconds alone
     timed = {**sandboxes, "client_cpu_s": 0.1, "alone_s": [9.0, 8.0, 10.0], "busy_episodes": 4}
-    cpu = v.round_workload(tmp_path / "runtime", ("tag", "async"), 0, 1, timed)["sandbox_cpu_cores"]
+    cpu = validate_swe.round_workload(tmp_path / "runtime", ("tag", "async"), 0, 1, timed)["sandbox_cpu_cores"]
     assert cpu == pytest.approx((0.2 + 0.1) / (9.0 / 4))  # an episode's CPU-seconds over its seconds alone
 
 
@@ -319,9 +321,10 @@ def test_the_share_of_episodes_without_gradient_comes_from_the_runs_groups(tmp_p
             store.annotate(sid, {"meta": {"group": group, "revision": revision, "episodes": episodes}})
         store.annotate("other", {"meta": {"note": "not a group"}})
     # GRPO's negative half dropped (negative_weight 0): zero = g1's three, g2's four, g3's two; 9 of 12
-    assert v.zero_advantage_share([path], 0.0, False) == pytest.approx(9 / 12)
-    assert v.zero_advantage_share([path], 1.0, False) == pytest.approx(4 / 12)  # only the group with no signal
-    assert v.zero_advantage_share([tmp_path / "empty.sqlite"], 0.0, False) is None
+    assert validate_swe.zero_advantage_share([path], 0.0, False) == pytest.approx(9 / 12)
+    # with it kept (negative_weight 1): only the group with no signal
+    assert validate_swe.zero_advantage_share([path], 1.0, False) == pytest.approx(4 / 12)
+    assert validate_swe.zero_advantage_share([tmp_path / "empty.sqlite"], 0.0, False) is None
 
 
 def test_the_sandboxes_in_the_runs_are_set_beside_the_part_alone(tmp_path):
@@ -336,12 +339,12 @@ def test_the_sandboxes_in_the_runs_are_set_beside_the_part_alone(tmp_path):
             "parts": [{"workload": {"turns": {**flat, "median": n}}} for n in (5.0, 7.0)],
             "sandboxes": {"tool_latency_s": {**flat, "median": 0.1}, "test_run_s": {**flat, "median": 0.5},
                           "start_s": {**flat, "median": 0.4}}}  # fmt: skip
-    rows = v.sandboxes_in_run(tmp_path, data)
+    rows = in_run.sandboxes_in_run(tmp_path, data)
     assert rows["tag"]["episodes"] == 8
     assert (rows["tag"]["tool_s"], rows["tag"]["test_s"], rows["tag"]["wait_s"]) == (2.0, 1.0, 0.5)
     alone = rows["tag"]["alone"]
     assert alone["tool_s"] == pytest.approx(0.5) and alone["test_s"] == 0.5 and alone["wait_s"] == 0.4  # 6 turns
-    assert "tag 2.0 / 1.0 / 0.5" in v.sandboxes_in_run_text(rows)
+    assert "tag 2.0 / 1.0 / 0.5" in in_run.sandboxes_in_run_text(rows)
 
 
 def test_swe_arguments_are_one_line(capsys, tmp_path, monkeypatch):
@@ -388,7 +391,7 @@ def test_a_short_validation_runs_end_to_end(tmp_path):
     assert v.main(argv) == 0
     data = json.loads((tmp_path / "validate.json").read_text())
     row = data["comparison"]["colocated"]
-    for label, *_ in v.METRICS:
+    for label, *_ in comparison.METRICS:
         assert math.isfinite(row[label]["measured"]) and math.isfinite(row[label]["predicted"])
     assert row["trained tok/s"]["measured"] > 0 and row["trained tok/s"]["predicted"] > 0
     # Each round measured its own parts and was predicted from them.
@@ -415,7 +418,7 @@ def test_a_short_validation_runs_end_to_end(tmp_path):
             assert 0 <= costs["host_train_placement"] == placement["host_train_placement"] <= 1, placement
         where = tmp_path / f"round-{r + 1}"
         mirror = yaml.safe_load((where / "sim_config.yaml").read_text())
-        assert mirror["cluster"]["host_cores"] == v.host_cores(v.runtime_setup(2)[0]) >= 0
+        assert mirror["cluster"]["host_cores"] == validate_setup.host_cores(validate_setup.runtime_setup(2)[0]) >= 0
         assert mirror["costs"]["host_train_placement"] == costs["host_train_placement"]
         assert mirror["costs"]["sync_busy_s"] == costs["sync_busy_s"]
         for name in ("cpu-core.yaml", "profile.yaml", "sim_config.yaml", "model/config.json"):
@@ -435,13 +438,13 @@ def test_the_cpu_sampler_counts_a_run_and_the_processes_it_starts(tmp_path):
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6:\n    pass\n"
     code = f"import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', {burn!r}])\n{burn}child.wait()\n"
     with subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) as proc:
-        sampler = v.CpuSampler(proc.pid, every_s=0.05)
+        sampler = cpu_sampler.CpuSampler(proc.pid, every_s=0.05)
         err = sampler.follow(proc)
     assert proc.returncode == 0, err
     result = sampler.result()
     assert result["cpu_s"]["driver"] >= 0.4 and result["cpu_s"]["other"] >= 0.4, result  # the run, its child
     assert result["cpu_s"]["engines"] == 0 and result["wall_s"] > 0.5
-    assert "driver" in v.cpu_table({"colocated": result}, 2).splitlines()[0]
+    assert "driver" in cpu_sampler.cpu_table({"colocated": result}, 2).splitlines()[0]
     # Against a timeline whose one rollout interval covers the whole run: every read counts as generating.
     from core.tags import Phase
     from core.timeline import Interval, Timeline
@@ -455,7 +458,9 @@ def test_the_cpu_sampler_counts_a_run_and_the_processes_it_starts(tmp_path):
     # Core-seconds, not cores: on a busy machine the burns take longer, each getting less than a core.
     assert busy["cores"]["driver"] * busy["seconds"] > 0.3, busy
     assert busy["cores"]["other"] * busy["seconds"] > 0.3, busy
-    assert "cores busy while engines generate" in v.cpu_table({"colocated": {**result, "while_generating": busy}}, 2)
+    assert "cores busy while engines generate" in cpu_sampler.cpu_table(
+        {"colocated": {**result, "while_generating": busy}}, 2
+    )
     # Training on one resource the whole run, generating on the other from the middle: only the first half is
     # training alone.
     middle = (last - first) / 2 + 0.5
@@ -467,7 +472,7 @@ def test_the_cpu_sampler_counts_a_run_and_the_processes_it_starts(tmp_path):
     gap = max(b - a for a, b in zip(times, times[1:], strict=False))  # a read's span: how far a boundary can fall
     assert alone["seconds"] == pytest.approx((last - first) / 2, abs=gap + 1e-6), alone
     assert sampler.while_generating(path)["seconds"] == pytest.approx((last - first) / 2, abs=gap + 1e-6)
-    table = v.cpu_table({"colocated": {**result, "while_training_only": alone}}, 2)
+    table = cpu_sampler.cpu_table({"colocated": {**result, "while_training_only": alone}}, 2)
     assert "cores busy while only trainers work" in table and "while engines generate" not in table
     Timeline([rollout], [], last - first + 1.0, {}).save(path)  # no clock zero: nothing to align with
     assert sampler.while_generating(path) is None and sampler.while_training_only(path) is None
@@ -479,11 +484,11 @@ def test_the_simulators_padded_shards_are_the_runtimes_shards():
     from reference.control.executor import _shard
     from sim.train_layout import padded_shards
 
-    _, task, model_config = v.runtime_setup(3)
+    _, task, model_config = validate_setup.runtime_setup(3)
     rng = random.Random(3)
     for n, ranks in ((64, 2), (128, 2), (96, 3)):
-        batch = parts.workload_batch(model_config, task, n, 16, rng)
-        groups = [parts._Group(g) for g in sorted({t.group_id for t in batch})]
+        batch = tparts.workload_batch(model_config, task, n, 16, rng)
+        groups = [tparts._Group(g) for g in sorted({t.group_id for t in batch})]
         runtime = [sorted(len(t.token_ids) for t in shard) for shard in _shard(groups, batch, ranks)]
         lens = [len(t.token_ids) for t in batch]
         padded = padded_shards(lens, 16, ranks, 10**9)  # one micro-batch a replica: its lengths, padded to the longest

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from reference.manager.admin import dumps_in_slices
 from reference.manager.manager import ManagerConfig
-from reference.manager.server import dumps_in_slices
 from reference.manager.store import TrajectoryStore
 
 MODEL = "seamlessflow-tiny"
@@ -106,7 +106,7 @@ def test_every_answered_request_survives_the_manager_being_killed_before_a_fold(
 def test_a_full_disk_under_the_journal_answers_503_and_loses_nothing_answered(
     fake_manager, http, tmp_path, monkeypatch
 ):
-    import reference.manager.store as store_module
+    import reference.manager.journal as journal_module
 
     path = tmp_path / "t.sqlite"
     m, _ = fake_manager(store=path, reply_tokens=3)
@@ -116,18 +116,18 @@ def test_a_full_disk_under_the_journal_answers_503_and_loses_nothing_answered(
     real_write = os.write
 
     def disk_full(fd, data):
-        if fd == getattr(m.store._segment, "fd", None):  # only the journal's writes find the disk full
+        if fd == getattr(m.store._journal.segment, "fd", None):  # only the journal's writes find the disk full
             real_write(fd, data[:7])  # a torn frame (the store cuts it off)
             raise OSError(28, "No space left on device")
         return real_write(fd, data)
 
-    monkeypatch.setattr(store_module.os, "write", disk_full)
+    monkeypatch.setattr(journal_module.os, "write", disk_full)
     history = [{"role": "user", "content": "hello"}, first["choices"][0]["message"]]
     status, err = http("POST", url, {"model": MODEL, "messages": [*history, {"role": "user", "content": "more"}]})
     assert status == 503 and err["error"]["code"] == "store_unavailable", err
     assert "No space left on device" in err["error"]["message"]
     assert http("GET", f"{m.url}/health")[0] == 503
-    monkeypatch.setattr(store_module.os, "write", real_write)  # space returns
+    monkeypatch.setattr(journal_module.os, "write", real_write)  # space returns
     status, third = http("POST", url, {"model": MODEL, "messages": [*history, {"role": "user", "content": "again"}]})
     assert status == 200, third
     assert http("GET", f"{m.url}/health")[0] == 200
@@ -647,10 +647,10 @@ def test_a_stalled_disk_stalls_neither_health_nor_the_server_and_an_answer_waits
 def test_the_writer_thread_folds_the_journal_soon_after_and_when_a_segment_fills(
     fake_manager, http, monkeypatch, wait_for, tmp_path
 ):
-    from reference.manager import recorder, store
+    from reference.manager import journal, recorder
 
     monkeypatch.setattr(recorder, "FOLD_AFTER_S", 3600.0)  # only a full segment triggers a fold
-    monkeypatch.setattr(store, "FOLD_RECORDS", 3)
+    monkeypatch.setattr(journal, "FOLD_RECORDS", 3)
     path = tmp_path / "t.sqlite"
     m, _ = fake_manager(store=path, reply_tokens=3)
 
@@ -666,7 +666,7 @@ def test_the_writer_thread_folds_the_journal_soon_after_and_when_a_segment_fills
         assert http("POST", f"{m.base_url(f'c{i}')}/chat/completions", say("hi"))[0] == 200
     wait_for(lambda: folded() == 3, what="the full segment to be folded")
     monkeypatch.setattr(recorder, "FOLD_AFTER_S", 0.05)
-    monkeypatch.setattr(store, "FOLD_RECORDS", 100)
+    monkeypatch.setattr(journal, "FOLD_RECORDS", 100)
     for i in range(3, 5):
         assert http("POST", f"{m.base_url(f'c{i}')}/chat/completions", say("hi"))[0] == 200
     wait_for(lambda: folded() == 5, what="the rest to be folded FOLD_AFTER_S after the first of them")

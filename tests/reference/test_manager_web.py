@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
+from reference.manager.access import host_allowed, host_name
 from reference.manager.manager import ManagerConfig
-from reference.manager.server import host_allowed, host_name
 
 MODEL = "seamlessflow-tiny"
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from reference.manager.journal import read_frames
 from reference.manager.prefix_tree import PrefixTree
-from reference.manager.store import NewTurn, StoreError, TrajectoryStore, TurnRecord, _read_frames
+from reference.manager.store import NewTurn, StoreError, TrajectoryStore, TurnRecord
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -306,7 +307,7 @@ def test_a_failing_fold_keeps_the_records_journaled_until_sqlite_takes_them(tmp_
 
 
 def test_a_journal_write_that_fails_takes_nothing_and_leaves_no_torn_record(tmp_path, monkeypatch):
-    import reference.manager.store as store_module
+    import reference.manager.journal as journal_module
 
     path = tmp_path / "t.sqlite"
     with TrajectoryStore(path) as store:
@@ -317,13 +318,13 @@ def test_a_journal_write_that_fails_takes_nothing_and_leaves_no_torn_record(tmp_
             real_write(fd, data[: len(data) // 2])
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(store_module.os, "write", half_then_full)
+        monkeypatch.setattr(journal_module.os, "write", half_then_full)
         with pytest.raises(StoreError, match="No space left"):
             store.journal([_turn("s", "b", "a", 5)])
-        monkeypatch.setattr(store_module.os, "write", real_write)
+        monkeypatch.setattr(journal_module.os, "write", real_write)
         assert store.unfolded == 1
         assert store.journal([_turn("s", "b", "a", 5)]) is True  # a new segment; the old one is due to be folded
-        first, second = (_read_frames(p.read_bytes()) for p in _segments(path))
+        first, second = (read_frames(p.read_bytes()) for p in _segments(path))
         assert ([r[1] for r in first[0]], first[1]) == (["a"], 0)  # cut back to its last whole record
         assert ([r[1] for r in second[0]], second[1]) == (["b"], 0)
     with TrajectoryStore(path) as again:
@@ -342,13 +343,14 @@ def test_a_removed_journal_file_is_replaced_and_its_records_still_fold(tmp_path,
         store.journal([_turn("s", "b", "a", 5)])
         (second,) = _segments(path)
         # "a" is written again to the new file (its only other copy was in memory), before "b"
-        assert second != first and [r[1] for r in _read_frames(second.read_bytes())[0]] == ["a", "b"]
+        assert second != first and [r[1] for r in read_frames(second.read_bytes())[0]] == ["a", "b"]
         assert [r.request_id for r in store.records("s")] == ["a", "b"]
 
 
 REMOVING_WRITER = """
 import os, sys, glob, time
 import reference.manager.store as m
+from reference.manager.journal import JOURNAL_INFIX
 from reference.manager.store import NewTurn, TrajectoryStore
 m.CHECK_FILES_S = 0.0
 store = TrajectoryStore(sys.argv[1])
@@ -356,7 +358,7 @@ for i in range(100):
     anchor = f"r{i - 1}" if i else None
     store.journal([NewTurn("s", f"r{i}", anchor, 4 * i, [7, 7], [i % 50, 1], [-0.5, -1.0], [i, i], "stop", "x")])
     if i in (30, 70):
-        for path in glob.glob(sys.argv[1] + m.JOURNAL_INFIX + "*"):
+        for path in glob.glob(sys.argv[1] + JOURNAL_INFIX + "*"):
             os.unlink(path)  # an operator's cleanup while serving
     print(i, flush=True)
 sys.stdin.readline()
@@ -446,15 +448,16 @@ def test_a_journal_cut_short_or_folded_already_is_folded_once_up_to_its_last_who
 
 
 def test_journal_frames_refuse_anything_but_a_whole_record():
-    from reference.manager.store import _frame, _prepare, _read_frames, _unframe
+    from reference.manager.journal import frame, unframe
+    from reference.manager.records import prepare
 
-    row = _prepare(_turn("s", "b", "a", 5))
-    frame = _frame(row)
-    assert _unframe(frame[8:]) == row
-    assert _read_frames(frame * 2) == ([row, row], 0)
-    assert _read_frames(frame + frame[:-1]) == ([row], len(frame) - 1)
+    row = prepare(_turn("s", "b", "a", 5))
+    frame = frame(row)
+    assert unframe(frame[8:]) == row
+    assert read_frames(frame * 2) == ([row, row], 0)
+    assert read_frames(frame + frame[:-1]) == ([row], len(frame) - 1)
     damaged = bytearray(frame)
     damaged[20] ^= 0xFF
-    assert _read_frames(bytes(damaged) + frame) == ([], 2 * len(frame))  # nothing after a bad frame is trusted
+    assert read_frames(bytes(damaged) + frame) == ([], 2 * len(frame))  # nothing after a bad frame is trusted
     with pytest.raises(ValueError, match="not a journal record"):
-        _unframe(frame[8:-1])
+        unframe(frame[8:-1])

@@ -21,7 +21,8 @@ import pytest
 from swebench_env.docker_util import DockerUnavailable, docker_client
 from swebench_env.grading import DockerGrader, DockerGraderConfig, GradingError, checkout_archive
 from swebench_env.reaper import CREATED, LABEL, OWNER_PID, Owner, is_stale
-from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, _storage_options, copy_in, folder_archive
+from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError, _storage_options
+from swebench_env.sandbox_files import copy_in, folder_archive
 from swebench_env.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ import torch
 
 from reference.model import build_model
 from reference.tokenizer import default_tokenizer
-from reference.trainer.swe_probe import ModelDims, Recording, render_episode, sft_step
+from reference.trainer.swe_probe import ModelDims, sft_step
+from reference.trainer.swe_probe_data import Recording, render_episode
 from swebench_env.agent import AgentConfig
 from swebench_env.runner import LocalResult
 from swebench_env.scripted import demonstration_manager, replay_demonstration
@@ -93,7 +94,8 @@ class ResolvesOnce:
 
 def test_fix_turn_grpo_with_a_kl_anchor_and_the_sft_moments_trains_and_evaluates(task_and_demo, one_thread):
     from reference.trainer.config import TrainerConfig
-    from reference.trainer.swe_probe import Data, run_fix_grpo
+    from reference.trainer.swe_probe import run_fix_grpo
+    from reference.trainer.swe_probe_data import Data
 
     tok = default_tokenizer()
     steps = len(task_and_demo[1].steps) - 1
@@ -118,7 +120,7 @@ def test_fix_turn_grpo_with_a_kl_anchor_and_the_sft_moments_trains_and_evaluates
 
 
 def test_samples_follow_the_temperature(one_thread):
-    from reference.trainer.swe_probe import sample_completions
+    from reference.trainer.swe_probe_proxy import sample_completions
 
     tok = default_tokenizer()
     dims = ModelDims(hidden=32, layers=1, heads=2, kv_heads=1, head_dim=16, intermediate=64)
