@@ -303,7 +303,7 @@ def build_app(manager: TrajectoryManager) -> web.Application:
 async def start_manager_server(
     manager: TrajectoryManager, host: str = "127.0.0.1", port: int = 8000, *, sockets: list[socket.socket] | None = None
 ) -> web.AppRunner:
-    """Serve in the running loop; returns the runner (see reference.engine.server.bound_port). `sockets`:
+    """Serve in the running loop; returns the runner (see reference.engine.sockets.bound_port). `sockets`:
     already listening (`listen_sockets`, as `serve` binds them before its engines start), instead of
     binding `host`:`port` here; a port in use or a bad host is a UserError, before the manager starts."""
     sockets = listen_sockets(host, port, LISTEN_BACKLOG) if sockets is None else sockets
