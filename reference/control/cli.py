@@ -16,7 +16,7 @@ from core.policies import POLICIES
 from core.run_log import require as require_loggers
 from reference.engine.backends import check_available, training_backends
 
-COMPARE_ORDER = ("colocated", "disaggregated", "async", "tag", "streaming")
+COMPARE_ORDER = tuple(POLICIES)  # colocated first: the baseline of the ratios
 COMPARE_STEPS = 10  # --compare's default steps per policy: four runs of the throughput workload take minutes
 COMPARE_TASK = "throughput"  # --compare measures the runtime: forced, long-tailed response lengths, as the simulator's
 
