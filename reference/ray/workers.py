@@ -32,6 +32,7 @@ import ray
 
 from core.errors import UserError
 from reference.control.worker import ResourceWorker, WorkerSpec
+from reference.ray.address import check_no_running_cluster
 from reference.trainer.handoff import read_files
 
 
@@ -65,6 +66,7 @@ class RayWorkers:
             sigterm = signal.getsignal(signal.SIGTERM) if main else None
             try:
                 if address is None:
+                    check_no_running_cluster()  # else ray.init would join it and refuse the sizes below
                     ray.init(
                         num_cpus=len(os.sched_getaffinity(0)),
                         resources=dict(tags),
