@@ -184,3 +184,34 @@ def summarize(timeline: Timeline) -> dict:
         trained = sum(s.tokens for s in timeline.steps)
         summary["cost_per_million_tokens"] = round(_ratio(price * wall / 3600 * 1e6, trained), 6)
     return summary
+
+
+IDLE_WARNING_SHARE = 0.5  # a pool idle for more than this share of its device time gets a warning
+
+
+def pool_idle_shares(summary: dict) -> dict[str, float]:
+    """Each pool's idle share of its device time, from a summary's `pool_utilisation` (busy shares)."""
+    return {pool: round(1.0 - busy, 6) for pool, busy in summary["pool_utilisation"].items()}
+
+
+def idle_warnings(summary: dict, unit: str = "GPUs") -> list[str]:
+    """One line for each pool idle more than IDLE_WARNING_SHARE of the run, with what might put it to work.
+
+    A train-capable pool beside a rollout pool waits for data: its share of the devices is too large for the
+    batch. A rollout-only pool waits for training: too few train `unit`, or a staleness bound that holds it
+    back. A single pool (every device does both) idles in the batch's long tail."""
+    shares = pool_idle_shares(summary)
+    lines = []
+    for pool, idle in shares.items():
+        if idle <= IDLE_WARNING_SHARE:
+            continue
+        if len(shares) == 1:
+            hint = "a larger batch, or a policy that overlaps rollout and training?"
+        elif "train" in pool.split("+"):
+            hint = f"a larger batch or fewer train {unit}?"
+        else:
+            hint = f"more train {unit} or a looser staleness bound?"
+        under = f"under {summary['policy']}, " if summary.get("policy") else ""
+        name = pool.replace("+", " + ")
+        lines.append(f"warning: {under}the {name} pool was idle {idle:.0%} of the time: {hint}")
+    return lines

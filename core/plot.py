@@ -1,7 +1,8 @@
 """Draw timelines as pipeline Gantt charts: one row per resource, bars coloured by phase.
 
-`draw_timeline` draws one run; `draw_compare` stacks several runs (e.g. the five policies of
-`python -m sim --compare`) on one shared time axis, so the faster run visibly ends first.
+`draw_timeline` draws one run, or a window of it (`start_s`: the axis keeps the run's own times), titled with
+its headline numbers (`run_headline`); `core.plot_compare.draw_compare` stacks several runs (e.g. the five
+policies of `python -m sim --compare`) on one shared time axis, so the faster run visibly ends first.
 
 What a reader has to tell apart at a glance, and how it is drawn:
 - idle is mid-grey and hatched, so it differs from every rollout shade in colour, in greyscale
@@ -11,7 +12,8 @@ What a reader has to tell apart at a glance, and how it is drawn:
   few stragglers is busy but pale;
 - sync and switch last seconds in runs of hours, so they are drawn at least `MIN_BAR_PX` wide
   (centred on the interval, over their neighbours); every other phase is drawn to scale;
-- the legend lists only the phases that occur; the caption says what a row is;
+- the legend lists only the phases that occur; the caption says what a row is; the legend (top of the right
+  margin) and the colour bar (its bottom) never overlap: a figure of few rows grows until they fit;
 - a run with sandbox lanes (an agent task's containers: `Timeline.sandboxes`) gets a second panel under
   the resources, one row per lane, on the same time axis: start-up, spare, the agent waiting for the
   model (pale), tool calls and test runs (strong colours; tool calls last a fraction of a second, so they
@@ -32,7 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.metrics import natural_key, resources_by_pool, summarize
+from core.metrics import natural_key, pool_idle_shares, resources_by_pool
+from core.run_log import SEQUENCE_RATE
 from core.tags import Phase, SandboxPhase
 from core.timeline import Interval, Timeline
 
@@ -73,6 +76,8 @@ DENSE_QUANTILE = 0.9  # rollout at or above this quantile of interval densities 
 SHORT_PHASES = (Phase.SYNC, Phase.SWITCH)  # drawn at least MIN_BAR_PX wide, on top of the rest
 MIN_BAR_PX = 2.0
 MAX_LABELLED_ROWS = 64  # above this, label pools instead of individual resources
+LEGEND_GAP_PX = 8.0  # at least this between the legend and the colour bar's caption below it
+MAX_GROWTH_IN = 6.0  # the most a figure grows to keep them apart
 DPI = 120
 WIDTH_IN = 12.0
 # Metadata that would otherwise embed a version string or a timestamp in the file.
@@ -223,6 +228,26 @@ def pool_label(pool: str) -> str:
     return pool.replace("+", " + ") + " pool"
 
 
+def throughput_text(summary: dict) -> str:
+    """`token_throughput` in words: every token of the trained sequences (prompt and response) per second."""
+    return f"{summary['token_throughput']:,.0f} {SEQUENCE_RATE}"
+
+
+def idle_text(summary: dict) -> str:
+    """The run's idle share, and each pool's where there are several: "idle 27%: rollout pool 49%, ..."."""
+    shares = pool_idle_shares(summary)
+    whole = f"idle {summary['bubble_fraction']:.0%}"
+    if len(shares) < 2:
+        return whole
+    return whole + ": " + ", ".join(f"{pool_label(pool)} {share:.0%}" for pool, share in shares.items())
+
+
+def run_headline(summary: dict) -> str:
+    """A run's numbers for a picture's title: throughput, step time and idle shares."""
+    step = summary["step_time_s"]["mean"]
+    return f"{throughput_text(summary)}  ·  mean step {_number(step)} s  ·  {idle_text(summary)}"
+
+
 def _label_rows(ax, rows: list[tuple[str, str]], max_labelled: int, ylabel: str | None) -> None:
     """Tick labels and a line between pools; per-resource ticks get their pool's name beside them (or
     `ylabel` for all rows), per-pool ticks read "rollout pool / 8 resources"."""
@@ -281,7 +306,7 @@ def _device_word(timeline: Timeline) -> str:
     return "GPU" if device and device != "cpu" else "device"
 
 
-def _legend(ax, phases: list[Phase], steps: bool, labels: dict[Phase, str], overlays: Sequence[Overlay]) -> None:
+def _legend(ax, phases: list[Phase], steps: bool, labels: dict[Phase, str], overlays: Sequence[Overlay]):
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -300,11 +325,12 @@ def _legend(ax, phases: list[Phase], steps: bool, labels: dict[Phase, str], over
     ]
     if steps:
         handles.append(Line2D([], [], color="black", linestyle="dashed", linewidth=0.8, label="a training step ends"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    return ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
 
 
-def _colour_bar(fig, ax, reference: float, unit: str, height: float) -> None:
-    """A vertical colour bar for the rollout shades, in the right margin at the axes' bottom."""
+def _colour_bar(fig, ax, reference: float, unit: str, height: float):
+    """A vertical colour bar for the rollout shades, in the right margin at the axes' bottom; returns its
+    caption (the text above it)."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import LinearSegmentedColormap, Normalize
 
@@ -313,7 +339,7 @@ def _colour_bar(fig, ax, reference: float, unit: str, height: float) -> None:
     bar = fig.colorbar(ScalarMappable(Normalize(0.0, reference), cmap), cax=cax, extend="max")
     bar.set_ticks([0.0, reference / 2, reference], labels=["0", _number(reference / 2), f"{_number(reference)} (p90)"])
     bar.ax.tick_params(labelsize=7)
-    bar.ax.set_title(
+    return bar.ax.set_title(
         f"rollout shade:\ntokens generated\nper {unit}-second\n(pale: few tokens,\ne.g. a thin batch)",
         fontsize=7,
         loc="left",
@@ -353,6 +379,42 @@ def _caption(ax, text: str) -> None:
     )
 
 
+def legend_gap_px(legend, caption) -> float:
+    """Pixels from the top of the colour bar's `caption` up to the bottom of the `legend` (negative: overlap)."""
+    return legend.get_window_extent().y0 - caption.get_window_extent().y1
+
+
+def keep_apart(fig, legend, caption, tries: int = 6) -> None:
+    """Grow `fig` until the colour bar's `caption` lies at least LEGEND_GAP_PX below the `legend`: a run of few
+    rows leaves too little height for both in the right margin. How much the gap widens per pixel of height
+    depends on the panels; it is guessed, then measured (the secant method)."""
+    rate = 0.5  # gap pixels gained per pixel of figure height
+    limit_in = fig.get_figheight() + MAX_GROWTH_IN
+    fig.draw_without_rendering()
+    gap = legend_gap_px(legend, caption)
+    for _ in range(tries):
+        if gap >= LEGEND_GAP_PX or fig.get_figheight() >= limit_in:
+            return
+        grow_px = (LEGEND_GAP_PX + 1.0 - gap) / rate
+        fig.set_figheight(fig.get_figheight() + grow_px / fig.dpi)
+        fig.draw_without_rendering()
+        widened = legend_gap_px(legend, caption)
+        rate, gap = max(0.1, (widened - gap) / grow_px), widened
+
+
+def _key(fig, ax, bar_ax, timelines: Sequence[Timeline], legend_options: tuple, bar_share: float) -> float:
+    """The legend (top of `ax`'s right margin) and, when rollout is drawn, the colour bar of its shades (bottom
+    of `bar_ax`'s), kept apart; returns the density drawn in full colour. `legend_options`: (phase labels,
+    overlays)."""
+    phases = phases_present(timelines)
+    legend = _legend(ax, phases, any(t.steps for t in timelines), *legend_options)
+    reference = dense_reference(_rollout_densities(timelines))
+    if Phase.ROLLOUT in phases:
+        caption = _colour_bar(fig, bar_ax, reference, _device_word(timelines[0]), bar_share)
+        keep_apart(fig, legend, caption)
+    return reference
+
+
 def _min_width_s(fig, ax) -> float:
     """Seconds that MIN_BAR_PX pixels span once the layout is done."""
     fig.draw_without_rendering()
@@ -370,11 +432,13 @@ def _new_figure(height_in: float, panels: int = 1, height_ratios: Sequence[float
     return fig, list(axes)
 
 
-def _setup_panel(ax, timeline: Timeline, xmax: float, max_labelled: int, ylabel: str | None) -> dict[str, int]:
+def _setup_panel(
+    ax, timeline: Timeline, xmax: float, max_labelled: int, ylabel: str | None, xmin: float = 0.0
+) -> dict[str, int]:
     """Limits, step lines and row labels of one timeline's axes; its row of each resource."""
     rows = plot_rows(timeline)
     n = max(len(rows), 1)
-    ax.set_xlim(0.0, xmax)
+    ax.set_xlim(xmin, xmax)
     ax.set_ylim(n - 0.5, -0.5)  # first row on top
     if timeline.steps:
         ends = [step.end_s for step in timeline.steps]
@@ -391,12 +455,15 @@ def timeline_figure(
     phase_labels: dict[Phase, str] | None = None,
     overlays: Sequence[Overlay] = (),
     caption: str | None = None,
+    start_s: float = 0.0,
 ):
     """The Gantt chart of `timeline` as a matplotlib Figure (on an Agg canvas); its sandbox lanes, where it has
     some, in a second panel below.
 
     ylabel: one label for every row, instead of pool names; phase_labels: legend text by phase;
-    overlays: marks drawn over the bars; caption: the line under the axes (by default, what a row is)."""
+    overlays: marks drawn over the bars; caption: the line under the axes (by default, what a row is);
+    start_s: where the time axis starts, for a window of a run that keeps the run's times (its intervals start
+    there and its wall_s is the window's end)."""
     rows = len(plot_rows(timeline))
     height = figure_height_in(rows)
     lanes = sandbox_lanes(timeline)
@@ -406,30 +473,30 @@ def timeline_figure(
         height = top + 1.3
     else:
         fig, (ax,) = _new_figure(height)
-    row_of = _setup_panel(ax, timeline, timeline.wall_s if timeline.wall_s > 0 else 1.0, MAX_LABELLED_ROWS, ylabel)
-    bottom = ax
-    if lanes:
-        bottom = lane_ax
-        lane_of = _setup_lanes(lane_ax, timeline, lanes)
+    end_s = timeline.wall_s if timeline.wall_s > start_s else start_s + 1.0
+    row_of = _setup_panel(ax, timeline, end_s, MAX_LABELLED_ROWS, ylabel, start_s)
+    bottom = lane_ax if lanes else ax
+    lane_of = _setup_lanes(lane_ax, timeline, lanes) if lanes else {}
     bottom.set_xlabel(time_label(timeline))
-    phases = phases_present([timeline])
-    _legend(ax, phases, bool(timeline.steps), phase_labels or {}, overlays)
-    reference = dense_reference(_rollout_densities([timeline]))
-    if Phase.ROLLOUT in phases:
-        _colour_bar(fig, ax, reference, _device_word(timeline), min(0.4, 1.4 / max(height - 1.3, 1.0)))
-    text = _row_caption([timeline]) if caption is None else caption
-    if lanes:
-        text += "\nBelow: each row is one lane of the agent task's sandboxes (one container at a time); tool calls are "
-        text += f"drawn at least {MIN_BAR_PX:g} px wide. Held-out evaluations' sandboxes are not drawn."
-    _caption(bottom, text)
+    _caption(bottom, _timeline_caption(timeline, caption, bool(lanes)))
     if title:
         ax.set_title(title)
+    bar_share = min(0.4, 1.4 / max(height - 1.3, 1.0))
+    reference = _key(fig, ax, ax, [timeline], (phase_labels or {}, overlays), bar_share)
     min_width = _min_width_s(fig, ax)
     _draw_bars(ax, timeline, row_of, reference, min_width)
     _draw_overlays(ax, overlays, row_of)
     if lanes:
         _draw_lanes(lane_ax, timeline, lane_of, min_width)
     return fig
+
+
+def _timeline_caption(timeline: Timeline, caption: str | None, lanes: bool) -> str:
+    text = _row_caption([timeline]) if caption is None else caption
+    if lanes:
+        text += "\nBelow: each row is one lane of the agent task's sandboxes (one container at a time); tool calls are "
+        text += f"drawn at least {MIN_BAR_PX:g} px wide. Held-out evaluations' sandboxes are not drawn."
+    return text
 
 
 def sandbox_lanes(timeline: Timeline) -> list[str]:
@@ -498,59 +565,6 @@ def draw_timeline(timeline: Timeline, path: str | Path, title: str | None = None
     """Save the Gantt chart of `timeline` to `path` (format from its suffix, e.g. .png); returns the
     Figure. `options` go to `timeline_figure`."""
     fig = timeline_figure(timeline, title, **options)
-    save_figure(fig, path)
-    return fig
-
-
-def panel_title(summary: dict, baseline: dict) -> str:
-    """A run's headline numbers: throughput (and its ratio to `baseline`), bubble, steps and time."""
-    ratio = summary["token_throughput"] / baseline["token_throughput"] if baseline["token_throughput"] else 0.0
-    versus = " (the baseline)" if summary is baseline else f" = {ratio:.2f}x {baseline['policy']}"
-    return (
-        f"{summary['policy']}:  {summary['token_throughput']:,.0f} tokens/s{versus},  "
-        f"bubble {summary['bubble_fraction']:.1%},  {summary['num_steps']} steps in {summary['wall_s']:,.0f} s"
-    )
-
-
-def compare_title(timeline: Timeline) -> str:
-    meta = timeline.meta
-    keys = ("model", "workload", "num_gpus", "device", "seed")
-    if not all(k in meta for k in keys):
-        return "the same workload under each policy"
-    return f"{meta['model']}, {meta['workload']}, {meta['num_gpus']} x {meta['device']}, seed {meta['seed']}"
-
-
-def compare_figure(timelines: Sequence[Timeline], title: str | None = None):
-    """Runs stacked top to bottom on one shared time axis, one panel each, titled with throughput
-    (relative to the first run) and bubble; one legend and one rollout scale (shared) for all."""
-    if not timelines:
-        raise ValueError("compare_figure needs at least one timeline")
-    heights = [min(3.0, max(1.0, 0.12 * len(plot_rows(t)))) for t in timelines]
-    fig, axes = _new_figure(sum(heights) + 0.45 * len(timelines) + 1.2, len(timelines), heights)
-    xmax = max(t.wall_s for t in timelines) * 1.01 or 1.0
-    summaries = [summarize(t) for t in timelines]
-    rows_of = []
-    for ax, timeline, summary in zip(axes, timelines, summaries, strict=True):
-        rows_of.append(_setup_panel(ax, timeline, xmax, 0, None))
-        ax.axvline(timeline.wall_s, color="black", linewidth=1.5)
-        ax.set_title(panel_title(summary, summaries[0]), loc="left", fontsize=9)
-    axes[-1].set_xlabel(time_label(timelines[0]) + "  (solid line: the run's last step ends)")
-    phases = phases_present(timelines)
-    _legend(axes[0], phases, any(t.steps for t in timelines), {}, ())
-    reference = dense_reference(_rollout_densities(timelines))
-    if Phase.ROLLOUT in phases:
-        _colour_bar(fig, axes[min(1, len(axes) - 1)], reference, _device_word(timelines[0]), 0.9 if axes[1:] else 0.4)
-    _caption(axes[-1], _row_caption(timelines))
-    fig.suptitle(title or compare_title(timelines[0]), fontsize=10)
-    min_width = _min_width_s(fig, axes[0])
-    for ax, timeline, row_of in zip(axes, timelines, rows_of, strict=True):
-        _draw_bars(ax, timeline, row_of, reference, min_width)
-    return fig
-
-
-def draw_compare(timelines: Sequence[Timeline], path: str | Path, title: str | None = None):
-    """Save `compare_figure(timelines, title)` to `path`; returns the Figure."""
-    fig = compare_figure(timelines, title)
     save_figure(fig, path)
     return fig
 

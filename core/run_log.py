@@ -1,7 +1,9 @@
 """A run's per-step metrics for people and dashboards, shared by `python -m reference train` and `python -m sim`.
 
 - `step_line`: the one line a step printed where stderr is not a terminal (nohup, a batch scheduler, a pipe):
-  `step 12/500  reward 0.410  1,830 tok/s  staleness 0.60  43 s`.
+  `step 12/500  reward 0.410  1,830 gen tok/s  staleness 0.60  43 s`. "gen tok/s" counts generated tokens only
+  (those in the loss), unlike the summary's token throughput, which counts every token of the trained sequences
+  (prompts too): `GEN_RATE` and `SEQUENCE_RATE` name the two wherever they are shown.
 - `ScalarLog`: the same figures, and every other number of a step's record, as TensorBoard event files
   (`--tensorboard DIR`, written with tensorboardX: the `tensorboard` extra) and/or a Weights & Biases run
   (`--wandb PROJECT`, with `wandb` installed). Both are off unless asked for; a missing package is one
@@ -21,6 +23,9 @@ from core.errors import UserError
 TENSORBOARD_PIP = "pip install tensorboardX (or pip install -e '.[tensorboard]')"
 WANDB_PIP = "pip install wandb"
 TAG_PREFIX = "train/"  # TensorBoard groups the scalars in a section of this name
+EVAL_PREFIX = "eval/"  # and the held-out evaluations' in this one
+GEN_RATE = "gen tok/s"  # generated tokens trained (those in the loss) per wall second
+SEQUENCE_RATE = "trained-sequence tok/s"  # every token of the trained sequences, prompt and response, per wall second
 
 
 def require(tensorboard: str | Path | None = None, wandb: str | None = None) -> None:
@@ -43,9 +48,11 @@ def mean_lag(lag_tokens: Mapping) -> float:
 def step_line(
     done: int, total: int, reward: float | None, tokens_per_s: float, staleness: float, elapsed_s: float
 ) -> str:
-    """One step in one line; `reward` None (a simulated run) leaves it out."""
+    """One step in one line; `reward` None (a simulated run) leaves it out. `tokens_per_s`: generated tokens
+    trained so far per second of the run (GEN_RATE)."""
     shown = "" if reward is None or not math.isfinite(reward) else f"  reward {reward:.3f}"
-    return f"step {done}/{total}{shown}  {tokens_per_s:,.0f} tok/s  staleness {staleness:.2f}  {elapsed_s:,.0f} s"
+    rate = f"{tokens_per_s:,.0f} {GEN_RATE}"
+    return f"step {done}/{total}{shown}  {rate}  staleness {staleness:.2f}  {elapsed_s:,.0f} s"
 
 
 def scalars(record: Mapping[str, Any], skip: tuple[str, ...] = ("step",)) -> dict[str, float]:
@@ -95,12 +102,13 @@ class ScalarLog:
     def enabled(self) -> bool:
         return self._tb is not None or self._wandb is not None
 
-    def log(self, step: int, values: Mapping[str, float]) -> None:
+    def log(self, step: int, values: Mapping[str, float], prefix: str = TAG_PREFIX) -> None:
+        """`values` at `step`, each named `prefix` + its key (TensorBoard's section, then the figure)."""
         if self._tb is not None:
             for key, value in values.items():
-                self._tb.add_scalar(TAG_PREFIX + key, value, step)
+                self._tb.add_scalar(prefix + key, value, step)
         if self._wandb is not None:
-            self._wandb.log({TAG_PREFIX + k: v for k, v in values.items()}, step=step)
+            self._wandb.log({prefix + k: v for k, v in values.items()}, step=step)
 
     def close(self) -> None:
         if self._tb is not None:

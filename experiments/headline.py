@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 
 from core.metrics import summarize
-from core.plot import draw_compare
+from core.plot_compare import draw_compare
 from core.policies import POLICIES
 from experiments._common import (
     NO_STAMP,

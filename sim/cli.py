@@ -15,6 +15,7 @@ from pathlib import Path
 
 from core import config as cfgio
 from core.errors import UserError
+from core.metrics import idle_warnings
 from core.outputs import default_out, interrupted, prepare_out, provenance, source_fingerprint
 from core.policies import POLICIES
 from core.run_log import require as require_loggers
@@ -107,12 +108,14 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     print(f"{cfg.model} | {cfg.workload.kind} | {cfg.cluster_label} | {cfg.num_steps} steps | seed {cfg.seed}")
     print(table(summaries))
+    for warning in (line for summary in summaries for line in idle_warnings(summary)):
+        print(warning)
     if args.compare:
         baseline = names[0]  # colocated, or on a mixed cluster disaggregated
         r = ratios(summaries, baseline)
         (out / "compare.json").write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
         if not args.no_picture:  # every policy's timeline on one shared time axis, read back from its folder
-            from core.plot import draw_compare
+            from core.plot_compare import draw_compare
             from core.timeline import Timeline
 
             draw_compare([Timeline.load(out / name / "intervals.json") for name in names], out / "compare.png")
@@ -132,17 +135,21 @@ def _run_one(sim: Simulation, cfg: SimConfig, out: Path, args: argparse.Namespac
 
 def write_steps(timeline, board: Path) -> None:
     """Each simulated step's figures as TensorBoard scalars (step = steps done; the simulated clock's seconds as
-    `time_s`): the run's trained tokens per second so far, the step's mean staleness, its tokens and seconds."""
+    `time_s`): the run's tokens per second so far, of the trained sequences (`sequence_tokens_per_s`: prompts
+    and responses, the summary's token throughput) and generated only (`gen_tokens_per_s`, as the runtime logs),
+    the step's mean staleness, its tokens and seconds."""
     from core.run_log import ScalarLog, mean_lag
 
-    trained = 0
+    trained = generated = 0
     with ScalarLog(board) as log:
         for done, step in enumerate(sorted(timeline.steps, key=lambda s: s.step), 1):
             trained += step.tokens
+            generated += step.generated_tokens
             log.log(
                 done,
                 {
-                    "tokens_per_s": trained / step.end_s if step.end_s > 0 else 0.0,
+                    "sequence_tokens_per_s": trained / step.end_s if step.end_s > 0 else 0.0,
+                    "gen_tokens_per_s": generated / step.end_s if step.end_s > 0 else 0.0,
                     "staleness_mean": mean_lag(step.lag_tokens),
                     "trained_tokens": float(step.tokens),
                     "generated_tokens": float(step.generated_tokens),

@@ -436,9 +436,9 @@ class SimConfig:
     @property
     def cluster_label(self) -> str:
         """The cluster in words: "64 x h800", or "32 x h800 + 32 x h20" (train-capable first) when mixed."""
-        label = f"{self.cluster.num_gpus} x {self.cluster.device}"
+        label = f"{self.cluster.num_gpus} x {device_name(self.cluster.device)}"
         pool = self.cluster.rollout_pool
-        return label if pool is None else f"{label} + {pool.num_gpus} x {pool.device}"
+        return label if pool is None else f"{label} + {pool.num_gpus} x {device_name(pool.device)}"
 
     @property
     def price_per_hour(self) -> float | None:
@@ -447,6 +447,12 @@ class SimConfig:
         if c.price_per_gpu_hour is None:
             return None
         return c.num_gpus * c.price_per_gpu_hour + (pool.num_gpus * pool.price_per_gpu_hour if pool else 0.0)
+
+
+def device_name(device: str) -> str:
+    """A `cluster.device` value as people read it: a shipped device's name, or a device file's `name` field
+    (its stem when the file has none), not the file's path."""
+    return specs.device(device).name
 
 
 def _spec(key: str, lookup, name: str):

@@ -9,7 +9,8 @@ import yaml
 
 from core.metrics import summarize
 from core.outputs import provenance_header
-from core.plot import draw_timeline
+from core.plot import draw_timeline, run_headline
+from core.run_log import SEQUENCE_RATE
 from core.timeline import Timeline
 from core.trace import write_chrome_trace
 from sim.config import SimConfig, config_dict
@@ -30,13 +31,18 @@ def write_run(
     header = provenance_header(provenance) if provenance is not None else ""
     (out / "config.yaml").write_text(header + yaml.safe_dump(config_dict(cfg), sort_keys=False))
     if picture:
-        title = f"{summary['policy']}: {cfg.model}, {cfg.workload.kind}, {cfg.cluster_label}"
-        draw_timeline(timeline, out / "timeline.png", title)
+        draw_timeline(timeline, out / "timeline.png", run_title(summary, cfg))
     return summary
 
 
+def run_title(summary: dict, cfg: SimConfig) -> str:
+    """timeline.png's title: the run (policy, model, workload, cluster), then its throughput and idle shares."""
+    return f"{summary['policy']}: {cfg.model}, {cfg.workload.kind}, {cfg.cluster_label}\n{run_headline(summary)}"
+
+
+THROUGHPUT_LABEL = f"token throughput ({SEQUENCE_RATE})"  # summary.json's token_throughput
 ROWS = [
-    ("token throughput (tok/s)", lambda s: f"{s['token_throughput']:,.0f}"),
+    (THROUGHPUT_LABEL, lambda s: f"{s['token_throughput']:,.0f}"),
     ("step time mean / p50 / p99 (s)", lambda s: "{mean:.1f} / {p50:.1f} / {p99:.1f}".format(**s["step_time_s"])),
     ("wall time (s)", lambda s: f"{s['wall_s']:,.1f}"),
     ("bubble fraction", lambda s: f"{s['bubble_fraction']:.1%}"),

@@ -29,7 +29,7 @@ from core.outputs import show_progress
 from core.policies import PolicyConfig, make_policy, policy_class
 from core.tags import Phase, Tag
 from core.timeline import StepRecord, Timeline, TimelineRecorder
-from sim.config import SimConfig
+from sim.config import SimConfig, device_name
 from sim.cost import CostModel
 from sim.engine import EngineState, SimEngine
 from sim.host import HostShare, sandbox_rate
@@ -223,12 +223,15 @@ class Simulation:
         """The timeline's description of the run. A heterogeneous cluster's device reads "h800+h20"
         (train-capable first) and `pools` gives each pool's device and GPUs; a priced cluster's
         `price_per_hour` lets `summarize` report a cost per token; a calibrated run's `calibration`
-        holds the constants its profile set (sim/calibration.py)."""
+        holds the constants its profile set (sim/calibration.py). Devices are named by their `name`, a device
+        file's too (not its path)."""
         cluster, pool = self.cfg.cluster, self.cfg.cluster.rollout_pool
+        train_device = device_name(cluster.device)
+        pool_device = device_name(pool.device) if pool is not None else None
         meta = {
             "policy": self.policy.name,
             "model": self.cfg.model,
-            "device": cluster.device if pool is None else f"{cluster.device}+{pool.device}",
+            "device": train_device if pool is None else f"{train_device}+{pool_device}",
             "num_gpus": self.cfg.total_gpus,
             "workload": self.cfg.workload.kind,
             "seed": self.cfg.seed,
@@ -236,8 +239,8 @@ class Simulation:
         }
         if pool is not None:
             meta["pools"] = {
-                "train": {"device": cluster.device, "num_gpus": cluster.num_gpus},
-                "rollout": {"device": pool.device, "num_gpus": pool.num_gpus},
+                "train": {"device": train_device, "num_gpus": cluster.num_gpus},
+                "rollout": {"device": pool_device, "num_gpus": pool.num_gpus},
             }
         if self.cfg.price_per_hour is not None:
             meta["price_per_hour"] = self.cfg.price_per_hour

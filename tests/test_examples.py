@@ -70,6 +70,25 @@ def test_each_sim_example_runs(tmp_path, capsys, config, device, model):
     assert (resolved["cluster"]["device"], resolved["model"]) == (device, model)
 
 
+def test_a_device_file_is_named_by_its_name_in_the_summary_and_the_pictures(tmp_path, capsys):
+    """The header of the printed summary, the picture's title and the timeline's meta (which the compare picture's
+    title and every caption read) say "mi300x", the file's `name`, not its path."""
+    from core.metrics import summarize
+    from core.timeline import Timeline
+    from sim.cli import main
+    from sim.config import load_config
+    from sim.report import run_title
+
+    out = tmp_path / "run"
+    assert main(["--config", "examples/sim-mi300x.yaml", "--policy", "tag", *FEW, "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "qwen3-32b | math | 64 x mi300x | 2 steps | seed 0"
+    timeline = Timeline.load(out / "intervals.json")
+    assert timeline.meta["device"] == "mi300x"
+    title = run_title(summarize(timeline), load_config(out / "config.yaml"))
+    assert title.startswith("tag: qwen3-32b, math, 64 x mi300x\n")
+    assert "trained-sequence tok/s" in title and "idle" in title
+
+
 def test_the_layout_search_runs_on_the_model_file_and_its_best_reruns(tmp_path, capsys):
     from sim.cli import main
 

@@ -11,8 +11,10 @@ import yaml
 
 from core.config import from_dict
 from core.errors import UserError
+from core.metrics import idle_warnings
 from core.outputs import default_out, interrupted, prepare_out, provenance, source_fingerprint
 from core.policies import POLICIES
+from core.run_log import GEN_RATE, SEQUENCE_RATE
 from core.run_log import require as require_loggers
 from reference.engine.backends import check_available, training_backends
 
@@ -166,6 +168,7 @@ def _train_main(args) -> int:
         print(line, file=sys.stderr)
         return 130
     print(table(summaries))
+    print_warnings(summaries)
     print(f"outputs: {out}/")
     return 0
 
@@ -191,10 +194,12 @@ def validate(cfg) -> None:
         raise UserError(f"task {cfg.task.name!r} has no demonstrations for a warm start; set warm_start.steps=0")
     check_available(cfg.engine.backend)
     check_feasible(cfg)
-    if cfg.run.ray_address is not None:
-        from reference.ray.address import check_ray_address
+    from reference.ray.address import check_no_running_cluster, check_ray_address
 
+    if cfg.run.ray_address is not None:
         check_ray_address(cfg.run.ray_address)
+    else:  # a local run starts its own Ray: one already running here would be joined instead
+        check_no_running_cluster()
     pcfg = policy_config(cfg)
     policy = make_policy(cfg.policy.name, pcfg, cfg.resources.count, cfg.resources.train_fraction, 1)
     if cfg.rollout.prompts_per_step < len(policy.trainers):
@@ -302,6 +307,7 @@ def _resume(out: Path, args) -> int:
     summary = write_outputs(timeline, metrics, {**resolved, "resumed": provenance(cfg.policy.name)}, out)
     _print_instances(metrics, out)
     print(table([summary]))
+    print_warnings([summary])
     print(f"outputs: {out}/")
     return 0
 
@@ -313,7 +319,8 @@ def _with_policy(cfg, name: str):
 def table(summaries: list[dict]) -> str:
     rows = [
         ("policy", lambda s: s["policy"]),
-        ("trained tokens / s", lambda s: f"{s['token_throughput']:,.0f}"),
+        (SEQUENCE_RATE, lambda s: f"{s['token_throughput']:,.0f}"),
+        (GEN_RATE, lambda s: f"{s['generated_token_throughput']:,.0f}"),
         ("step time mean (s)", lambda s: f"{s['step_time_s']['mean']:.2f}"),
         ("bubble fraction", lambda s: f"{s['bubble_fraction']:.1%}"),
         (
@@ -331,6 +338,13 @@ def table(summaries: list[dict]) -> str:
         rows.insert(2, ("ratio to colocated", lambda s: f"{s['token_throughput'] / base['token_throughput']:.2f}x"))
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{name:<{width}}  " + "  ".join(f"{fn(s):>16}" for s in summaries) for name, fn in rows)
+
+
+def print_warnings(summaries: list[dict]) -> None:
+    """A line for each pool that idled most of its run (`core.metrics.idle_warnings`)."""
+    for summary in summaries:
+        for line in idle_warnings(summary, unit="resources"):
+            print(line)
 
 
 def _pair(a, b) -> str:

@@ -19,8 +19,8 @@ from tqdm import tqdm
 
 from core.metrics import summarize
 from core.outputs import show_progress
-from core.plot import draw_timeline
-from core.run_log import ScalarLog, mean_lag, scalars, step_line
+from core.plot import draw_timeline, run_headline
+from core.run_log import EVAL_PREFIX, ScalarLog, mean_lag, scalars, step_line
 from core.timeline import Timeline
 from core.trace import write_chrome_trace
 
@@ -49,9 +49,14 @@ class MetricsLog:
         self._write({"kind": "warm_start", **record})
 
     def held_out(self, step: int, result: dict) -> None:
+        """An evaluation after `step` steps; its scores also go to the active ScalarLog (`logging_to`), if any,
+        as `eval/...` at that step."""
         record = {"step": step, **result}
         self.evaluations.append(record)
         self._write({"kind": "held_out", **record})
+        scores = {k: result[k] for k in EVALUATION_SCORES if isinstance(result.get(k), int | float)}
+        if _ACTIVE_LOG is not None and scores:
+            _ACTIVE_LOG.log(step, scores, prefix=EVAL_PREFIX)
 
     def _write(self, record: dict) -> None:
         with self.path.open("a", encoding="utf-8") as f:
@@ -69,7 +74,7 @@ def _finite(value):
     return value
 
 
-_ACTIVE_LOG: ScalarLog | None = None  # where Progress sends each step's scalars when not given a log
+_ACTIVE_LOG: ScalarLog | None = None  # where Progress (not given a log) and the evaluations send their scalars
 
 
 @contextmanager
@@ -87,11 +92,12 @@ def logging_to(log: ScalarLog | None) -> Iterator[ScalarLog | None]:
 
 
 class Progress:
-    """A progress bar per training step, with reward and trained tokens per second, on a terminal; elsewhere (a
-    log file, nohup, a batch scheduler, a pipe) one plain line a step (`core.run_log.step_line`: step, reward,
-    the run's trained tokens per second so far, the step's mean staleness, seconds since the run's start), so a
-    long run still says where it is. Each step's numbers also go to the active ScalarLog (`logging_to`), if any,
-    with --quiet too."""
+    """A progress bar per training step, with reward and generated tokens trained per second, on a terminal;
+    elsewhere (a log file, nohup, a batch scheduler, a pipe) one plain line a step (`core.run_log.step_line`:
+    step, reward, the run's generated tokens trained per second so far, the step's mean staleness, seconds since
+    the run's start), so a long run still says where it is. Each step's numbers also go to the active ScalarLog
+    (`logging_to`), if any, with --quiet too: the record's, `gen_tokens_per_s` (the bar's and the line's rate)
+    and `staleness_mean`."""
 
     def __init__(self, steps: int, enabled: bool = True, done: int = 0, log: ScalarLog | None = None) -> None:
         self.bar = tqdm(
@@ -102,18 +108,18 @@ class Progress:
         self.trained_tokens = 0
 
     def update(self, record: dict) -> None:
-        self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", tok_s=f"{record['tokens_per_s_trained']:,.0f}")
-        self.bar.update(1)
         self.done += 1
-        self.trained_tokens += record.get("trained_tokens", 0)
+        self.trained_tokens += record.get("trained_tokens", 0)  # generated tokens in the loss
         elapsed = record.get("time_s", 0.0)
         throughput = self.trained_tokens / elapsed if elapsed > 0 else 0.0
+        self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", gen_tok_s=f"{throughput:,.0f}")
+        self.bar.update(1)
         staleness = mean_lag(record.get("staleness") or {})
         if self.lines:
             line = step_line(self.done, self.steps, record["reward_mean"], throughput, staleness, elapsed)
             print(line, file=sys.stderr, flush=True)
         if self.log is not None:
-            figures = {**scalars(record), "tokens_per_s": throughput, "staleness_mean": staleness}
+            figures = {**scalars(record), "gen_tokens_per_s": throughput, "staleness_mean": staleness}
             self.log.log(self.done, figures)
 
     def note(self, text: str) -> None:
@@ -143,8 +149,7 @@ def write_outputs(timeline: Timeline, metrics: MetricsLog, config: dict, out: Pa
     write_chrome_trace(timeline, out / "timeline.json")
     (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     if picture:
-        shown, note = steady_window(timeline)
-        draw_timeline(shown, out / "timeline.png", f"{summary['policy']} (measured), {timeline.meta['workload']}{note}")
+        draw_run_timeline(timeline, summary, out / "timeline.png")
         temperature = config.get("rollout", {}).get("temperature")  # pass@1 depends on it: say it
         sampled = f", sampled at temperature {temperature:g}" if isinstance(temperature, int | float) else ""
         draw_rewards(metrics, out / "reward.png", f"{summary['policy']}, {timeline.meta['workload']}{sampled}")
@@ -154,12 +159,23 @@ def write_outputs(timeline: Timeline, metrics: MetricsLog, config: dict, out: Pa
 WINDOW_STEPS = 10  # a long run's picture shows this many steps from its middle (the whole run would be a blur)
 
 
-def steady_window(timeline: Timeline) -> tuple[Timeline, str]:
-    """The timeline to draw, and a title note: the whole run, or WINDOW_STEPS steps from its middle, clipped
-    and shifted to start at 0 (token counts prorated)."""
+def draw_run_timeline(timeline: Timeline, summary: dict, path: Path):
+    """timeline.png: the run (or, for a long one, WINDOW_STEPS steps from its middle, on the run's own clock),
+    titled with the whole run's throughput and idle shares; returns the Figure."""
+    shown, start_s, note = steady_window(timeline)
+    n = len({iv.resource for iv in timeline.intervals})
+    head = f"{summary['policy']} (measured), {timeline.meta['workload']}, {n} resource{'s' * (n != 1)}{note}"
+    whole = "the whole run: " if note else ""
+    return draw_timeline(shown, path, f"{head}\n{whole}{run_headline(summary)}", start_s=start_s)
+
+
+def steady_window(timeline: Timeline) -> tuple[Timeline, float, str]:
+    """The timeline to draw, where its time axis starts, and a title note: the whole run (from 0), or
+    WINDOW_STEPS steps from its middle, clipped to them (token counts prorated) and kept at the run's times:
+    the window's wall_s is where it ends."""
     steps = sorted(timeline.steps, key=lambda st: st.step)
     if len(steps) <= 2 * WINDOW_STEPS:
-        return timeline, ""
+        return timeline, 0.0, ""
     first = len(steps) // 2 - WINDOW_STEPS // 2
     t0, t1 = steps[first - 1].end_s, steps[first + WINDOW_STEPS - 1].end_s
     intervals = []
@@ -167,22 +183,20 @@ def steady_window(timeline: Timeline) -> tuple[Timeline, str]:
         start, end = max(iv.start_s, t0), min(iv.end_s, t1)
         if end > start or (end == start and t0 < iv.start_s < t1):
             share = (end - start) / (iv.end_s - iv.start_s) if iv.end_s > iv.start_s else 1.0
-            intervals.append(replace(iv, start_s=start - t0, end_s=end - t0, tokens=round(iv.tokens * share)))
-    shown = [
-        replace(st, start_s=max(0.0, st.start_s - t0), end_s=st.end_s - t0)
-        for st in steps[first : first + WINDOW_STEPS]
-    ]
+            intervals.append(replace(iv, start_s=start, end_s=end, tokens=round(iv.tokens * share)))
+    shown = [replace(st, start_s=max(t0, st.start_s)) for st in steps[first : first + WINDOW_STEPS]]
     sandboxes = [
-        replace(sb, start_s=max(sb.start_s, t0) - t0, end_s=min(sb.end_s, t1) - t0)
+        replace(sb, start_s=max(sb.start_s, t0), end_s=min(sb.end_s, t1))
         for sb in timeline.sandboxes
         if sb.end_s > t0 and sb.start_s < t1
     ]
-    window = Timeline(intervals, shown, t1 - t0, dict(timeline.meta), dict(timeline.counters), sandboxes)
-    note = f": steps {steps[first].step}-{steps[first + WINDOW_STEPS - 1].step} of {len(steps)}, from {t0:.1f} s"
-    return window, note
+    window = Timeline(intervals, shown, t1, dict(timeline.meta), dict(timeline.counters), sandboxes)
+    note = f": steps {steps[first].step}-{steps[first + WINDOW_STEPS - 1].step} of {len(steps)}"
+    return window, t0, note
 
 
-EVALUATION_KEYS = ("label", "step", "time_s", "reward_mean", "exact_match", "train_reward_mean", "train_exact_match")
+EVALUATION_SCORES = ("reward_mean", "exact_match", "train_reward_mean", "train_exact_match")
+EVALUATION_KEYS = ("label", "step", "time_s", *EVALUATION_SCORES)
 
 
 def training_summary(metrics: MetricsLog) -> dict:

@@ -35,6 +35,7 @@ import ray
 from core.errors import UserError
 from reference.control.calls import WorkerGroup
 from reference.control.worker import ResourceWorker, WorkerSpec
+from reference.ray.address import check_no_running_cluster
 from reference.trainer.handoff import read_files
 
 
@@ -88,6 +89,7 @@ class RayWorkers(ActorWorkers):
             sigterm = signal.getsignal(signal.SIGTERM) if main else None
             try:
                 if address is None:
+                    check_no_running_cluster()  # else ray.init would join it and refuse the sizes below
                     ray.init(
                         num_cpus=len(os.sched_getaffinity(0)),
                         resources=dict(tags),

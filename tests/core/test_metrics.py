@@ -8,7 +8,15 @@ import random
 import numpy as np
 import pytest
 
-from core.metrics import check_conservation, device_seconds_by_phase, percentile, summarize
+from core.metrics import (
+    IDLE_WARNING_SHARE,
+    check_conservation,
+    device_seconds_by_phase,
+    idle_warnings,
+    percentile,
+    pool_idle_shares,
+    summarize,
+)
 from core.tags import Phase
 from core.timeline import Interval, StepRecord, Timeline
 
@@ -166,3 +174,33 @@ def test_empty_timeline_is_all_zeros():
     assert m["device_seconds"] == {"busy": 0.0, "idle": 0.0, "total": 0.0}
     assert m["staleness"] == {"histogram": {}, "max_lag": 0, "mean_lag": 0.0}
     assert m["sync_time_s"] == {"mean": 0.0, "total": 0.0, "count": 0}
+
+
+# ---- the summary's warning about a pool that idles most of the run ----
+
+
+def test_a_train_pool_idle_most_of_the_run_is_warned_about():
+    summary = {"policy": "tag", "pool_utilisation": {"rollout": 0.8, "rollout+train": 0.3}}
+    assert pool_idle_shares(summary) == {"rollout": pytest.approx(0.2), "rollout+train": pytest.approx(0.7)}
+    assert idle_warnings(summary) == [
+        "warning: under tag, the rollout + train pool was idle 70% of the time: a larger batch or fewer train GPUs?"
+    ]
+
+
+def test_an_idle_rollout_pool_and_a_single_pool_get_their_own_hints():
+    rollout = {"policy": "disaggregated", "pool_utilisation": {"rollout": 0.25, "train": 0.9}}
+    assert idle_warnings(rollout, unit="resources") == [
+        "warning: under disaggregated, the rollout pool was idle 75% of the time: more train resources or a looser "
+        "staleness bound?"
+    ]
+    single = {"policy": "colocated", "pool_utilisation": {"rollout+train": 0.4}}
+    assert idle_warnings(single) == [
+        "warning: under colocated, the rollout + train pool was idle 60% of the time: a larger batch, or a policy "
+        "that overlaps rollout and training?"
+    ]
+
+
+def test_no_warning_at_or_below_the_threshold():
+    assert IDLE_WARNING_SHARE == 0.5
+    summary = {"policy": "tag", "pool_utilisation": {"rollout": 0.5, "rollout+train": 0.51}}
+    assert idle_warnings(summary) == []

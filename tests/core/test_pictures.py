@@ -11,18 +11,20 @@ import pytest
 
 from core.plot import (
     DPI,
+    LEGEND_GAP_PX,
     MIN_BAR_PX,
     PHASE_COLOURS,
     PHASE_HATCH,
     SPARSE_ROLLOUT,
     WIDTH_IN,
     Overlay,
-    compare_figure,
+    legend_gap_px,
     luminance,
     phases_present,
     time_label,
     timeline_figure,
 )
+from core.plot_compare import compare_figure
 from core.policies import POLICIES
 from core.tags import Phase, SandboxPhase
 from core.timeline import Interval, SandboxInterval, StepRecord, Timeline
@@ -94,7 +96,7 @@ def test_compare_has_one_panel_per_policy_on_a_shared_time_axis(compare_dir):
 def test_compare_panel_titles_give_throughput_and_bubble(compare_dir):
     fig = compare_figure([Timeline.load(compare_dir / name / "intervals.json") for name in POLICIES])
     titles = [ax.get_title(loc="left") for ax in fig.axes if ax.get_title(loc="left")]
-    assert all("tokens/s" in t and "bubble" in t for t in titles)
+    assert all("trained-sequence tok/s" in t and "bubble" in t for t in titles)
     assert "x colocated" in titles[-1]
 
 
@@ -203,3 +205,44 @@ def test_a_timeline_without_sandboxes_draws_one_panel():
     fig = timeline_figure(timeline)
     assert not [c for ax in fig.axes for c in ax.collections if c.get_label().startswith("_sandbox_")]
     assert sum(ax.get_legend() is not None for ax in fig.axes) == 1
+
+
+def colour_bar_caption(fig):
+    """The text above the rollout colour bar."""
+    from matplotlib.text import Text
+
+    (caption,) = fig.findobj(lambda o: isinstance(o, Text) and o.get_text().startswith("rollout shade"))
+    return caption
+
+
+EVERY_PHASE = [
+    (Phase.ROLLOUT, 0.0, 4.0, 40),
+    (Phase.SYNC, 4.0, 5.0, 0),
+    (Phase.TRAIN, 5.0, 8.0, 0),
+    (Phase.SWITCH, 8.0, 9.0, 0),
+    (Phase.IDLE, 9.0, 10.0, 0),
+]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 8])
+def test_the_legend_and_the_colour_bar_never_overlap(rows):
+    """A run of few rows (the runtime's two resources) leaves little height for the legend (seven entries here)
+    above the colour bar: the figure grows until the bar's caption lies below the legend."""
+    timeline = timeline_of({f"r{i}": EVERY_PHASE for i in range(rows)}, 10.0, steps=3)
+    fig = timeline_figure(timeline, "a title", overlays=[Overlay("thrown away", (("r0", 0.0, 1.0, 0.5),))])
+    fig.draw_without_rendering()
+    assert legend_gap_px(fig.axes[0].get_legend(), colour_bar_caption(fig)) >= LEGEND_GAP_PX
+
+
+def test_compare_keeps_the_legend_and_the_colour_bar_apart_too():
+    timelines = [timeline_of({"r0": EVERY_PHASE}, 10.0, steps=3) for _ in range(2)]
+    fig = compare_figure(timelines)
+    fig.draw_without_rendering()
+    assert legend_gap_px(fig.axes[0].get_legend(), colour_bar_caption(fig)) >= LEGEND_GAP_PX
+
+
+def test_a_window_of_a_run_keeps_the_runs_times_on_its_axis():
+    timeline = timeline_of({"r0": [(Phase.ROLLOUT, 144.0, 150.0, 60), (Phase.TRAIN, 150.0, 160.0, 0)]}, 160.0)
+    ax = timeline_figure(timeline, start_s=144.0).axes[0]
+    assert ax.get_xlim() == (144.0, 160.0)
+    assert drawn_widths_px(ax, Phase.ROLLOUT) == [pytest.approx(ax.bbox.width * 6.0 / 16.0)]

@@ -40,7 +40,7 @@ def test_small_timeline_png(tmp_path):
     draw_timeline(make_timeline(rows=4, intervals_per_row=10), path, title="small")
     width, height = png_size(path)
     assert width == 12 * DPI
-    assert height == round(figure_height_in(4) * DPI) == 480
+    assert round(figure_height_in(4) * DPI) == 480 <= height < 480 + DPI  # grown where the key needs room
 
 
 def test_512_rows_png_is_capped(tmp_path):

@@ -138,7 +138,26 @@ def test_a_run_writes_every_output(capsys, tmp_path):
     overrides = [a for a in SMALL if a != "--set"] + ["num_steps=2"]
     assert load_config(out / "config.yaml") == load_config(overrides=overrides)
     printed = capsys.readouterr().out
-    assert "token throughput" in printed and f"outputs: {out}/" in printed
+    assert "token throughput (trained-sequence tok/s)" in printed and f"outputs: {out}/" in printed
+
+
+def test_a_pool_idle_most_of_the_run_gets_a_warning_under_the_summary(capsys, tmp_path):
+    """Disaggregated on this small cluster: the train pool waits for every rollout, idle most of the run."""
+    out = tmp_path / "run"
+    assert (
+        main(
+            ["--policy", "disaggregated", "--out", str(out), "--quiet", "--no-picture", "--set", "num_steps=2", *SMALL]
+        )
+        == 0
+    )
+    idle = 1 - json.loads((out / "summary.json").read_text())["pool_utilisation"]["train"]
+    assert idle > 0.5
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if line.startswith("warning:")] == [
+        f"warning: under disaggregated, the train pool was idle {idle:.0%} of the time: a larger batch or fewer "
+        "train GPUs?"
+    ]
+    assert lines[-1] == f"outputs: {out}/"  # the warning comes with the summary, before where the outputs are
 
 
 def test_compare_runs_every_policy_and_writes_ratios(capsys, tmp_path):

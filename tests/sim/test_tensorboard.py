@@ -20,9 +20,12 @@ def test_each_simulated_step_is_a_tensorboard_scalar(tmp_path, capsys):
     assert main([*SMALL, "--compare", "--out", str(tmp_path / "o"), "--tensorboard", str(tmp_path / "tb")]) == 0
     for policy in ("colocated", "tag"):
         found = read_scalars(tmp_path / "tb" / policy)
-        assert [step for step, _ in found["train/tokens_per_s"]] == [1, 2, 3]
+        assert [step for step, _ in found["train/sequence_tokens_per_s"]] == [1, 2, 3]
         summary = json.loads((tmp_path / "o" / policy / "summary.json").read_text())
-        assert found["train/tokens_per_s"][-1][1] == pytest.approx(summary["token_throughput"], rel=1e-3)
+        last = found["train/sequence_tokens_per_s"][-1][1]  # the summary's token throughput: whole sequences
+        assert last == pytest.approx(summary["token_throughput"], rel=1e-3)
+        gen = found["train/gen_tokens_per_s"][-1][1]  # generated tokens only, as the runtime's line counts
+        assert gen == pytest.approx(summary["generated_token_throughput"], rel=1e-3)
         assert {"train/staleness_mean", "train/step_s", "train/trained_tokens"} <= set(found)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from core.run_log import ScalarLog, read_scalars
 from reference.cli import main
-from reference.control.report import Progress, logging_to
+from reference.control.report import MetricsLog, Progress, logging_to
 
 pytest.importorskip("tensorboardX")
 
@@ -40,10 +40,22 @@ def test_a_line_a_step_when_stderr_is_a_file(monkeypatch):
         for r in RECORDS:
             progress.update(r)
     assert stderr.getvalue().splitlines() == [
-        "step 1/500  reward 0.250  1,000 tok/s  staleness 0.00  2 s",
-        "step 2/500  reward 0.500  1,500 tok/s  staleness 0.75  4 s",  # (2000 + 4000) / 4 s; lag 1 on 3/4
-        "step 3/500  reward 0.750  1,200 tok/s  staleness 1.00  10 s",
+        "step 1/500  reward 0.250  1,000 gen tok/s  staleness 0.00  2 s",
+        "step 2/500  reward 0.500  1,500 gen tok/s  staleness 0.75  4 s",  # (2000 + 4000) / 4 s; lag 1 on 3/4
+        "step 3/500  reward 0.750  1,200 gen tok/s  staleness 1.00  10 s",
     ]
+
+
+def test_held_out_evaluations_go_to_a_section_of_their_own(tmp_path):
+    """Each evaluation's scores at the steps done when it ran (0: before RL), under `eval/`, beside `train/`."""
+    with logging_to(ScalarLog(tmp_path / "tb")):
+        metrics = MetricsLog(tmp_path / "metrics.jsonl")
+        metrics.held_out(0, {"label": "start", "time_s": 0.0, "reward_mean": 0.03, "exact_match": 0.0})
+        metrics.held_out(10, {"label": "v10", "time_s": 5.0, "reward_mean": 0.4, "exact_match": 0.25, "samples": 64})
+    found = read_scalars(tmp_path / "tb")
+    assert set(found) == {"eval/reward_mean", "eval/exact_match"}
+    assert found["eval/reward_mean"] == [(0, pytest.approx(0.03)), (10, pytest.approx(0.4))]
+    assert found["eval/exact_match"] == [(0, 0.0), (10, 0.25)]
 
 
 def test_a_terminal_keeps_the_bar_and_quiet_prints_nothing(monkeypatch):
@@ -63,7 +75,7 @@ def test_tensorboard_event_files_hold_each_steps_metrics(tmp_path, monkeypatch):
     found = read_scalars(tmp_path / "tb")
     assert [step for step, _ in found["train/reward_mean"]] == [1, 2, 3]
     assert [v for _, v in found["train/reward_mean"]] == [0.25, 0.5, 0.75]
-    assert [v for _, v in found["train/tokens_per_s"]] == [1000.0, 1500.0, 1200.0]
+    assert [v for _, v in found["train/gen_tokens_per_s"]] == [1000.0, 1500.0, 1200.0]
     assert [v for _, v in found["train/staleness_mean"]] == [0.0, 0.75, 1.0]
     assert [v for _, v in found["train/loss"]] == pytest.approx([0.5, 0.4, 0.3])
     assert found["train/episodes/tool_s_sum"] == [(1, 1.5), (2, 1.5), (3, 1.5)]
@@ -119,8 +131,8 @@ def test_the_train_command_logs_to_tensorboard(tmp_path, capsys, started):
     assert [v for _, v in read_scalars(board)["train/reward_mean"]] == [0.25, 0.5]
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("config: ") and err[0].endswith("reference/configs/train.yaml")
-    assert err[2:4] == ["step 1/2  reward 0.250  1,000 tok/s  staleness 0.00  2 s",
-                        "step 2/2  reward 0.500  1,500 tok/s  staleness 0.75  4 s"]  # fmt: skip
+    assert err[2:4] == ["step 1/2  reward 0.250  1,000 gen tok/s  staleness 0.00  2 s",
+                        "step 2/2  reward 0.500  1,500 gen tok/s  staleness 0.75  4 s"]  # fmt: skip
 
 
 @pytest.mark.parametrize(

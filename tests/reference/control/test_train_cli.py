@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from reference.cli import main
@@ -157,3 +159,114 @@ def test_a_task_named_on_the_command_line_brings_its_recipe(tmp_path):
     assert config_files([recipe], []) == [recipe]
     assert load_train_config([recipe]).rollout.prompts_per_step == load_train_config(None).rollout.prompts_per_step
     assert config_files(None, ["task.name=math"]) == [] and DEFAULT_CONFIG.name == "train.yaml"
+
+
+# ---- a Ray cluster already running where a local run would start its own ----
+
+
+@pytest.fixture
+def ray_home(tmp_path_factory, monkeypatch):
+    """A Ray temporary directory of this test's own (where `ray start` records its cluster), no RAY_ADDRESS: what
+    other Ray users on the machine have running does not leak in. Short: Ray's socket paths must fit 107 bytes."""
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    monkeypatch.setenv("RAY_TMPDIR", home)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    yield home
+    import shutil
+
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _record_cluster(home: str, address: str) -> None:
+    """What `ray start` (or a test's `ray.cluster_utils.Cluster`) leaves for a plain `ray.init()` to join."""
+    folder = os.path.join(home, "ray")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "ray_current_cluster"), "w") as f:
+        f.write(address)
+
+
+def test_a_ray_cluster_left_running_is_one_line_naming_the_fix(ray_home, tmp_path, capsys):
+    """Ray would join the recorded cluster and refuse the local run's sizes ("num_cpus ... must not be provided");
+    the run says so before anything starts."""
+    _record_cluster(ray_home, "10.1.2.3:6379")
+    assert main(["train", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("error: a Ray cluster is already running on this machine (10.1.2.3:6379")
+    assert "stop it with `ray stop`, or join it with --ray-address auto" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_address_in_the_environment_is_named_with_its_fix(ray_home, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")
+    assert main(["train", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: RAY_ADDRESS is set (10.1.2.3:6379), so Ray would join that cluster, but a run without --ray-address "
+        "starts its own: unset RAY_ADDRESS, or pass --ray-address 10.1.2.3:6379\n"
+    )
+
+
+def test_joining_the_running_cluster_is_not_refused(ray_home):
+    from reference.control.cli import validate
+    from reference.control.config import load_train_config
+
+    _record_cluster(ray_home, "10.1.2.3:6379")
+    validate(load_train_config(None, ["run.ray_address=auto"]))  # no UserError: the cluster is the one asked for
+
+
+def test_the_workers_refuse_before_ray_init_too(ray_home, monkeypatch):
+    """A caller other than the CLI (an experiment) gets the same UserError from RayWorkers, before Ray starts."""
+    import ray
+
+    from core.errors import UserError
+    from reference.ray.workers import RayWorkers
+
+    _record_cluster(ray_home, "10.1.2.3:6379")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init was called"))
+    with pytest.raises(UserError, match=r"a Ray cluster is already running on this machine \(10\.1\.2\.3:6379"):
+        RayWorkers([])
+
+
+@pytest.mark.slow
+def test_a_real_cluster_left_running_is_refused_in_one_line(ray_home, tmp_path, capsys):
+    """A real head node (as a test's `ray.cluster_utils.Cluster` leaves one), in this test's own Ray directory."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    address = cluster.address
+    try:
+        assert main(["train", "--out", str(tmp_path / "out")]) == 2
+    finally:
+        cluster.shutdown()
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: a Ray cluster is already running on this machine ({address}")
+    assert err.count("\n") == 1, err
+
+
+def test_the_summary_names_each_throughput_and_warns_of_a_pool_idle_most_of_the_run(capsys):
+    """Two rates with two names: every token of the trained sequences, and the generated ones only (the per-step
+    line's); then a warning for the rollout pool, idle 60% of the run."""
+    from reference.control.cli import print_warnings, table
+
+    training = {"reward_first_step": 0.03, "reward_last_step": 0.54, "held_out_first": None, "held_out_last": None}
+    summary = {
+        "policy": "tag",
+        "token_throughput": 3757.2,
+        "generated_token_throughput": 1252.4,
+        "step_time_s": {"mean": 0.85},
+        "bubble_fraction": 0.3,
+        "training": training,
+        "staleness": {"histogram": {"0": 1, "1": 3}},
+        "pool_utilisation": {"rollout": 0.4, "rollout+train": 0.9},
+    }
+    rows = {line[:24].strip(): line[24:].strip() for line in table([summary]).splitlines()}
+    assert (rows["trained-sequence tok/s"], rows["gen tok/s"]) == ("3,757", "1,252")
+    print_warnings([summary])
+    assert capsys.readouterr().out == (
+        "warning: under tag, the rollout pool was idle 60% of the time: more train resources or a looser staleness "
+        "bound?\n"
+    )

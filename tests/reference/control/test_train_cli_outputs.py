@@ -209,8 +209,8 @@ def test_the_progress_bar_only_on_a_terminal(monkeypatch, stderr, shown):
                          "staleness": {"0": 10, "1": 30}})  # fmt: skip
     lines = [line for line in stderr.getvalue().splitlines() if line.startswith("step ")]
     # no terminal (a log file): one plain line a step instead of the bar's frames
-    assert lines == ([] if shown else ["step 1/3  reward 0.250  0 tok/s  staleness 0.00  0 s",
-                                       "step 2/3  reward 0.250  2,000 tok/s  staleness 0.75  2 s"])  # fmt: skip
+    assert lines == ([] if shown else ["step 1/3  reward 0.250  0 gen tok/s  staleness 0.00  0 s",
+                                       "step 2/3  reward 0.250  2,000 gen tok/s  staleness 0.75  2 s"])  # fmt: skip
 
 
 @pytest.mark.parametrize(("stderr", "shown"), [(Terminal(), True), (io.StringIO(), False)])

@@ -84,7 +84,7 @@ def test_outputs_match_the_simulators(tmp_path, capsys):
         cfg, out, timeline, metrics, _ = run(tmp_path, "tag", "policy.num_steps=2", progress=True)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
     assert [line.split("  ")[0] for line in lines] == ["step 1/2", "step 2/2"]
-    assert all(re.fullmatch(r"step \d/2  reward [\d.]+  [\d,]+ tok/s  staleness [\d.]+  \d+ s", x) for x in lines)
+    assert all(re.fullmatch(r"step \d/2  reward [\d.]+  [\d,]+ gen tok/s  staleness [\d.]+  \d+ s", x) for x in lines)
     if board is not None:
         assert [step for step, _ in read_scalars(tmp_path / "tb")["train/reward_mean"]] == [1, 2]
     write_outputs(timeline, metrics, {"policy": {"name": "tag"}}, out, picture=True)
