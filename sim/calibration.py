@@ -63,7 +63,7 @@ from core import specs
 from core.specs import DeviceSpec, ModelSpec
 from sim import profile as profiles
 from sim import train_layout
-from sim.config import SimConfig, config_dict
+from sim.config import CostConfig, SimConfig, config_dict
 from sim.cost import CostModel
 
 FLOOR = 1e-3  # the lowest efficiency a fit considers
@@ -105,8 +105,9 @@ class Calibration:
     models: tuple[str, ...] = ()  # the profile's models the constants were fitted to
     rms_error_by_model: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
-    def apply(self, cfg: SimConfig) -> SimConfig:
-        return dataclasses.replace(cfg, costs=dataclasses.replace(cfg.costs, **self.constants))
+    def costs(self, base: CostConfig) -> CostConfig:
+        """`base` with the constants this calibration set: what the cost model runs on."""
+        return dataclasses.replace(base, **self.constants)
 
     def to_dict(self) -> dict:
         """For a run's provenance: fitted values, kept ones with their reason, fit errors."""
@@ -128,6 +129,14 @@ def _short(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.6g}")
 
 
+def calibrated_cost_model(cfg: SimConfig, model: ModelSpec, device: DeviceSpec) -> tuple[CostModel, Calibration | None]:
+    """The calibration of `device` first (`calibrate`; None without one), then the cost model on the constants it
+    set, `cfg.costs`' where it set none: how a run prices the work of one device."""
+    calibration = calibrate(cfg, model, device)
+    costs = cfg.costs if calibration is None else calibration.costs(cfg.costs)
+    return CostModel(cfg, model, device, costs), calibration
+
+
 def calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec) -> Calibration | None:
     """The constants `cfg.costs.profile` sets on `device` for `model`; None when there is no profile or the
     profile is of another device (a rollout pool's). SimConfig has checked the device."""
@@ -145,7 +154,10 @@ def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: pr
     entry = profiles.entry_for(profile, model, cfg.model)
     fit = _device_fit(_fit_key(cfg), device, profile, (entry.model, model) if entry else None)
     calibrated = measured_setup(cfg, **fit.values)
-    by_model = {name: _errors(CostModel(calibrated, spec, device), calibrated, e) for name, spec, e in fit.entries}
+    by_model = {
+        name: _errors(CostModel(calibrated, spec, device, calibrated.costs), calibrated, e)
+        for name, spec, e in fit.entries
+    }
     own = by_model.get(entry.model, {}) if entry else {}
     return Calibration(
         profile=cfg.costs.profile,
@@ -205,7 +217,8 @@ def _device_fit(cfg: SimConfig, device: DeviceSpec, profile: profiles.Profile, r
     if weights_at is not None:
         values["hbm_efficiency"] = weights_at
         measured["hbm_efficiency"] = f"the device's copy: {copy:.6g} GB/s of the spec's {device.hbm_bandwidth_gb_s:g}"
-    units = {name: CostModel(_unit_setup(cfg), spec, device) for name, spec, _ in entries}
+    unit = _unit_setup(cfg)
+    units = {name: CostModel(unit, spec, device, unit.costs) for name, spec, _ in entries}
     for part, fit_part in (
         ("decode", _fit_decode),
         ("prefill", _fit_prefill),
@@ -371,7 +384,8 @@ def _fit_decode(cfg, device, points, values, weights_at) -> _Part:
         for v in zip(
             *(
                 (
-                    *unit.decode_memory_s(p.batch, p.batch * p.context),
+                    unit.decode_weights_s(p.batch),
+                    unit.terms.decode.kv_s_per_token * (p.batch * p.context),
                     unit.decode_lines(p.batch, p.batch * p.context).p2,
                     spec.layers,
                     p.batch,
@@ -430,14 +444,10 @@ def _fit_prefill(cfg, device, points, values, weights_at) -> _Part:
     c = cfg.costs
     if not points:
         return _Part({}, (), dict.fromkeys((*PREFILL, "prefill_overhead_s"), "no prefill points"))
+    flops = [unit.prefill_flops(p.tokens, p.tokens * p.tokens / 2) for unit, _, p in points]
     rows = [
-        (
-            *unit.prefill_flops(p.tokens, p.tokens * p.tokens / 2),
-            unit.weight_bytes_read(p.tokens),
-            spec.layers,
-            p.seconds,
-        )
-        for unit, spec, p in points
+        (f.matmul, f.attention, unit.weight_bytes_read(p.tokens), spec.layers, p.seconds)
+        for f, (unit, spec, p) in zip(flops, points, strict=True)
     ]
     matmul, attention, weights, layers, t = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
     peak = device.peak_tflops * 1e12
@@ -474,8 +484,8 @@ def _fit_train(cfg, device, points, values, weights_at) -> _Part:
     for _, spec, p in points:
         parts = train_layout.step(setup, spec, device, [p.seq_len], 1)
         flops.append(parts.train_compute_s * TRAIN_MFU_CAP)  # the passes' seconds at train_mfu = 1
-        matmul, attention = train_layout.forward_split(spec, [p.seq_len])
-        share.append(attention / (matmul + attention))  # no recompute: every pass has the forward's split
+        split = train_layout.forward_split(spec, [p.seq_len])  # no recompute: every pass has the forward's split
+        share.append(split.attention / (split.matmul + split.attention))
         rest.append(parts.total_s - parts.train_compute_s)  # the optimizer's
         layers.append(spec.layers)
     flops, share, rest, layers = np.array(flops), np.array(share), np.array(rest), np.array(layers, dtype=float)
@@ -502,7 +512,7 @@ def _fit_logprob(cfg, device, points, values, weights_at) -> _Part:
     if not points:
         return _Part({}, (), dict.fromkeys(LOGPROB, "no log-prob points"))
     split = [train_layout.forward_split(spec, [p.seq_len]) for _, spec, p in points]
-    matmul, attention = (np.array(v) for v in zip(*split, strict=True))
+    matmul, attention = np.array([f.matmul for f in split]), np.array([f.attention for f in split])
     layers = np.array([spec.layers for _, spec, _ in points], dtype=float)
     t = np.array([p.seq_len / p.tokens_per_s for _, _, p in points])
     peak = device.peak_tflops * 1e12
