@@ -22,7 +22,7 @@ KV memory, `rollout.kv_allocation`:
   of cache mid-request, so it runs fewer sequences at once when lengths are long-tailed); a request's
   whole prefill runs before the next decode step, and groups share nothing.
 With memory and budget too large to bind and prefix caching off, the two give the same timeline.
-The router (`Simulation.take_for`, `fits`) sends a paged engine up to max_num_seqs requests whatever
+The router (sim/routing.py: `Router.take_for`, `fits`) sends a paged engine up to max_num_seqs requests whatever
 its memory, like a load balancer in front of vLLM servers; those it cannot start yet wait in its own
 queue. Preemptions and the tokens they recompute are the run's `kv_preemptions` and
 `recomputed_tokens` counters.
@@ -35,6 +35,9 @@ group's shared prompt. The pool is the cache estimate rounded up to whole blocks
 
 Pausing keeps every request and its tokens; after a weight update `resume` re-prefills each one
 under the new weights (partial rollout). Preempting hands the requests back to the simulator.
+
+An engine sees the simulation only through `EngineOwner`: its clock, the queue it pulls from and where it
+reports tokens, phases and finished turns (tests/sim/test_engine_timeline.py drives one with a small fake).
 """
 
 from __future__ import annotations
@@ -146,7 +149,7 @@ class SimEngine:
         self._sparse = False
         r = rollout
         self.paged = r.kv_allocation == "paged"
-        # The reservation ledger the router reads (`Simulation.take_for`, `fits`). A paged engine
+        # The reservation ledger the router reads (`Router.take_for`, `fits`). A paged engine
         # reserves nothing ahead, so its ledger never refuses: max_num_seqs bounds what it is sent.
         self.kv_reserved = 0
         self.kv_capacity = NEVER if self.paged else kv_capacity

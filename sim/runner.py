@@ -9,6 +9,11 @@ before the engines it freed pull work but handed over after, so a policy never s
 half-way through an update. The model
 applies `Submit`, `Refresh`, `Preempt` and `ResumeRollout` instantly (a preemption posts its
 `PreemptFinished` at once); switches, syncs and training steps take the cost model's time.
+
+A `Simulation` is given its parts: the cost models of its devices (`ClusterCosts`, built after the
+calibration that set their constants) and its workload; `Simulation.from_config` builds both from the
+config. It owns the engines (sim/engine.py, which see it as an `EngineOwner`), the router in front of them
+(sim/routing.py) and the host's load on the devices' cores (sim/host_load.py).
 """
 
 from __future__ import annotations

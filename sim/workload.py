@@ -5,7 +5,8 @@
 `swe`: an agent episode per sample: each turn is a request that appends a tool output to the
 context and generates a reply; between turns the sample waits for its tool call in the sandbox, and
 after the last turn for the test run that computes the reward. Lengths are drawn up front from a
-seeded RNG, so a run is a pure function of its config.
+seeded RNG, so a run is a pure function of its config. `SandboxStarts` times a SWE workload's container
+starts from a seeded stream of its own.
 """
 
 from __future__ import annotations
