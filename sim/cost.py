@@ -185,7 +185,7 @@ class CostModel:
         self.tp = cfg.rollout.tensor_parallel
         self.terms = CostTerms.of(cfg.costs, model, device, self.tp)
         self._decode = self.terms.decode  # read at every engine event
-        self.prefill_overhead_s = cfg.costs.prefill_overhead_s  # an engine's fixed cost of a step that prefills
+        self.prefill_overhead_s = self.terms.prefill.overhead_s  # read at every prefill
         self._is_moe = model.is_moe
         self._moe_weights_s: dict[int, float] = {}  # MoE: decode batch -> seconds to read its weights
         self._ep = cfg.rollout.expert_parallel  # > 1: all-to-alls in every forward (MoE only)
