@@ -23,7 +23,7 @@ from sim.runner import Simulation
 
 def timed(cfg, policy: str) -> tuple[float, int, float]:
     """(wall seconds, simulated events, simulated seconds) for one run."""
-    sim = Simulation(cfg, policy)
+    sim = Simulation.from_config(cfg, policy)
     start = time.perf_counter()
     timeline = sim.run()
     return time.perf_counter() - start, sim.events_scheduled, timeline.wall_s

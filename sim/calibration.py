@@ -38,10 +38,11 @@ GPUs); the roofline with fitted constants extrapolates along bytes, FLOPs and la
 interpolation of a one-GPU grid has nothing to say outside it. What the roofline cannot express remains
 as fit error, reported per part and model (`rms_error`, `rms_error_by_model`).
 
-A constant the points do not pin down (its relative standard error above MAX_RELATIVE_SE, or a part
-with fewer points than constants) keeps the config's value, with the reason (`kept`): e.g. decode_mfu
-when every decode point is memory-bound (only a lower bound is known, and the kept value is raised to it
-so the fit still holds), a host time when every point is device-bound. The per-step overheads
+A constant the points do not pin down (its relative standard error above MAX_RELATIVE_SE in
+sim/least_squares.py, or a part with fewer points than constants) keeps the config's value, with the
+reason (`kept`): e.g. decode_mfu when every decode point is memory-bound (only a lower bound is known,
+and the kept value is raised to it so the fit still holds), a host time when every point is
+device-bound. The per-step overheads
 (decode_step_overhead_s, decode_seq_overhead_s, prefill_overhead_s) are set to 0 where the per-layer
 ones are fitted: they describe the same time. The overheads of training and the communication
 efficiencies are never calibrated: a profile measures one GPU. A rollout pool of another device keeps
@@ -51,8 +52,6 @@ the config's constants.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -63,12 +62,10 @@ from core import specs
 from core.specs import DeviceSpec, ModelSpec
 from sim import profile as profiles
 from sim import train_layout
-from sim.config import SimConfig, config_dict
+from sim.config import CostConfig, SimConfig, config_dict
 from sim.cost import CostModel
+from sim.least_squares import Param, Part, fit_part
 
-FLOOR = 1e-3  # the lowest efficiency a fit considers
-MAX_RELATIVE_SE = 0.35  # a constant fitted with a larger standard error (relative) is not trusted
-ITERATIONS = 200  # Levenberg-Marquardt steps at most
 TRAIN_MFU_CAP = 1 / train_layout.HFU_PER_MFU  # train_mfu counts model FLOPs of recomputing runs
 PER_STEP = ("decode_step_overhead_s", "decode_seq_overhead_s")  # replaced by the per-layer overheads
 # The constants of each part, in the order a fit drops those it cannot pin down (last first).
@@ -105,8 +102,9 @@ class Calibration:
     models: tuple[str, ...] = ()  # the profile's models the constants were fitted to
     rms_error_by_model: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
-    def apply(self, cfg: SimConfig) -> SimConfig:
-        return dataclasses.replace(cfg, costs=dataclasses.replace(cfg.costs, **self.constants))
+    def costs(self, base: CostConfig) -> CostConfig:
+        """`base` with the constants this calibration set: what the cost model runs on."""
+        return dataclasses.replace(base, **self.constants)
 
     def to_dict(self) -> dict:
         """For a run's provenance: fitted values, kept ones with their reason, fit errors."""
@@ -128,6 +126,14 @@ def _short(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.6g}")
 
 
+def calibrated_cost_model(cfg: SimConfig, model: ModelSpec, device: DeviceSpec) -> tuple[CostModel, Calibration | None]:
+    """The calibration of `device` first (`calibrate`; None without one), then the cost model on the constants it
+    set, `cfg.costs`' where it set none: how a run prices the work of one device."""
+    calibration = calibrate(cfg, model, device)
+    costs = cfg.costs if calibration is None else calibration.costs(cfg.costs)
+    return CostModel(cfg, model, device, costs), calibration
+
+
 def calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec) -> Calibration | None:
     """The constants `cfg.costs.profile` sets on `device` for `model`; None when there is no profile or the
     profile is of another device (a rollout pool's). SimConfig has checked the device."""
@@ -145,7 +151,10 @@ def _calibrate(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, profile: pr
     entry = profiles.entry_for(profile, model, cfg.model)
     fit = _device_fit(_fit_key(cfg), device, profile, (entry.model, model) if entry else None)
     calibrated = measured_setup(cfg, **fit.values)
-    by_model = {name: _errors(CostModel(calibrated, spec, device), calibrated, e) for name, spec, e in fit.entries}
+    by_model = {
+        name: _errors(CostModel(calibrated, spec, device, calibrated.costs), calibrated, e)
+        for name, spec, e in fit.entries
+    }
     own = by_model.get(entry.model, {}) if entry else {}
     return Calibration(
         profile=cfg.costs.profile,
@@ -205,15 +214,16 @@ def _device_fit(cfg: SimConfig, device: DeviceSpec, profile: profiles.Profile, r
     if weights_at is not None:
         values["hbm_efficiency"] = weights_at
         measured["hbm_efficiency"] = f"the device's copy: {copy:.6g} GB/s of the spec's {device.hbm_bandwidth_gb_s:g}"
-    units = {name: CostModel(_unit_setup(cfg), spec, device) for name, spec, _ in entries}
-    for part, fit_part in (
+    unit = _unit_setup(cfg)
+    units = {name: CostModel(unit, spec, device, unit.costs) for name, spec, _ in entries}
+    for part, fit_points in (
         ("decode", _fit_decode),
         ("prefill", _fit_prefill),
         ("train", _fit_train),
         ("logprob", _fit_logprob),
     ):
         points = [(units[name], spec, p) for name, spec, e in entries for p in getattr(e, part)]
-        result = fit_part(cfg, device, points, values, weights_at)
+        result = fit_points(cfg, device, points, values, weights_at)
         values.update(result.values)
         fitted += result.fitted
         kept |= result.kept
@@ -227,151 +237,22 @@ def _unit_setup(cfg: SimConfig) -> SimConfig:
     return measured_setup(cfg, **ones, **zeros, kv_hbm_efficiency=None, prefill_attention_mfu=None)
 
 
-@dataclass(frozen=True)
-class _Part:
-    values: dict[str, float]
-    fitted: tuple[str, ...]
-    kept: dict[str, str]
-
-
-@dataclass(frozen=True)
-class _Param:
-    """A constant to fit: an efficiency in [FLOOR, high], fitted as its inverse (the seconds it multiplies),
-    or seconds (a name ending in _s) in [0, high]."""
-
-    name: str
-    default: float  # the config's value, kept when the points do not pin it down
-    high: float  # the largest value (an efficiency's 1; seconds: several times the slowest point a layer)
-
-    @property
-    def seconds(self) -> bool:
-        return self.name.endswith("_s")
-
-    def to_x(self, value: float) -> float:
-        return value if self.seconds else 1.0 / value
-
-    def value(self, x: float) -> float:
-        return float(x) if self.seconds else 1.0 / float(x)
-
-    def bounds(self) -> tuple[float, float]:
-        return (0.0, self.high) if self.seconds else (1.0 / self.high, 1.0 / FLOOR)
-
-
-def _fit_part(
-    predict: Callable[[dict[str, float]], np.ndarray], t: np.ndarray, params: list[_Param], part: str
-) -> _Part:
-    """Least squares of the relative error of `predict` over `params`; those the points do not pin down
-    (relative standard error above MAX_RELATIVE_SE, or more of them than points) keep their defaults,
-    dropped one at a time, the fit redone each time."""
-    free = list(params)
-    kept: dict[str, str] = {}
-    while len(free) > len(t):
-        p = free.pop()
-        kept[p.name] = f"{len(t)} {part} point(s) do not pin down {len(free) + 1} constant(s)"
-    fixed = {p.name: p.default for p in params}
-    while free:
-        values, se = _least_squares(predict, t, free, fixed)
-        worst = max(range(len(free)), key=lambda i: (se[i], i))  # ties: the last
-        if se[worst] <= MAX_RELATIVE_SE:
-            return _Part(values, tuple(p.name for p in free), kept)
-        p = free.pop(worst)
-        spread = "it has no say at the fit" if math.isinf(se[worst]) else f"standard error {se[worst]:.0%}"
-        kept[p.name] = f"the {part} points do not pin it down ({spread}): the config's value"
-    return _Part({}, (), kept)
-
-
-def _least_squares(predict, t, free: list[_Param], fixed: dict[str, float]) -> tuple[dict, list[float]]:
-    """Levenberg-Marquardt over the free constants (efficiencies as inverses, seconds as they are, each
-    within its bounds) from a few deterministic starts; the fitted values (with the fixed ones) and each
-    free constant's relative standard error from the Jacobian at the fit (linearised least squares; a
-    constant at a bound or at 0 has an infinite one)."""
-    lo, hi = (np.array(v) for v in zip(*(p.bounds() for p in free), strict=True))
-    scale = np.array([p.high * 1e-3 if p.seconds else 1.0 for p in free])  # a typical size of each x
-
-    def values_at(x: np.ndarray) -> dict[str, float]:
-        return fixed | {p.name: p.value(v) for p, v in zip(free, np.clip(x, lo, hi), strict=True)}
-
-    def residual(x: np.ndarray) -> np.ndarray:
-        return predict(values_at(x)) / t - 1
-
-    default = np.clip([p.to_x(p.default) if p.default else 0.0 for p in free], lo, hi)
-    starts = [
-        default,
-        np.clip(np.where([p.seconds for p in free], scale, 2.0), lo, hi),
-        np.clip(np.where([p.seconds for p in free], scale * 30, 5.0), lo, hi),
-    ]
-    x, _ = min((_lm(residual, x0, lo, hi, scale) for x0 in starts), key=lambda fit: fit[1])
-    jac = _jacobian(residual, x, lo, hi, scale, at_bounds=False)
-    r = residual(x)
-    n, k = jac.shape
-    var = float(r @ r) / max(1, n - k)
-    size = np.maximum(np.abs(x), scale)  # columns in units of each constant's size: a fair condition number
-    moving = jac.any(axis=0)
-    se = [math.inf] * k
-    sub = jac[:, moving] * size[moving]
-    gram = sub.T @ sub
-    if moving.any() and np.linalg.cond(gram) <= 1e12:
-        for i, v in zip(np.flatnonzero(moving), np.sqrt(np.diag(np.linalg.inv(gram)) * var), strict=True):
-            se[i] = float(v * size[i] / abs(x[i])) if x[i] else math.inf  # relative: of the inverse, or seconds
-    return values_at(x), se
-
-
-def _jacobian(residual, x, lo, hi, scale, at_bounds: bool = True) -> np.ndarray:
-    """Forward differences (backward at the upper bound). Without `at_bounds`, a constant pressed against a
-    bound gets a zero column: the fit could not move it there."""
-    r0 = residual(x)
-    jac = np.empty((len(r0), len(x)))
-    for i in range(len(x)):
-        step = np.zeros_like(x)
-        step[i] = 1e-6 * max(abs(x[i]), scale[i])
-        if x[i] + step[i] > hi[i]:
-            step[i] = -step[i]
-        jac[:, i] = (residual(x + step) - r0) / step[i]
-        if not at_bounds and (x[i] <= lo[i] or x[i] >= hi[i]):
-            jac[:, i] = 0.0
-    return jac
-
-
-def _lm(residual, x0, lo, hi, scale) -> tuple[np.ndarray, float]:
-    """Levenberg-Marquardt with bounds by clipping: (x, sum of squares)."""
-    x = np.clip(np.array(x0, dtype=float), lo, hi)
-    r = residual(x)
-    loss = float(r @ r)
-    damping = 1e-3
-    for _ in range(ITERATIONS):
-        jac = _jacobian(residual, x, lo, hi, scale)
-        grad, gram = jac.T @ r, jac.T @ jac
-        moved = 0.0
-        while damping <= 1e12:
-            step = np.linalg.solve(gram + damping * np.diag(np.diag(gram) + 1e-30), -grad)
-            trial = np.clip(x + step, lo, hi)
-            r_trial = residual(trial)
-            trial_loss = float(r_trial @ r_trial)
-            if trial_loss < loss:
-                moved = float(np.abs((trial - x) / np.maximum(np.abs(x), scale)).max())
-                x, r, loss, damping = trial, r_trial, trial_loss, max(damping / 3, 1e-12)
-                break
-            damping *= 4
-        if moved < 1e-10:
-            break
-    return x, loss
-
-
 def _slowest(t: np.ndarray, layers: np.ndarray) -> float:
     """An upper bound for seconds a layer: every point's time in one layer."""
     return float((t / layers).max()) * 4
 
 
-def _fit_decode(cfg, device, points, values, weights_at) -> _Part:
+def _fit_decode(cfg, device, points, values, weights_at) -> Part:
     if not points:
-        return _Part({}, (), dict.fromkeys(("decode_mfu", *DECODE[1:]), "no decode points"))
+        return Part({}, (), dict.fromkeys(("decode_mfu", *DECODE[1:]), "no decode points"))
     c = cfg.costs
     weights, kv, compute, layers, batch, ctx, t = (
         np.array(v, dtype=float)
         for v in zip(
             *(
                 (
-                    *unit.decode_memory_s(p.batch, p.batch * p.context),
+                    unit.decode_weights_s(p.batch),
+                    unit.terms.decode.kv_s_per_token * (p.batch * p.context),
                     unit.decode_lines(p.batch, p.batch * p.context).p2,
                     spec.layers,
                     p.batch,
@@ -393,13 +274,13 @@ def _fit_decode(cfg, device, points, values, weights_at) -> _Part:
 
     top = _slowest(t, layers)
     params = [
-        _Param(kv_key, kv_default, 1.0),
-        _Param("decode_mfu", c.decode_mfu, 1.0),
-        _Param("decode_layer_overhead_s", c.decode_layer_overhead_s, top),
-        _Param("decode_seq_layer_overhead_s", c.decode_seq_layer_overhead_s, top / float(batch.max())),
-        _Param("decode_ctx_latency_s", c.decode_ctx_latency_s, top / float(ctx.max())),
+        Param(kv_key, kv_default, 1.0),
+        Param("decode_mfu", c.decode_mfu, 1.0),
+        Param("decode_layer_overhead_s", c.decode_layer_overhead_s, top),
+        Param("decode_seq_layer_overhead_s", c.decode_seq_layer_overhead_s, top / float(batch.max())),
+        Param("decode_ctx_latency_s", c.decode_ctx_latency_s, top / float(ctx.max())),
     ]
-    part = _fit_part(predict, t, params, "decode")
+    part = fit_part(predict, t, params, "decode")
     result = {**{p.name: p.default for p in params}, **part.values, **dict.fromkeys(PER_STEP, 0.0)}
     kept = dict(part.kept)
     if "decode_mfu" in kept:  # only a lower bound is known: raise the config's value to it
@@ -412,32 +293,28 @@ def _fit_decode(cfg, device, points, values, weights_at) -> _Part:
     else:
         result.update({key: getattr(c, key) for key in PER_STEP})
         kept |= dict.fromkeys(PER_STEP, "the config's: the per-layer overheads were not fitted")
-    return _Part(result, part.fitted, kept)
+    return Part(result, part.fitted, kept)
 
 
-def _eager_pass_params(part: str, c, t: np.ndarray, layers: np.ndarray) -> list[_Param]:
+def _eager_pass_params(part: str, c, t: np.ndarray, layers: np.ndarray) -> list[Param]:
     """An eager forward's constants (`<part>_mfu`, `<part>_attention_mfu`, `<part>_layer_host_s`), their
     defaults the config's (attention at the matmuls' efficiency when null)."""
     mfu = getattr(c, f"{part}_mfu")
     return [
-        _Param(f"{part}_mfu", mfu, 1.0),
-        _Param(f"{part}_attention_mfu", getattr(c, f"{part}_attention_mfu") or mfu, 1.0),
-        _Param(f"{part}_layer_host_s", getattr(c, f"{part}_layer_host_s"), _slowest(t, layers)),
+        Param(f"{part}_mfu", mfu, 1.0),
+        Param(f"{part}_attention_mfu", getattr(c, f"{part}_attention_mfu") or mfu, 1.0),
+        Param(f"{part}_layer_host_s", getattr(c, f"{part}_layer_host_s"), _slowest(t, layers)),
     ]
 
 
-def _fit_prefill(cfg, device, points, values, weights_at) -> _Part:
+def _fit_prefill(cfg, device, points, values, weights_at) -> Part:
     c = cfg.costs
     if not points:
-        return _Part({}, (), dict.fromkeys((*PREFILL, "prefill_overhead_s"), "no prefill points"))
+        return Part({}, (), dict.fromkeys((*PREFILL, "prefill_overhead_s"), "no prefill points"))
+    flops = [unit.prefill_flops(p.tokens, p.tokens * p.tokens / 2) for unit, _, p in points]
     rows = [
-        (
-            *unit.prefill_flops(p.tokens, p.tokens * p.tokens / 2),
-            unit.weight_bytes_read(p.tokens),
-            spec.layers,
-            p.seconds,
-        )
-        for unit, spec, p in points
+        (f.matmul, f.attention, unit.weight_bytes_read(p.tokens), spec.layers, p.seconds)
+        for f, (unit, spec, p) in zip(flops, points, strict=True)
     ]
     matmul, attention, weights, layers, t = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
     peak = device.peak_tflops * 1e12
@@ -448,7 +325,7 @@ def _fit_prefill(cfg, device, points, values, weights_at) -> _Part:
         return np.hypot(np.maximum(compute, memory), layers * v["prefill_layer_host_s"])
 
     params = _eager_pass_params("prefill", c, t, layers)
-    part = _fit_part(predict, t, params, "prefill")
+    part = fit_part(predict, t, params, "prefill")
     result = {**{p.name: p.default for p in params}, **part.values}
     if "prefill_attention_mfu" not in part.fitted:
         result["prefill_attention_mfu"] = c.prefill_attention_mfu  # null stays null: at prefill_mfu
@@ -456,13 +333,13 @@ def _fit_prefill(cfg, device, points, values, weights_at) -> _Part:
     if "prefill_layer_host_s" in part.fitted:
         result["prefill_overhead_s"] = 0.0
         kept["prefill_overhead_s"] = "0: the host's launches (prefill_layer_host_s) describe the fixed time"
-    return _Part(result, part.fitted, kept)
+    return Part(result, part.fitted, kept)
 
 
-def _fit_train(cfg, device, points, values, weights_at) -> _Part:
+def _fit_train(cfg, device, points, values, weights_at) -> Part:
     c = cfg.costs
     if not points:
-        return _Part({}, (), dict.fromkeys(TRAIN, "no training points"))
+        return Part({}, (), dict.fromkeys(TRAIN, "no training points"))
     setup = measured_setup(
         cfg,
         hbm_efficiency=values["hbm_efficiency"],
@@ -474,8 +351,8 @@ def _fit_train(cfg, device, points, values, weights_at) -> _Part:
     for _, spec, p in points:
         parts = train_layout.step(setup, spec, device, [p.seq_len], 1)
         flops.append(parts.train_compute_s * TRAIN_MFU_CAP)  # the passes' seconds at train_mfu = 1
-        matmul, attention = train_layout.forward_split(spec, [p.seq_len])
-        share.append(attention / (matmul + attention))  # no recompute: every pass has the forward's split
+        split = train_layout.forward_split(spec, [p.seq_len])  # no recompute: every pass has the forward's split
+        share.append(split.attention / (split.matmul + split.attention))
         rest.append(parts.total_s - parts.train_compute_s)  # the optimizer's
         layers.append(spec.layers)
     flops, share, rest, layers = np.array(flops), np.array(share), np.array(rest), np.array(layers, dtype=float)
@@ -486,23 +363,23 @@ def _fit_train(cfg, device, points, values, weights_at) -> _Part:
         return np.hypot(compute, layers * v["train_layer_host_s"]) + rest
 
     params = [
-        _Param("train_mfu", c.train_mfu, TRAIN_MFU_CAP),
-        _Param("train_layer_host_s", c.train_layer_host_s, _slowest(t, layers)),
-        _Param("train_attention_mfu", c.train_attention_mfu or c.train_mfu, TRAIN_MFU_CAP),
+        Param("train_mfu", c.train_mfu, TRAIN_MFU_CAP),
+        Param("train_layer_host_s", c.train_layer_host_s, _slowest(t, layers)),
+        Param("train_attention_mfu", c.train_attention_mfu or c.train_mfu, TRAIN_MFU_CAP),
     ]
-    part = _fit_part(predict, t, params, "training")
+    part = fit_part(predict, t, params, "training")
     result = {**{p.name: p.default for p in params}, **part.values}
     if "train_attention_mfu" not in part.fitted:
         result["train_attention_mfu"] = c.train_attention_mfu  # null stays null: at train_mfu
-    return _Part(result, part.fitted, part.kept)
+    return Part(result, part.fitted, part.kept)
 
 
-def _fit_logprob(cfg, device, points, values, weights_at) -> _Part:
+def _fit_logprob(cfg, device, points, values, weights_at) -> Part:
     c = cfg.costs
     if not points:
-        return _Part({}, (), dict.fromkeys(LOGPROB, "no log-prob points"))
+        return Part({}, (), dict.fromkeys(LOGPROB, "no log-prob points"))
     split = [train_layout.forward_split(spec, [p.seq_len]) for _, spec, p in points]
-    matmul, attention = (np.array(v) for v in zip(*split, strict=True))
+    matmul, attention = np.array([f.matmul for f in split]), np.array([f.attention for f in split])
     layers = np.array([spec.layers for _, spec, _ in points], dtype=float)
     t = np.array([p.seq_len / p.tokens_per_s for _, _, p in points])
     peak = device.peak_tflops * 1e12
@@ -512,11 +389,11 @@ def _fit_logprob(cfg, device, points, values, weights_at) -> _Part:
         return np.hypot(compute, layers * v["logprob_layer_host_s"])
 
     params = _eager_pass_params("logprob", c, t, layers)
-    part = _fit_part(predict, t, params, "log-prob")
+    part = fit_part(predict, t, params, "log-prob")
     result = {**{p.name: p.default for p in params}, **part.values}
     if "logprob_attention_mfu" not in part.fitted:
         result["logprob_attention_mfu"] = c.logprob_attention_mfu
-    return _Part(result, part.fitted, part.kept)
+    return Part(result, part.fitted, part.kept)
 
 
 def _errors(cm: CostModel, setup: SimConfig, entry: profiles.ModelProfile) -> dict[str, float]:

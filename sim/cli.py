@@ -91,7 +91,8 @@ def _run(args: argparse.Namespace) -> int:
     names = list(POLICIES) if args.compare else [args.policy]
     if args.compare and cfg.cluster.rollout_pool is not None:  # colocated cannot use rollout-only GPUs
         names.remove("colocated")
-    sims = {name: Simulation(cfg, name, progress=not args.quiet) for name in names}  # every check, nothing run
+    # every check, nothing run
+    sims = {name: Simulation.from_config(cfg, name, progress=not args.quiet) for name in names}
     label = "compare" if args.compare else args.policy
     made = args.out is None or not Path(args.out).exists()  # a folder this run creates (an empty one goes at Ctrl-C)
     out = prepare_out(args.out, default_out("sim", label, cfg.seed), args.overwrite)

@@ -31,12 +31,18 @@ an attention kernel that walks one sequence's cache without splitting it over th
 the host's launches of an eager prefill (`prefill_layer_host_s`), which overlap the device's work partly
 (`train_layout.overlap`). Prefill attention may run at its own efficiency (`prefill_attention_mfu`).
 
-Calibration (`costs.profile`, sim/calibration.py): the constants are fitted to a measured profile of
-the device (every model it measured at once), and the model runs on the fitted values (`calibration`).
+The terms a cost model runs on are named records built once from the constants, the model and the device
+(`CostTerms`: `decode`, `prefill`, `comm`); training and log-prob passes are priced by sim/train_layout.py,
+whose `TrainStep` names each part of a step.
+
+Calibration (`costs.profile`, sim/calibration.py) runs first: it fits the constants to a measured profile
+of the device (every model it measured at once) and hands them to the cost model (`CostModel(...,
+costs=)`; `sim.calibration.calibrated_cost_model` does both). A cost model never calibrates itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -44,7 +50,8 @@ from core.errors import UserError
 from core.specs import DeviceSpec, ModelSpec
 from core.tags import Tag
 from sim import train_layout
-from sim.config import SimConfig
+from sim.config import CostConfig, SimConfig
+from sim.train_layout import Flops
 
 GB = 1e9
 TFLOP = 1e12
@@ -78,39 +85,107 @@ def expected_experts(experts: int, per_token: int, tokens: int) -> float:
     return experts * (1.0 - (1.0 - per_token / experts) ** tokens)
 
 
-class CostModel:
-    def __init__(self, cfg: SimConfig, model: ModelSpec, device: DeviceSpec) -> None:
-        self.calibration = None  # sim.calibration.Calibration: constants fitted to costs.profile on this device
-        if cfg.costs.profile is not None:
-            from sim.calibration import calibrate  # here: sim.calibration builds cost models of its own
+@dataclass(frozen=True, slots=True)
+class DecodeTerms:
+    """One decode step's seconds, term by term, on one engine (`CostModel.decode_run_s` sums them over a stretch)."""
 
-            self.calibration = calibrate(cfg, model, device)
-            cfg = cfg if self.calibration is None else self.calibration.apply(cfg)
-        self.cfg, self.model, self.device = cfg, model, device
-        c = cfg.costs
-        self.tp = cfg.rollout.tensor_parallel
-        self._hbm = self.tp * device.hbm_bandwidth_gb_s * GB * c.hbm_efficiency  # bytes/s per engine
-        kv_hbm = self._hbm  # attention's reads of the KV cache, at their own efficiency where one is set
-        if c.kv_hbm_efficiency is not None:
-            kv_hbm = self.tp * device.hbm_bandwidth_gb_s * GB * c.kv_hbm_efficiency
-        self._decode_flops = self.tp * device.peak_tflops * TFLOP * c.decode_mfu
-        self._prefill_flops = self.tp * device.peak_tflops * TFLOP * c.prefill_mfu
-        attn_flops_per_ctx = 4 * model.layers * model.attn_dim
-        layers = model.layers
-        self._decode_k = (  # seconds per step: weights, per ctx token (KV), per sequence, per ctx token (attn),
-            # the fixed overhead, the overhead per sequence, and per context token of the mean sequence
-            model.weight_bytes / self._hbm,  # a dense model's; an MoE model's depend on the batch
-            model.kv_bytes_per_token / kv_hbm,
-            2 * model.matmul_params / self._decode_flops,  # active parameters for an MoE model
-            attn_flops_per_ctx / self._decode_flops,
-            c.decode_step_overhead_s + layers * c.decode_layer_overhead_s,
-            c.decode_seq_overhead_s + layers * c.decode_seq_layer_overhead_s,
-            layers * c.decode_ctx_latency_s,
-        )
-        self.prefill_overhead_s = c.prefill_overhead_s  # an engine's fixed cost of a step that prefills
+    weight_bytes_per_s: float  # the engine's HBM reading weights (costs.hbm_efficiency)
+    weights_s: float  # reading every weight once: a dense model's step (an MoE model reads what its batch routes to)
+    kv_s_per_token: float  # reading one context token's KV cache (costs.kv_hbm_efficiency, else hbm_efficiency)
+    matmul_s_per_seq: float  # one sequence's matmuls (an MoE model's active parameters), at decode_mfu
+    attention_s_per_token: float  # attention's FLOPs per context token, at decode_mfu
+    step_overhead_s: float  # the step's fixed cost: decode_step_overhead_s + layers x decode_layer_overhead_s
+    seq_overhead_s: float  # per sequence: decode_seq_overhead_s + layers x decode_seq_layer_overhead_s
+    walk_s_per_token: float  # attention's walk over the mean sequence's cache: layers x decode_ctx_latency_s
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTerms:
+    """One prefill's rates and fixed seconds on one engine (`CostModel.prefill_s`)."""
+
+    matmul_flops_per_s: float  # at prefill_mfu, over the engine's GPUs
+    attention_flops_per_s: float  # at prefill_attention_mfu (prefill_mfu where null)
+    weight_bytes_per_s: float  # the engine's HBM reading weights (costs.hbm_efficiency)
+    host_s: float  # the host's launches of one eager forward: layers x prefill_layer_host_s
+    overhead_s: float  # an engine's fixed cost of a step that prefills (costs.prefill_overhead_s)
+
+
+@dataclass(frozen=True, slots=True)
+class CommTerms:
+    """Links between GPUs and to the host, and the fixed seconds of syncs, switches and all-to-alls."""
+
+    nvlink_bytes_per_s: float  # one GPU's NVLink (costs.nvlink_efficiency)
+    network_efficiency: float  # of the slower NIC of a sync's two devices (known per sync: `CostModel.sync_s`)
+    pcie_bytes_per_s: float  # one GPU's PCIe to the host (costs.pcie_efficiency)
+    alltoall_latency_s: float  # fixed seconds of one all-to-all (MoE expert parallelism)
+    broadcast_hop_s: float  # fixed seconds of each hop of a pipelined broadcast
+    sync_fixed_s: float  # of every weight sync
+    switch_fixed_s: float  # of every role switch (waking or sleeping an engine)
+
+
+@dataclass(frozen=True, slots=True)
+class CostTerms:
+    """What a cost model prices with: its constants applied to one model on one device, by part."""
+
+    decode: DecodeTerms
+    prefill: PrefillTerms
+    comm: CommTerms
+
+    @classmethod
+    def of(cls, costs: CostConfig, model: ModelSpec, device: DeviceSpec, tp: int) -> CostTerms:
+        """The terms of an engine of `tp` GPUs of `device` running `model` at the constants `costs`."""
+        c, layers = costs, model.layers
+        hbm = tp * device.hbm_bandwidth_gb_s * GB * c.hbm_efficiency  # bytes/s per engine
+        kv_hbm = hbm if c.kv_hbm_efficiency is None else tp * device.hbm_bandwidth_gb_s * GB * c.kv_hbm_efficiency
+        decode_flops = tp * device.peak_tflops * TFLOP * c.decode_mfu
         attention_mfu = c.prefill_mfu if c.prefill_attention_mfu is None else c.prefill_attention_mfu
-        self._prefill_attn_flops = self.tp * device.peak_tflops * TFLOP * attention_mfu
-        self._prefill_host_s = layers * c.prefill_layer_host_s  # launching one eager prefill forward
+        decode = DecodeTerms(
+            weight_bytes_per_s=hbm,
+            weights_s=model.weight_bytes / hbm,
+            kv_s_per_token=model.kv_bytes_per_token / kv_hbm,
+            matmul_s_per_seq=2 * model.matmul_params / decode_flops,
+            attention_s_per_token=4 * layers * model.attn_dim / decode_flops,
+            step_overhead_s=c.decode_step_overhead_s + layers * c.decode_layer_overhead_s,
+            seq_overhead_s=c.decode_seq_overhead_s + layers * c.decode_seq_layer_overhead_s,
+            walk_s_per_token=layers * c.decode_ctx_latency_s,
+        )
+        prefill = PrefillTerms(
+            matmul_flops_per_s=tp * device.peak_tflops * TFLOP * c.prefill_mfu,
+            attention_flops_per_s=tp * device.peak_tflops * TFLOP * attention_mfu,
+            weight_bytes_per_s=hbm,
+            host_s=layers * c.prefill_layer_host_s,
+            overhead_s=c.prefill_overhead_s,
+        )
+        comm = CommTerms(
+            nvlink_bytes_per_s=device.nvlink_gb_s * GB * c.nvlink_efficiency,
+            network_efficiency=c.network_efficiency,
+            pcie_bytes_per_s=device.pcie_gb_s * GB * c.pcie_efficiency,
+            alltoall_latency_s=c.alltoall_latency_s,
+            broadcast_hop_s=c.broadcast_hop_s,
+            sync_fixed_s=c.sync_fixed_s,
+            switch_fixed_s=c.switch_fixed_s,
+        )
+        return cls(decode, prefill, comm)
+
+
+class CostModel:
+    """Seconds of an engine's, a trainer's and a sync's work on one device. `costs`: the constants it runs on,
+    a calibration's (`sim.calibration.calibrated_cost_model`); None: `cfg.costs`, which then must not name a
+    profile (its constants would be silently left uncalibrated)."""
+
+    def __init__(self, cfg: SimConfig, model: ModelSpec, device: DeviceSpec, costs: CostConfig | None = None) -> None:
+        if costs is None and cfg.costs.profile is not None:
+            raise ValueError(
+                f"costs.profile={cfg.costs.profile!r} is set but no calibrated constants were given: build the cost "
+                "model with sim.calibration.calibrated_cost_model, or pass the constants as `costs`"
+            )
+        if costs is not None and costs is not cfg.costs:
+            cfg = dataclasses.replace(cfg, costs=costs)
+        self.cfg, self.model, self.device = cfg, model, device
+        self.tp = cfg.rollout.tensor_parallel
+        self.terms = CostTerms.of(cfg.costs, model, device, self.tp)
+        self._decode = self.terms.decode  # read at every engine event
+        self.prefill_overhead_s = self.terms.prefill.overhead_s  # read at every prefill
         self._is_moe = model.is_moe
         self._moe_weights_s: dict[int, float] = {}  # MoE: decode batch -> seconds to read its weights
         self._ep = cfg.rollout.expert_parallel  # > 1: all-to-alls in every forward (MoE only)
@@ -127,13 +202,13 @@ class CostModel:
         unused = m.experts - expected_experts(m.experts, m.experts_per_token, tokens)
         return m.weight_bytes - m.moe_layers * m.routed_expert_bytes * unused
 
-    def _decode_weights_s(self, batch: int) -> float:
+    def decode_weights_s(self, batch: int) -> float:
         """Seconds one decode step of `batch` sequences spends reading weights (cached per batch)."""
         if not self._is_moe:
-            return self._decode_k[0]
+            return self._decode.weights_s
         seconds = self._moe_weights_s.get(batch)
         if seconds is None:
-            seconds = self._moe_weights_s[batch] = self.weight_bytes_read(batch) / self._hbm
+            seconds = self._moe_weights_s[batch] = self.weight_bytes_read(batch) / self._decode.weight_bytes_per_s
         return seconds
 
     def kv_capacity_tokens(self, train_gpus: int = 0) -> int:
@@ -152,27 +227,23 @@ class CostModel:
         layer, each GPU sending the hidden states of its 1/tp of the tokens over NVLink; 0 at ep = 1."""
         if self._ep == 1:
             return 0.0
-        c, d = self.cfg.costs, self.device
+        comm = self.terms.comm
         sent = train_layout.alltoall_bytes(self.model, tokens / self.tp, self._ep)
-        return self.model.moe_layers * 2 * (sent / (d.nvlink_gb_s * GB * c.nvlink_efficiency) + c.alltoall_latency_s)
-
-    def decode_memory_s(self, batch: int, sum_ctx: int) -> tuple[float, float]:
-        """(weights, KV cache): the seconds of a decode step's memory line, by what it reads."""
-        return self._decode_weights_s(batch), self._decode_k[1] * sum_ctx
+        return self.model.moe_layers * 2 * (sent / comm.nvlink_bytes_per_s + comm.alltoall_latency_s)
 
     def decode_lines(self, batch: int, sum_ctx: int) -> DecodeLines:
         """The two lines of a stretch. The attention's walk over the mean sequence's cache (costs.
         decode_ctx_latency_s) is added to both: it grows by one context token a step, like the lines."""
-        k, w = self._decode_k, self._decode_weights_s(batch)
-        overhead = k[4] + k[5] * batch
+        d, w = self._decode, self.decode_weights_s(batch)
+        overhead = d.step_overhead_s + d.seq_overhead_s * batch
         if self._ep > 1:
             overhead += self.alltoall_s(batch)
-        walk, grow = (k[6] * sum_ctx / batch, k[6]) if batch else (0.0, 0.0)
+        walk, grow = (d.walk_s_per_token * sum_ctx / batch, d.walk_s_per_token) if batch else (0.0, 0.0)
         return DecodeLines(
-            p1=w + k[1] * sum_ctx + walk,
-            q1=k[1] * batch + grow,
-            p2=k[2] * batch + k[3] * sum_ctx + walk,
-            q2=k[3] * batch + grow,
+            p1=w + d.kv_s_per_token * sum_ctx + walk,
+            q1=d.kv_s_per_token * batch + grow,
+            p2=d.matmul_s_per_seq * batch + d.attention_s_per_token * sum_ctx + walk,
+            q2=d.attention_s_per_token * batch + grow,
             overhead=overhead,
         )
 
@@ -185,11 +256,19 @@ class CostModel:
         Hot path (called at every engine event): the lines of `decode_lines` are inlined."""
         if steps <= 0:
             return 0.0
-        w, kv, mm, att, overhead, per_seq, walk = self._decode_k
+        d = self._decode
+        kv, mm, att, overhead, per_seq, walk = (
+            d.kv_s_per_token,
+            d.matmul_s_per_seq,
+            d.attention_s_per_token,
+            d.step_overhead_s,
+            d.seq_overhead_s,
+            d.walk_s_per_token,
+        )
         if per_seq:
             overhead += per_seq * batch
-        if self._is_moe:  # the experts a step reads depend on the batch, fixed within the stretch
-            w = self._decode_weights_s(batch)
+        # the experts an MoE model's step reads depend on the batch, fixed within the stretch
+        w = self.decode_weights_s(batch) if self._is_moe else d.weights_s
         p1, q1 = w + kv * sum_ctx, kv * batch  # memory: weights + every KV cache, per step
         p2, q2 = mm * batch + att * sum_ctx, att * batch  # compute: matmuls + attention
         if walk and batch:  # the attention's walk over the mean sequence's cache, on both lines (see decode_lines)
@@ -237,21 +316,19 @@ class CostModel:
         model computes with its active parameters and reads the experts its `new_tokens` tokens use."""
         if new_tokens <= 0:
             return 0.0
-        seconds = train_layout.overlap(max(self.prefill_terms(new_tokens, attn_pairs)), self._prefill_host_s)
+        p = self.terms.prefill
+        flops = self.prefill_flops(new_tokens, attn_pairs)
+        # The device's work: the matmuls at prefill_mfu and attention at prefill_attention_mfu, or the weight reads
+        # at hbm_efficiency, whichever is longer; the host's launches (prefill_layer_host_s) overlap it partly.
+        compute = flops.matmul / p.matmul_flops_per_s + flops.attention / p.attention_flops_per_s
+        memory = self.weight_bytes_read(new_tokens) / p.weight_bytes_per_s
+        seconds = train_layout.overlap(max(compute, memory), p.host_s)
         return seconds + self.alltoall_s(new_tokens) if self._ep > 1 else seconds
 
-    def prefill_flops(self, new_tokens: int, attn_pairs: float) -> tuple[float, float]:
-        """(matmul, attention) FLOPs of a prefill: the matmuls' of every new token, QK^T and AV of every pair."""
+    def prefill_flops(self, new_tokens: int, attn_pairs: float) -> Flops:
+        """FLOPs of a prefill: the matmuls' of every new token, QK^T and AV of every pair."""
         m = self.model
-        return 2 * m.matmul_params * new_tokens, 4 * m.layers * m.attn_dim * attn_pairs
-
-    def prefill_terms(self, new_tokens: int, attn_pairs: float) -> tuple[float, float]:
-        """(compute, memory) seconds of a prefill's device work: its matmuls at prefill_mfu and attention at
-        prefill_attention_mfu, its weight reads at hbm_efficiency. The host's launches (costs.
-        prefill_layer_host_s) overlap them partly (`prefill_s`)."""
-        matmul, attention = self.prefill_flops(new_tokens, attn_pairs)
-        compute = matmul / self._prefill_flops + attention / self._prefill_attn_flops
-        return compute, self.weight_bytes_read(new_tokens) / self._hbm
+        return Flops(matmul=2 * m.matmul_params * new_tokens, attention=4 * m.layers * m.attn_dim * attn_pairs)
 
     # ---- training ----
 
@@ -274,21 +351,22 @@ class CostModel:
         Every parameter moves, all experts of an MoE model. Each GPU receives weight_bytes / tp: its
         slice of every expert (vLLM's default), or with rollout.expert_parallel = ep its E/ep whole experts
         sliced over tp/ep GPUs, the same bytes."""
-        c, d = self.cfg.costs, self.device
+        comm, d = self.terms.comm, self.device
         shard = self.model.weight_bytes / self.tp  # bytes each inference GPU receives
         if local:
-            return shard / (d.nvlink_gb_s * GB * c.nvlink_efficiency) + c.sync_fixed_s
+            return shard / comm.nvlink_bytes_per_s + comm.sync_fixed_s
         hops = math.ceil(math.log2(targets + 1))
         network_gb_s = min(d.network_gb_s, (receiver or d).network_gb_s)
-        return shard / (network_gb_s * GB * c.network_efficiency) + hops * c.broadcast_hop_s + c.sync_fixed_s
+        network = network_gb_s * GB * comm.network_efficiency
+        return shard / network + hops * comm.broadcast_hop_s + comm.sync_fixed_s
 
     def switch_s(self, to: Tag, train_gpus: int) -> float:
         """Change a resource's role: move its gradient and optimizer shard across PCIe (offload when
         going to rollout, onload when going to train), then wake or sleep the engine."""
-        t, c = self.cfg.train, self.cfg.costs
+        t, comm = self.cfg.train, self.terms.comm
         moved = (t.grad_bytes_per_param + t.optimizer_bytes_per_param) * self.model.params / train_gpus
         del to  # symmetric: the same bytes move each way
-        return moved / (self.device.pcie_gb_s * GB * c.pcie_efficiency) + c.switch_fixed_s
+        return moved / comm.pcie_bytes_per_s + comm.switch_fixed_s
 
     # ---- feasibility ----
 

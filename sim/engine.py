@@ -22,7 +22,7 @@ KV memory, `rollout.kv_allocation`:
   of cache mid-request, so it runs fewer sequences at once when lengths are long-tailed); a request's
   whole prefill runs before the next decode step, and groups share nothing.
 With memory and budget too large to bind and prefix caching off, the two give the same timeline.
-The router (`Simulation.take_for`, `fits`) sends a paged engine up to max_num_seqs requests whatever
+The router (sim/routing.py: `Router.take_for`, `fits`) sends a paged engine up to max_num_seqs requests whatever
 its memory, like a load balancer in front of vLLM servers; those it cannot start yet wait in its own
 queue. Preemptions and the tokens they recompute are the run's `kv_preemptions` and
 `recomputed_tokens` counters.
@@ -35,24 +35,25 @@ group's shared prompt. The pool is the cache estimate rounded up to whole blocks
 
 Pausing keeps every request and its tokens; after a weight update `resume` re-prefills each one
 under the new weights (partial rollout). Preempting hands the requests back to the simulator.
+
+An engine sees the simulation only through `EngineOwner`: its clock, the queue it pulls from and where it
+reports tokens, phases and finished turns (tests/sim/test_engine_timeline.py drives one with a small fake).
 """
 
 from __future__ import annotations
 
 import enum
 import heapq
-import sys
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable
 from itertools import count
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from sim.config import RolloutConfig
+from sim.cost import CostModel
+from sim.host import HostShare
+from sim.kv_blocks import NEVER, BlockLedger
 from sim.workload import Sample
-
-if TYPE_CHECKING:
-    from sim.cost import CostModel
-    from sim.runner import Simulation
-
-NEVER = sys.maxsize
 
 
 class EngineState(enum.Enum):
@@ -61,58 +62,6 @@ class EngineState(enum.Enum):
     RUNNING = "running"
     PAUSED = "paused"  # holding requests, not generating
     SYNCING = "syncing"
-
-
-class BlockLedger:
-    """The KV blocks a paged engine's admitted requests need, as a function of the engine's step.
-
-    For the step that starts at engine step s, a decoding request whose context is offset + s tokens
-    needs ceil((offset + s + 1) / bs) blocks (its context and the token the step appends). Writing
-    offset = a * bs + rho with 0 <= rho < bs, that is a + 1 + (rho + s) // bs, so all of them need
-
-        base + sum over rho of hist[rho] * ((rho + s) // bs)
-
-    where hist counts decoding requests by rho and `base` holds everything constant in s: each
-    decoding request's a + 1, the blocks of requests still prefilling, and shared prompt blocks
-    (counted once, and subtracted from each request that uses them). With s = m * bs + t the sum is
-    decoding * m + (requests with rho >= bs - t): O(bs) a query, O(1) an update."""
-
-    def __init__(self, capacity: int, block_tokens: int) -> None:
-        self.capacity, self.bs = capacity, block_tokens
-        self.base = 0
-        self.hist = [0] * block_tokens
-        self.decoding = 0
-
-    def add_decoding(self, offset: int, shared: int, sign: int = 1) -> None:
-        """A request decoding from context offset + step; it uses `shared` blocks it does not hold."""
-        a, rho = divmod(offset, self.bs)
-        self.base += sign * (a + 1 - shared)
-        self.hist[rho] += sign
-        self.decoding += sign
-
-    def needed(self, step: int) -> int:
-        """Blocks the step that starts at `step` needs."""
-        m, t = divmod(step, self.bs)
-        return self.base + self.decoding * m + (sum(self.hist[self.bs - t :]) if t else 0)
-
-    def first_overflow(self, step: int, limit: int = NEVER) -> int:
-        """The first step >= `step` that needs more blocks than the cache holds (NEVER if none), or a
-        step >= `limit` before which none does."""
-        if not self.decoding:
-            return step if self.base > self.capacity else NEVER
-        m, spare = divmod(self.capacity - self.base, self.decoding)  # decoding * m <= free < ... * (m + 1)
-        if m * self.bs >= limit:  # every step before block round m fits
-            return max(step, m * self.bs)
-        over = 0  # step m * bs + t needs decoding * m + (requests with rho >= bs - t) over base
-        for t in range(1, self.bs):
-            over += self.hist[self.bs - t]
-            if over > spare:
-                return max(step, m * self.bs + t)
-        return max(step, (m + 1) * self.bs)
-
-    @property
-    def empty(self) -> bool:
-        return self.base == 0 and self.decoding == 0
 
 
 class Seq:
@@ -131,19 +80,58 @@ class Seq:
         self.shared = shared  # paged: its group's prompt blocks it uses without holding
 
 
+class EngineOwner(Protocol):
+    """What an engine needs from the simulation it runs in (sim/runner.py's `Simulation`; a test's fake)."""
+
+    counters: Counter[str]  # the run's counters: prefill_tokens, kv_preemptions, recomputed_tokens
+    host: HostShare | None  # the host's work on the devices' cores (cluster.host_cores set), else None
+
+    def now(self) -> float:
+        """Simulated seconds."""
+
+    def wake(self, delay: float, fn: Callable, *args) -> None:
+        """Call fn(*args) after `delay` simulated seconds (ties: in the order asked)."""
+
+    def add_tokens(self, resource: str, tokens: int) -> None:
+        """`tokens` generated on `resource`, for its current timeline interval."""
+
+    def engine_busy(self, engine: SimEngine, now: float) -> None:
+        """The engine started generating, or its batch thinned out or filled up again."""
+
+    def engine_idle(self, engine: SimEngine, now: float) -> None:
+        """The engine has nothing left to run."""
+
+    def take_for(self, engine: SimEngine, limit: int | None = None) -> list[Sample]:
+        """Queued requests for the engine to take now (at most `limit`), oldest first."""
+
+    def turn_done(self, engine: SimEngine, sample: Sample) -> None:
+        """The engine finished the sample's current turn."""
+
+    def host_slowdown(self) -> float:
+        """How many times longer a generating device's work started now takes (1 without `host`)."""
+
+    def host_share_changed(self) -> None:
+        """The engine's demand on the host's cores changed."""
+
+
 class SimEngine:
     def __init__(
         self,
-        sim: Simulation,
+        sim: EngineOwner,
         name: str,
         index: int,
         kv_capacity: int,
         max_seqs: int,
         state: EngineState,
         cost: CostModel,
+        rollout: RolloutConfig,
+        prefix_cache_hit: float = 0.0,
     ) -> None:
-        """`cost`: the cost model of the device this engine runs on (its decode and prefill speed)."""
+        """`cost`: the cost model of the device this engine runs on (its decode and prefill speed); `rollout`:
+        how it schedules (rollout.*); `prefix_cache_hit`: the share of a returning agent turn's context still in
+        its prefix cache (workload.prefix_cache_hit)."""
         self.sim, self.name, self.index, self.cost = sim, name, index, cost
+        self.prefix_cache_hit = prefix_cache_hit
         self.max_seqs = max_seqs
         self.state = state
         self.version = 0
@@ -159,9 +147,9 @@ class SimEngine:
         self._tiebreak = count()
         self._sparse_below = max(2, max_seqs // 8)  # fewer running sequences than this: a thin batch
         self._sparse = False
-        r = sim.cfg.rollout
+        r = rollout
         self.paged = r.kv_allocation == "paged"
-        # The reservation ledger the router reads (`Simulation.take_for`, `fits`). A paged engine
+        # The reservation ledger the router reads (`Router.take_for`, `fits`). A paged engine
         # reserves nothing ahead, so its ledger never refuses: max_num_seqs bounds what it is sent.
         self.kv_reserved = 0
         self.kv_capacity = NEVER if self.paged else kv_capacity
@@ -214,6 +202,12 @@ class SimEngine:
             return seqs < self.max_seqs
         return seqs < self.max_seqs and self.kv_reserved + sample.final_context <= self.kv_capacity
 
+    def cached_prefix(self, sample: Sample) -> int:
+        """Tokens of a returning agent turn still in this engine's prefix cache."""
+        if sample.engine != self.index or sample.turn == 0 or sample.generated:
+            return 0
+        return int(sample.context * self.prefix_cache_hit)
+
     @property
     def sum_ctx(self) -> int:
         return self._ctx_base + len(self.batch) * self.steps
@@ -233,7 +227,7 @@ class SimEngine:
             )
         if steps:
             self.steps += steps
-            self.sim.recorder.add_tokens(self.name, steps * len(self.batch))
+            self.sim.add_tokens(self.name, steps * len(self.batch))
         if now > self._t0:
             self._t0 = now
 
@@ -311,7 +305,7 @@ class SimEngine:
     def _on_wake(self, epoch: int, steps: int) -> None:
         if epoch != self._epoch:
             return
-        now = self.sim.env.now
+        now = self.sim.now()
         self._advance(now, steps)
         finished = self._pop_finished() if self._heap else ()
         if self.paged:
@@ -329,7 +323,7 @@ class SimEngine:
         they: the queue is pulled at decode boundaries, as before the prefill."""
         if epoch != self._epoch:
             return
-        now = self.sim.env.now
+        now = self.sim.now()
         if self.paged:
             self._open_step()
         self._admit(now, self._pending)
@@ -377,7 +371,7 @@ class SimEngine:
             return
         new_tokens, pairs = 0, 0.0
         for sample in samples:
-            cached = self.sim.cached_prefix(self, sample)
+            cached = self.cached_prefix(sample)
             new = sample.prefix_tokens - cached
             new_tokens += new
             pairs += new * (cached + new / 2)
@@ -484,7 +478,7 @@ class SimEngine:
         the slot of its next token, less the full blocks of its group's prompt when those are held
         here already (then they are also a cache hit)."""
         bs = self.block_tokens
-        hit, shared = self.sim.cached_prefix(self, sample), 0
+        hit, shared = self.cached_prefix(sample), 0
         if self.prefix_caching:
             shared = (sample.turns[0].input_tokens - 1) // bs  # full blocks before the prompt's last token
         prefix = sample.prefix_tokens

@@ -28,7 +28,7 @@ The engines' rates are taken at full speed, so H is what the host would need if 
 makes its tokens more slowly and needs less (a bound, not a fixed point). An engine's stretch between two
 events and a sync are timed with the share at their start (a change meanwhile takes effect at the next one;
 both are short); a training step, long next to them, is re-timed at every change
-(`Simulation.host_share_changed`): the work done so far at the old share, the rest at the new one.
+(`HostLoad.changed`, sim/host_load.py): the work done so far at the old share, the rest at the new one.
 """
 
 from __future__ import annotations

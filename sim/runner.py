@@ -9,6 +9,11 @@ before the engines it freed pull work but handed over after, so a policy never s
 half-way through an update. The model
 applies `Submit`, `Refresh`, `Preempt` and `ResumeRollout` instantly (a preemption posts its
 `PreemptFinished` at once); switches, syncs and training steps take the cost model's time.
+
+A `Simulation` is given its parts: the cost models of its devices (`ClusterCosts`, built after the
+calibration that set their constants) and its workload; `Simulation.from_config` builds both from the
+config. It owns the engines (sim/engine.py, which see it as an `EngineOwner`), the router in front of them
+(sim/routing.py) and the host's load on the devices' cores (sim/host_load.py).
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ from core.outputs import show_progress
 from core.policies import PolicyConfig, make_policy, policy_class
 from core.tags import Phase, Tag
 from core.timeline import StepRecord, Timeline, TimelineRecorder
+from sim.calibration import Calibration, calibrated_cost_model
 from sim.config import SimConfig, device_name
 from sim.cost import CostModel
 from sim.engine import EngineState, SimEngine
-from sim.host import HostShare, sandbox_rate
-from sim.workload import Sample, Workload
+from sim.host import HostShare
+from sim.host_load import HostLoad
+from sim.routing import Router
+from sim.workload import Sample, SandboxStarts, Workload
 
 
 def _fire(call: _Call) -> None:
@@ -55,54 +63,39 @@ class _Call(simpy.Event):
         self.env, self.fn, self.args = env, fn, args
 
 
-class SandboxStarts:
-    """Container starts of a SWE workload (`workload.sandbox_start_s`): `sandbox_start_slots` of them under way at
-    once, the rest in the order asked (a Docker daemon starts containers largely one at a time); each one's
-    duration drawn from its own seeded stream, so the episodes' lengths are the same with or without it."""
+@dataclass(frozen=True)
+class ClusterCosts:
+    """The cost models of a run's devices, each built after the calibration that set its constants."""
 
-    def __init__(self, cfg, seed: int) -> None:
-        import random
+    train: CostModel  # cluster.device's: the train-capable resources' engines, training, syncs and switches
+    rollout: CostModel  # the rollout-only resources' (cluster.rollout_pool's device; `train` itself without a pool)
+    calibration: Calibration | None = None  # what costs.profile set on cluster.device: the run's provenance
 
-        self.dist = cfg.sandbox_start_s
-        self.free = [0.0] * cfg.sandbox_start_slots  # when each lane is next free
-        self.last_s = 0.0  # the last start's own seconds
-        self.rng = random.Random(seed * 1_000_003 + 17)
-
-    def start(self, now: float, stretch: float = 1.0) -> float:
-        """A container asked for at `now`, its start taking `stretch` times its drawn duration: when it is ready."""
-        from sim.workload import draw
-
-        lane = min(range(len(self.free)), key=self.free.__getitem__)
-        self.last_s = draw(self.dist, self.rng) * stretch  # the start itself, without its wait for a lane
-        self.free[lane] = max(now, self.free[lane]) + self.last_s
-        return self.free[lane]
-
-
-@dataclass
-class _TrainWork:
-    """A training step under way while the host shares the devices' cores (`cluster.host_cores`): its work
-    left in seconds at full speed, re-timed whenever the cores' share changes (`Simulation.host_share_changed`)."""
-
-    d: ev.StartTrain
-    record: StepRecord
-    left: float  # seconds of work at full speed, as of `since`
-    slow: float  # the slowdown it runs at since `since`
-    since: float
-    epoch: int = 0  # its latest scheduled end; earlier ones are void
+    @classmethod
+    def of(cls, cfg: SimConfig) -> ClusterCosts:
+        """Each device's calibration (sim/calibration.py: none without costs.profile, or for a device the profile
+        did not measure), then its cost model on the constants it set."""
+        model = specs.model(cfg.model)
+        train, calibration = calibrated_cost_model(cfg, model, specs.device(cfg.cluster.device))
+        pool = cfg.cluster.rollout_pool
+        rollout = train if pool is None else calibrated_cost_model(cfg, model, specs.device(pool.device))[0]
+        return cls(train, rollout, calibration)
 
 
 class Simulation:
-    def __init__(self, cfg: SimConfig, policy: str, progress: bool = False) -> None:
-        """Lay out the cluster and check that the model fits (UserError); nothing runs or prints until `run`."""
+    def __init__(
+        self, cfg: SimConfig, policy: str, costs: ClusterCosts, workload: Workload, progress: bool = False
+    ) -> None:
+        """Lay out the cluster and check that the model fits (UserError); nothing runs or prints until `run`.
+        `costs` prices the work of the cluster's devices and `workload` makes the prompt groups (`from_config`
+        builds both from `cfg`)."""
         policy_class(policy)  # an unknown name first: its error lists the choices
         if cfg.num_resources < 2 and policy != "colocated":
             raise UserError(f"policy {policy!r} needs at least 2 resources; the cluster has {cfg.num_resources}")
         self.cfg = cfg
         self.progress = show_progress(progress)
-        model = specs.model(cfg.model)
-        self.cost = CostModel(cfg, model, specs.device(cfg.cluster.device))  # the train-capable resources'
-        pool = cfg.cluster.rollout_pool
-        self.rollout_cost = self.cost if pool is None else CostModel(cfg, model, specs.device(pool.device))
+        self.costs = costs
+        self.cost, self.rollout_cost = costs.train, costs.rollout  # the train-capable resources', the pool's
         pcfg = PolicyConfig.of(cfg.policy, batch_groups=cfg.workload.prompts_per_step, num_steps=cfg.num_steps)
         self.policy = make_policy(policy, pcfg, cfg.num_resources, cfg.train_fraction, cfg.rollout.tensor_parallel)
         self.resources = self.policy.resources
@@ -111,27 +104,14 @@ class Simulation:
         # type unless cluster.rollout_pool is set), train-capable ones on cluster.device.
         self.cost_of = {n: self.rollout_cost if n in self.policy.rollout_only else self.cost for n in self.resources}
         self.train_gpus = sum(self.resources[r].devices for r in self.policy.trainers)
-        self.workload = Workload(cfg.workload, cfg.seed)
+        self.workload = workload
         self._check_fits()
         self.env = simpy.Environment()
         active = {name: self.policy.initial_active(name).value for name in self.resources}
         self.recorder = TimelineRecorder(list(self.resources.values()), active)
-        self.engines: dict[str, SimEngine] = {}
-        for i, r in enumerate(r for r in self.resources.values() if r.can(Tag.ROLLOUT)):
-            cost = self.cost_of[r.name]
-            kv = cost.kv_capacity_tokens(self.train_gpus if r.can(Tag.TRAIN) else 0)
-            state = EngineState.IDLE if active[r.name] == Tag.ROLLOUT.value else EngineState.OFF
-            own_seqs = pool is not None and pool.max_num_seqs and r.name in self.policy.rollout_only
-            seqs = pool.max_num_seqs if own_seqs else cfg.rollout.max_num_seqs
-            self.engines[r.name] = SimEngine(self, r.name, i, kv, seqs, state, cost)
-        self._by_index = list(self.engines.values())
-        self._rr = 0
-        self._served = [0] * len(self._by_index)  # requests routed to each engine (rollout.affinity_slack)
-        self._affinity: dict[int, SimEngine] = {}  # group id -> the engine of its last request (the same)
-        self._affinity_slack = cfg.rollout.affinity_slack  # read once: routing runs for every request
+        self.engines = self._make_engines(active)
+        self.router = Router(self.engines, cfg.rollout.affinity_slack)
         self.events_scheduled = 0  # simulated events (for the speed benchmark)
-        self._idle: dict[str, SimEngine] = {}  # accepting engines with nothing to run, in idle order
-        self.queue: deque[Sample] = deque()
         self.groups: dict[int, list[Sample]] = {}
         self._left: dict[int, int] = {}
         # rollout.max_concurrency: groups run in at most this many slots, the rest wait in order (as the runtime's
@@ -140,7 +120,7 @@ class Simulation:
         self._slots = None if cap is None else max(1, cap // cfg.workload.group_size)
         self._running: set[int] = set()  # groups holding a slot
         self._waiting: deque[tuple[int, list[Sample]]] = deque()  # groups waiting for one, with their samples
-        # workload.sandbox_start_s: containers start in `sandbox_start_slots` lanes, in order (`_start_sandbox`)
+        # workload.sandbox_start_s: containers start in `sandbox_start_slots` lanes, in order (`SandboxStarts`)
         self._sandboxes = SandboxStarts(cfg.workload, cfg.seed) if cfg.workload.sandbox_start_s is not None else None
         self.counters: Counter[str] = Counter()
         # Simulated durations come from the cost model and cannot hang: a stalled run is reported when
@@ -149,19 +129,28 @@ class Simulation:
         self._done = self.env.event()
         self._bar: tqdm | None = None
         # cluster.host_cores set: the host's work shares the devices' cores (sim/host.py); else it costs nothing.
-        self.host: HostShare | None = None
-        self._sandbox_cpu = cfg.workload.sandbox_cpu_cores if cfg.cluster.host_cores is not None else None
-        self._sandbox_ops = 0  # with workload.sandbox_cpu_cores: sandboxes at work now (tool calls, tests, starts)
-        w = cfg.workload  # whether sandboxes run slower than alone at all (`sandbox_stretch`): a turn's fast path
-        self._sandbox_slowed = cfg.cluster.host_cores is not None and (
-            w.sandbox_busy_stretch != 1.0 or w.sandbox_cpu_cores is not None
-        )
-        if cfg.cluster.host_cores is not None and (cfg.costs.host_token_s > 0 or self._sandbox_cpu is not None):
-            self.host = HostShare(
-                cfg.cluster.host_cores, cfg.total_gpus, cfg.costs.host_token_s, cfg.costs.host_train_placement
-            )
-        self._training: set[str] = set()  # resources in a training step
-        self._train_work: dict[int, _TrainWork] = {}  # with the host sharing cores: steps under way, by step
+        devices = {name: r.devices for name, r in self.resources.items()}
+        self.host_load = HostLoad(cfg, devices, list(self.engines.values()), self.wake, self.now)
+        self.host: HostShare | None = self.host_load.share
+
+    @classmethod
+    def from_config(cls, cfg: SimConfig, policy: str, progress: bool = False) -> Simulation:
+        """The simulation of `cfg` under `policy` on the parts `cfg` describes: the calibrated cost models of
+        its devices (`ClusterCosts.of`) and its seeded workload."""
+        return cls(cfg, policy, ClusterCosts.of(cfg), Workload(cfg.workload, cfg.seed), progress)
+
+    def _make_engines(self, active: dict[str, str]) -> dict[str, SimEngine]:
+        """An engine on each rollout-capable resource, by name in resource order, on its device's cost model."""
+        cfg, pool, engines = self.cfg, self.cfg.cluster.rollout_pool, {}
+        for i, r in enumerate(r for r in self.resources.values() if r.can(Tag.ROLLOUT)):
+            cost = self.cost_of[r.name]
+            kv = cost.kv_capacity_tokens(self.train_gpus if r.can(Tag.TRAIN) else 0)
+            state = EngineState.IDLE if active[r.name] == Tag.ROLLOUT.value else EngineState.OFF
+            own_seqs = pool is not None and pool.max_num_seqs and r.name in self.policy.rollout_only
+            seqs = pool.max_num_seqs if own_seqs else cfg.rollout.max_num_seqs
+            hit = cfg.workload.prefix_cache_hit
+            engines[r.name] = SimEngine(self, r.name, i, kv, seqs, state, cost, cfg.rollout, hit)
+        return engines
 
     def _check_pools(self) -> None:
         """With a rollout pool, the policy's rollout-only resources must be exactly its GPUs."""
@@ -212,7 +201,7 @@ class Simulation:
             raise RuntimeError(
                 f"simulation stalled at t={self.env.now:.1f}s after {self.policy.step} steps: the policy "
                 f"{self.policy.name!r} waits for an event that cannot come (in flight {self.policy.in_flight}, "
-                f"queued requests {len(self.queue)}, outstanding decisions: {outstanding})"
+                f"queued requests {len(self.router.queue)}, outstanding decisions: {outstanding})"
             ) from None
         finally:
             self._bar.close()
@@ -244,8 +233,8 @@ class Simulation:
             }
         if self.cfg.price_per_hour is not None:
             meta["price_per_hour"] = self.cfg.price_per_hour
-        if self.cost.calibration is not None:  # costs.profile: what it set, what it kept and why, fit errors
-            meta["calibration"] = self.cost.calibration.to_dict()
+        if self.costs.calibration is not None:  # costs.profile: what it set, what it kept and why, fit errors
+            meta["calibration"] = self.costs.calibration.to_dict()
         return meta
 
     def _count_dropped(self) -> None:
@@ -270,135 +259,47 @@ class Simulation:
         """Simulated seconds since the run started (the executor's clock for the driver)."""
         return self.env.now
 
-    def host_slowdown(self, training: bool = False) -> float:
-        """How many times longer a device's work started now takes, the host's work sharing its cores
-        (`sim.host`): a training device's (`training`) or a generating or syncing one's; 1 without
-        `cluster.host_cores`."""
-        if self.host is None:
-            return 1.0
-        busy = self._busy()
-        if self._sandbox_ops:  # the sandboxes' CPU, at the speed they get
-            busy.append((0, self._sandbox_cpu * self._sandbox_ops * self._sandbox_rate(busy, 0), False))
-        train, other = self.host.slowdowns(busy)
-        return train if training else other
-
-    def _busy(self) -> list[tuple[int, float, bool]]:
-        """(devices, host demand in cores, whether it trains) of every resource at work now."""
-        busy = [(self.resources[name].devices, 0.0, True) for name in self._training]
-        for engine in self._by_index:
-            if engine.state is EngineState.RUNNING:
-                busy.append((self.resources[engine.name].devices, engine.host_demand, False))
-            elif engine.state is EngineState.SYNCING:
-                busy.append((self.resources[engine.name].devices, 0.0, False))
-        return busy
-
-    def _sandbox_rate(self, busy: list[tuple[int, float, bool]], starting: int) -> float:
-        """The share of its speed alone a sandbox's work gets with `starting` more sandboxes at work than now
-        (`workload.sandbox_cpu_cores`; `sim.host.sandbox_rate`)."""
-        cores = self.cfg.cluster.host_cores + self.cfg.total_gpus
-        devices = sum(n for n, _, _ in busy)
-        tokens = sum(cores_ for _, cores_, _ in busy)
-        return sandbox_rate(devices, cores, tokens, self._sandbox_cpu * (self._sandbox_ops + starting))
-
-    def _sandbox_work(self, seconds: float) -> None:
-        """A sandbox at work for `seconds` (its share of the host's cores counted meanwhile), counted from now: a
-        test run's from before its grader's start, a queued container start's from before its lane is free."""
-        if self._sandbox_cpu is None or seconds <= 0:
-            return
-        self._sandbox_ops += 1
-        self.host_share_changed()
-        self.wake(seconds, self._sandbox_done)
-
-    def _sandbox_done(self) -> None:
-        self._sandbox_ops -= 1
-        self.host_share_changed()
-
-    def host_share_changed(self) -> None:
-        """The cores' share may have changed (an engine started a stretch, went idle, paused, synced): re-time
-        the training steps under way, the work done so far at the old share and the rest at the new one. A
-        step is long next to the events that change the share (an engine's stretch ends at its next
-        completion), so pricing it at its start alone misses what starts right after it: under `async` the
-        rollout of the next batch starts just after the trainer takes this one. Nothing to do without the host's
-        share (`cluster.host_cores` null): no step is then re-timed."""
-        if not self._train_work:
-            return
-        slow, now = self.host_slowdown(training=True), self.env.now
-        for work in self._train_work.values():
-            if slow != work.slow:
-                work.left = max(0.0, work.left - (now - work.since) / work.slow)
-                work.since, work.slow = now, slow
-                work.epoch += 1
-                self.wake(work.left * slow, self._train_tick, work, work.epoch)
-
     # ---- engine callbacks ----
 
     def engine_idle(self, engine: SimEngine, now: float) -> None:
         self.recorder.set(engine.name, Phase.IDLE, now, engine.version)
-        self._idle[engine.name] = engine
+        self.router.engine_idle(engine)
         self.host_share_changed()
-        if not self.queue:
+        if not self.router.queue:
             self._emit(ev.ResourceIdle(engine.name))
 
     def engine_busy(self, engine: SimEngine, now: float) -> None:
         self.recorder.set(engine.name, Phase.ROLLOUT, now, engine.version)
-        self._idle.pop(engine.name, None)
+        self.router.engine_busy(engine)
 
-    def cached_prefix(self, engine: SimEngine, sample: Sample) -> int:
-        """Tokens of a returning agent turn still in this engine's prefix cache."""
-        if sample.engine != engine.index or sample.turn == 0 or sample.generated:
-            return 0
-        return int(sample.context * self.cfg.workload.prefix_cache_hit)
+    def add_tokens(self, resource: str, tokens: int) -> None:
+        self.recorder.add_tokens(resource, tokens)
 
     def take_for(self, engine: SimEngine, limit: int | None = None) -> list[Sample]:
-        """Pull queued requests that fit into `engine` (at most `limit`), oldest first (FCFS, no skipping)."""
-        taken: list[Sample] = []
-        queue = self.queue
-        if not queue:
-            return taken
-        reserve, active = 0, engine.num_active
-        while queue and (limit is None or len(taken) < limit):
-            head = queue[0]
-            if active + len(taken) >= engine.max_seqs:
-                break
-            final = head.final_context
-            if engine.kv_reserved + reserve + final > engine.kv_capacity:
-                break
-            taken.append(queue.popleft())
-            reserve += final
-        return taken
+        return self.router.take_for(engine, limit)
 
-    def sandbox_stretch(self) -> float:
-        """How many times longer a sandbox's work started now takes, on a cluster whose devices are the host's
-        own cores (`cluster.host_cores` set; 1 otherwise): 1 + (`workload.sandbox_busy_stretch` - 1) x the share
-        of the cores busy (training, generating or syncing), times, with `workload.sandbox_cpu_cores` c, (1 - c)
-        + c / r, r the speed the sandboxes at work get from the host's cores (`sim.host.sandbox_rate`): its
-        computing share slowed, its waiting share not. Timed at its start, as an engine's stretch is."""
-        if not self._sandbox_slowed:
-            return 1.0
-        stretch = self.cfg.workload.sandbox_busy_stretch
-        running = self._busy()
-        busy = sum(n for n, _, _ in running)
-        cores = self.cfg.cluster.host_cores + self.cfg.total_gpus
-        factor = 1.0 + (stretch - 1.0) * min(1.0, busy / cores) if cores else stretch
-        if self._sandbox_cpu is not None:  # its CPU shares the host's cores with the sandboxes already at work
-            cpu = min(1.0, self._sandbox_cpu)  # the share of its time alone a sandbox computes (the rest waits)
-            factor *= (1.0 - cpu) + cpu / max(1e-9, self._sandbox_rate(running, 1))
-        return factor
+    def host_slowdown(self, training: bool = False) -> float:
+        """How many times longer a device's work started now takes (`HostLoad.slowdown`)."""
+        return self.host_load.slowdown(training)
+
+    def host_share_changed(self) -> None:
+        self.host_load.changed()
 
     def turn_done(self, engine: SimEngine, sample: Sample) -> None:
-        stretch = self.sandbox_stretch() if self._sandbox_slowed else 1.0
+        load = self.host_load
+        stretch = load.sandbox_stretch() if load.sandbox_slowed else 1.0
         work = wait = sample.current.wait_s * stretch  # the tool call or the test run itself
         first = sample.turn == 0
         over = sample.finish_turn()
         if self._sandboxes is not None:
             if over:  # the grader's container starts before its test run
                 ready = self._sandboxes.start(self.env.now, stretch)
-                self._sandbox_work(self._sandboxes.last_s)
+                load.sandbox_work(self._sandboxes.last_s)
                 wait += ready - self.env.now
             elif first:  # the first tool call waits for the workspace the episode started with
                 wait += max(0.0, sample.sandbox_ready - self.env.now)
-        if self._sandbox_cpu is not None:
-            self._sandbox_work(work)
+        if load.sandbox_cpu is not None:
+            load.sandbox_work(work)
         then = self._sample_done if over else self._enqueue
         if wait > 0:
             sample.where = "wait"
@@ -429,9 +330,12 @@ class Simulation:
             self._running.add(gid)
         for sample in samples:
             if self._sandboxes is not None:  # its workspace starts with it (the first model call runs meanwhile)
-                sample.sandbox_ready = self._sandboxes.start(self.env.now, self.sandbox_stretch())
-                self._sandbox_work(self._sandboxes.last_s)
+                sample.sandbox_ready = self._sandboxes.start(self.env.now, self.host_load.sandbox_stretch())
+                self.host_load.sandbox_work(self._sandboxes.last_s)
             self._enqueue(sample)
+
+    def _enqueue(self, sample: Sample) -> None:
+        self.router.route(sample, self.env.now)
 
     def _release(self, gid: int) -> None:
         """A group finished: its slot goes to the first group waiting."""
@@ -440,73 +344,6 @@ class Simulation:
         self._running.discard(gid)
         while self._waiting and len(self._running) < self._slots:
             self._run(*self._waiting.popleft())
-
-    # ---- routing ----
-
-    def _enqueue(self, sample: Sample) -> None:
-        """Route a request: its previous engine if it fits there, else round-robin; queue if none fits.
-        When requests are already queued the newcomer queues behind them (engines pull in order)."""
-        if not self.queue:
-            engine = self._choose(sample)
-            if engine is not None:
-                engine.offer(sample, self.env.now)
-                return
-        sample.where = "queue"
-        self.queue.append(sample)
-
-    def _choose(self, sample: Sample) -> SimEngine | None:
-        """Previous engine (prefix cache) if it fits, else an idle engine, else round-robin; or, with
-        `rollout.affinity_slack`, as the runtime's router (`_least_loaded`)."""
-        if self._affinity_slack is not None:
-            return self._least_loaded(sample, self._affinity_slack)
-        if sample.engine is not None:
-            engine = self._by_index[sample.engine]
-            if engine.accepting and engine.fits(sample):
-                return engine
-        for engine in self._idle.values():
-            if engine.accepting:
-                return engine
-        n = len(self._by_index)
-        for k in range(n):
-            engine = self._by_index[(self._rr + k) % n]
-            if engine.accepting and engine.fits(sample):
-                self._rr = (self._rr + k + 1) % n
-                return engine
-        return None
-
-    def _least_loaded(self, sample: Sample, slack: int) -> SimEngine | None:
-        """The runtime's router (reference/manager/router.py): the engine with the fewest requests sent to it and
-        not finished (then the fewest served), unless the engine of the group's last request holds at most `slack`
-        more (a group is one session there; its samples share a prompt). None if no engine can take it."""
-        candidates = [e for e in self._by_index if e.accepting and e.fits(sample)]
-        if not candidates:
-            return None
-        least = min(candidates, key=lambda e: (e.num_routed, self._served[e.index]))
-        sticky = self._affinity.get(sample.group_id)
-        if sticky is not None and sticky in candidates and sticky.num_routed <= least.num_routed + slack:
-            choice = sticky
-        else:
-            choice = self._affinity[sample.group_id] = least
-        self._served[choice.index] += 1
-        return choice
-
-    def fair_share(self, engines: int) -> int:
-        """Queued requests each of `engines` engines that take work at once may pull: the first one
-        pulling all that fits would pile the queue onto one engine and leave the others idle."""
-        return -(-len(self.queue) // max(1, engines))
-
-    def _kick(self, names) -> None:
-        """Let accepting engines pull queued work (after capacity appeared), an equal share each.
-        `names` may be a generator: with nothing queued it is never walked (a preemption would
-        otherwise scan every engine, and preemptions grow with the cluster)."""
-        if not self.queue:
-            return
-        names = [name for name in names if self.engines[name].accepting]
-        share = self.fair_share(len(names))
-        for name in names:
-            engine = self.engines[name]
-            for sample in self.take_for(engine, share):
-                engine.offer(sample, self.env.now)
 
     # ---- decisions ----
 
@@ -521,12 +358,10 @@ class Simulation:
         engine = self.engines[d.resource]
         samples = engine.preempt(self.env.now)
         self.recorder.set(d.resource, Phase.IDLE, self.env.now, engine.version)
-        for sample in reversed(samples):
-            sample.engine, sample.where = None, "queue"
-            self.queue.appendleft(sample)
+        self.router.requeue(samples)
         self.counters["preempted_requests"] += len(samples)
         self.host_share_changed()
-        self._kick(self.engines)  # `_kick` keeps the accepting ones
+        self.router.kick(self.engines, self.env.now)  # `kick` keeps the accepting ones
         self.driver.post(ev.PreemptFinished(d.resource))
 
     def switch_tag(self, d: ev.SwitchTag) -> None:
@@ -543,7 +378,7 @@ class Simulation:
         samples = [s for gid in d.group_ids for s in self.groups.pop(gid)]
         seq_lens = [s.total_tokens for s in samples]
         gpus = sum(self.resources[r].devices for r in d.resources)
-        self._training.update(d.resources)
+        self.host_load.training.update(d.resources)
         work = self.cost.train_step_s(seq_lens, gpus)
         slow = self.host_slowdown(training=True)
         duration = work * slow
@@ -566,19 +401,11 @@ class Simulation:
             self.recorder.add_tokens(r, tokens * self.resources[r].devices // gpus)
         if self.host is None:
             self.wake(duration, self._train_done, d, record)
-        else:  # its end moves with the cores' share (host_share_changed)
-            self._train_work[d.step] = step = _TrainWork(d, record, work, slow, self.env.now)
-            self.wake(duration, self._train_tick, step, 0)
-
-    def _train_tick(self, work: _TrainWork, epoch: int) -> None:
-        if epoch != work.epoch:  # re-timed since
-            return
-        del self._train_work[work.d.step]
-        self._train_done(work.d, replace(work.record, end_s=self.env.now))
-        self.host_share_changed()
+        else:  # its end moves with the cores' share (`HostLoad.changed`)
+            self.host_load.train(d.step, work, slow, lambda end_s: self._train_done(d, replace(record, end_s=end_s)))
 
     def _train_done(self, d: ev.StartTrain, record: StepRecord) -> None:
-        self._training.difference_update(d.resources)
+        self.host_load.training.difference_update(d.resources)
         for r in d.resources:
             self.recorder.set(r, Phase.IDLE, self.env.now, d.step + 1)
         self.recorder.add_step(record)
@@ -627,7 +454,7 @@ class Simulation:
             return
         gone = set(stale)
         if any(s.where == "queue" for s in stale):
-            self.queue = deque(s for s in self.queue if s not in gone)
+            self.router.forget(gone)
         for engine in self.engines.values():
             if engine.held and any(s.where == "held" for s in stale):
                 engine.held = [s for s in engine.held if s not in gone]
@@ -641,7 +468,7 @@ class Simulation:
             self.counters["restarted_requests"] += 1
             sample.where = "queue"
             if sample.group_id not in back:
-                self.queue.append(sample)
+                self.router.queue.append(sample)
         for gid, samples in back.items():
             self._run(gid, samples)
 
@@ -650,11 +477,11 @@ class Simulation:
             self.engines[name].finish_sync(d.version, self.env.now)
         self.host_share_changed()
         self.driver.post(ev.SyncFinished(d.version, d.resources, d.sync_id))  # ends the sync intervals now
-        self._kick(n for n in d.resources if not self.engines[n].held)
+        self.router.kick((n for n in d.resources if not self.engines[n].held), self.env.now)
         self.driver.drain()
 
     def resume_rollout(self, d: ev.ResumeRollout) -> None:
-        share = self.fair_share(len(d.resources))
+        share = self.router.fair_share(len(d.resources))
         for name in d.resources:
             self.engines[name].resume(self.env.now, share)
 
@@ -662,4 +489,4 @@ class Simulation:
 def simulate(cfg: SimConfig, policy: str, progress: bool = False) -> Timeline:
     """Run one policy on one config; returns the timeline (score it with core.metrics.summarize).
     `progress`: a progress bar on stderr, if stderr is a terminal."""
-    return Simulation(cfg, policy, progress).run()
+    return Simulation.from_config(cfg, policy, progress).run()

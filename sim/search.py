@@ -140,7 +140,7 @@ def _prepare(config: list[str] | None, overrides: list[str], cand: Candidate, st
 
     extra = [*overrides, *cand.settings(), *([f"num_steps={steps}"] if steps else [])]
     cfg = load_config(config, extra)
-    return cfg, Simulation(cfg, cand.policy, progress=False)
+    return cfg, Simulation.from_config(cfg, cand.policy, progress=False)
 
 
 def _run(job: tuple[list[str] | None, list[str], Candidate, int | None]) -> Candidate:

@@ -268,10 +268,18 @@ def forward_flops(model: ModelSpec, seq_lens: list[int]) -> float:
     return 2 * model.matmul_params * sum(seq_lens) + 4 * model.layers * model.attn_dim * pairs
 
 
-def forward_split(model: ModelSpec, seq_lens: list[int]) -> tuple[float, float]:
-    """`forward_flops` as (matmuls, attention)."""
+@dataclass(frozen=True, slots=True)
+class Flops:
+    """A forward pass's FLOPs by kind: each runs at its own share of the peak."""
+
+    matmul: float  # the parameters' matmuls (an MoE model's active ones)
+    attention: float  # QK^T and AV
+
+
+def forward_split(model: ModelSpec, seq_lens: list[int]) -> Flops:
+    """`forward_flops` by kind."""
     pairs = sum(n * n / 2 for n in seq_lens)
-    return 2 * model.matmul_params * sum(seq_lens), 4 * model.layers * model.attn_dim * pairs
+    return Flops(matmul=2 * model.matmul_params * sum(seq_lens), attention=4 * model.layers * model.attn_dim * pairs)
 
 
 def forward_s(
@@ -285,9 +293,9 @@ def forward_s(
     """Seconds of one forward (log-prob) pass over one sequence on one GPU, its matmuls at `mfu` of the
     device's peak and its attention at `attention_mfu` (None: `mfu`), the host's launches `layer_host_s` a
     layer overlapping them partly: what a profile's log-prob points measure."""
-    matmul, attention = forward_split(model, [seq_len])
+    flops = forward_split(model, [seq_len])
     peak = device.peak_tflops * TFLOP
-    compute = matmul / (peak * mfu) + attention / (peak * (attention_mfu or mfu))
+    compute = flops.matmul / (peak * mfu) + flops.attention / (peak * (attention_mfu or mfu))
     return overlap(compute, model.layers * layer_host_s)
 
 
@@ -336,7 +344,8 @@ def step(cfg: SimConfig, model: ModelSpec, device: DeviceSpec, seq_lens: list[in
     peak = device.peak_tflops * TFLOP
     steps = t.ppo_epochs * t.mini_batches
     recompute = t.activation_recompute
-    matmul, attention = forward_split(model, seq_lens)  # attention at its own efficiency: as matmul FLOPs
+    split = forward_split(model, seq_lens)  # attention at its own efficiency: as matmul FLOPs
+    matmul, attention = split.matmul, split.attention
     train_flops = 3 * fwd + recompute_flops(model, seq_lens, recompute)
     if c.train_attention_mfu is not None:
         attention_flops = 3 * attention + (attention if recompute in ("full", "selective") else 0.0)

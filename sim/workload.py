@@ -5,7 +5,8 @@
 `swe`: an agent episode per sample: each turn is a request that appends a tool output to the
 context and generates a reply; between turns the sample waits for its tool call in the sandbox, and
 after the last turn for the test run that computes the reward. Lengths are drawn up front from a
-seeded RNG, so a run is a pure function of its config.
+seeded RNG, so a run is a pure function of its config. `SandboxStarts` times a SWE workload's container
+starts from a seeded stream of its own.
 """
 
 from __future__ import annotations
@@ -164,3 +165,22 @@ class Workload:
         last = turns[-1]
         turns[-1] = Turn(last.input_tokens, last.output_tokens, draw(c.test_run_s, rng))
         return tuple(turns)
+
+
+class SandboxStarts:
+    """Container starts of a SWE workload (`workload.sandbox_start_s`): `sandbox_start_slots` of them under way at
+    once, the rest in the order asked (a Docker daemon starts containers largely one at a time); each one's
+    duration drawn from its own seeded stream, so the episodes' lengths are the same with or without it."""
+
+    def __init__(self, cfg: WorkloadConfig, seed: int) -> None:
+        self.dist = cfg.sandbox_start_s
+        self.free = [0.0] * cfg.sandbox_start_slots  # when each lane is next free
+        self.last_s = 0.0  # the last start's own seconds
+        self.rng = random.Random(seed * 1_000_003 + 17)
+
+    def start(self, now: float, stretch: float = 1.0) -> float:
+        """A container asked for at `now`, its start taking `stretch` times its drawn duration: when it is ready."""
+        lane = min(range(len(self.free)), key=self.free.__getitem__)
+        self.last_s = draw(self.dist, self.rng) * stretch  # the start itself, without its wait for a lane
+        self.free[lane] = max(now, self.free[lane]) + self.last_s
+        return self.free[lane]

@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from core.errors import UserError, unknown_name
+from core.specs.hf_config import model_fields
 
 _HERE = Path(__file__).parent
 BF16_BYTES = 2
@@ -258,7 +259,5 @@ def model(name: str) -> ModelSpec:
     if found is not None:
         return found
     if _looks_like_path(name, (".json",)):
-        from core.specs.hf_config import model_from_hf_config
-
-        return model_from_hf_config(name)
+        return ModelSpec(**model_fields(name))
     raise UserError(f"{unknown_name('model', name, models())}; or a path to a Hugging Face config.json")

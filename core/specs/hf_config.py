@@ -1,4 +1,4 @@
-"""A ModelSpec from a Hugging Face `config.json`, dense or mixture-of-experts.
+"""A ModelSpec's fields from a Hugging Face `config.json`, dense or mixture-of-experts (`core.specs.model` builds it).
 
 Reads the standard keys of the Llama, Qwen2/2.5, Qwen3, Qwen2-MoE, Qwen3-MoE and Mixtral configs
 (ModelSpec field <- config.json key; what an absent or null key means):
@@ -32,7 +32,6 @@ import json
 from pathlib import Path
 
 from core.errors import UserError
-from core.specs import ModelSpec
 
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
@@ -141,8 +140,8 @@ def _moe_fields(c: _Config, layers: int, intermediate: int) -> dict:
     }
 
 
-def model_from_hf_config(path: str) -> ModelSpec:
-    """The ModelSpec of the Hugging Face config.json at `path` (or in the folder `path`), named `path`."""
+def model_fields(path: str) -> dict[str, object]:
+    """The ModelSpec fields of the Hugging Face config.json at `path` (or in the folder `path`), named `path`."""
     data, where = _read(path)
     c = _Config(data, where)
     _refuse_unmodelled(c)
@@ -154,7 +153,7 @@ def model_from_hf_config(path: str) -> ModelSpec:
     if intermediate < 1 and layers > moe.get("moe_layers", 0):
         raise UserError(f"{where}: key 'intermediate_size' must be >= 1 (the model has dense MLP layers)")
     model_type = c.text("model_type")
-    return ModelSpec(
+    return dict(
         name=path,
         layers=layers,
         hidden=hidden,

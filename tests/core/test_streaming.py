@@ -179,7 +179,7 @@ class Recording(Simulation):
 
 
 def test_partial_rollout_trains_samples_whose_tokens_carry_several_versions(small_config):
-    sim = Recording(small_config("num_steps=4"), "streaming")
+    sim = Recording.from_config(small_config("num_steps=4"), "streaming")
     sim.run()
     assert any(len(versions) >= 2 for versions in sim.trained_versions)
 

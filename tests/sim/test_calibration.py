@@ -13,7 +13,7 @@ from core import specs
 from core.errors import UserError
 from core.metrics import summarize
 from sim import calibration, train_layout
-from sim.calibration import measured_setup
+from sim.calibration import calibrated_cost_model, measured_setup
 from sim.cli import main
 from sim.config import load_config
 from sim.cost import CostModel
@@ -75,9 +75,10 @@ def roofline_profile(constants: dict, models=MODELS, device: str = DEVICE, copy_
     return Profile(1, info, tuple(entries))
 
 
-def calibrated(path, *overrides: str) -> CostModel:
+def calibrated(path, *overrides: str) -> tuple[CostModel, calibration.Calibration | None]:
+    """The cost model a run with costs.profile=`path` prices its work with, and the calibration it runs on."""
     cfg = load_config(overrides=[f"model={MODEL}", f"costs.profile={path}", *overrides])
-    return CostModel(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device))
+    return calibrated_cost_model(cfg, specs.model(cfg.model), specs.device(cfg.cluster.device))
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,7 @@ def truth_profile(tmp_path_factory):
 def test_a_profile_made_by_the_roofline_is_fitted_back_to_its_constants(truth_profile):
     """Every term, each known to the fit, recovered from three models' points at once: one set of constants
     for the device."""
-    cal = calibrated(truth_profile).calibration
+    _, cal = calibrated(truth_profile)
     assert set(cal.fitted) == set(TRUTH)
     assert set(cal.kept) == REPLACED and all(cal.constants[k] == 0.0 for k in REPLACED)
     for key, value in TRUTH.items():
@@ -121,7 +122,7 @@ def test_with_the_device_copy_measured_weights_stream_at_it_and_the_kv_cache_is_
     copy = 0.86 * specs.device(DEVICE).hbm_bandwidth_gb_s
     truth = {**TRUTH, "hbm_efficiency": 0.86, "kv_hbm_efficiency": 0.41}
     path = write_profile(roofline_profile(truth, copy_gb_s=copy), tmp_path / "copy.yaml")
-    cal = calibrated(path).calibration
+    _, cal = calibrated(path)
     assert set(cal.fitted) == set(truth) - {"hbm_efficiency"} and set(cal.kept) == REPLACED
     assert list(cal.measured) == ["hbm_efficiency"] and "copy" in cal.measured["hbm_efficiency"]
     for key, value in truth.items():
@@ -131,9 +132,9 @@ def test_with_the_device_copy_measured_weights_stream_at_it_and_the_kv_cache_is_
 
 
 def test_a_model_the_profile_did_not_measure_runs_on_the_devices_constants(truth_profile):
-    cal = calibrated(truth_profile, "model=qwen3-14b").calibration
+    _, cal = calibrated(truth_profile, "model=qwen3-14b")
     assert cal.model is None and cal.rms_error == {} and cal.points == dict.fromkeys(cal.points, 0)
-    assert cal.constants == calibrated(truth_profile).calibration.constants
+    assert cal.constants == calibrated(truth_profile)[1].constants
     assert cal.to_dict()["fitted_to"] == list(MODELS)
 
 
@@ -141,24 +142,34 @@ def test_the_kv_cache_read_at_its_own_efficiency_slows_decode_by_its_bytes():
     model, dev = specs.model(MODEL), specs.device(DEVICE)
     base = CostModel(load_config(overrides=[f"model={MODEL}"]), model, dev)
     slow = CostModel(load_config(overrides=[f"model={MODEL}", "costs.kv_hbm_efficiency=0.2"]), model, dev)
-    weights, kv = base.decode_memory_s(8, 8 * 4096)
-    weights_slow, kv_slow = slow.decode_memory_s(8, 8 * 4096)
-    assert weights_slow == weights and kv_slow == pytest.approx(kv * base.cfg.costs.hbm_efficiency / 0.2)
+    assert slow.decode_weights_s(8) == base.decode_weights_s(8)
+    kv, kv_slow = base.terms.decode.kv_s_per_token, slow.terms.decode.kv_s_per_token
+    assert kv_slow == pytest.approx(kv * base.cfg.costs.hbm_efficiency / 0.2)
     assert slow.decode_step_s(8, 8 * 4096) > base.decode_step_s(8, 8 * 4096)
 
 
 def test_the_cost_model_runs_on_the_fitted_constants(truth_profile):
-    cm = calibrated(truth_profile)
+    cm, _ = calibrated(truth_profile)
     for key, value in TRUTH.items():
         assert getattr(cm.cfg.costs, key) == pytest.approx(value, rel=1e-6), key
     default = CostModel(load_config(overrides=[f"model={MODEL}"]), specs.model(MODEL), specs.device(DEVICE))
-    assert default.calibration is None
+    assert calibration.calibrate(default.cfg, default.model, default.device) is None
     assert cm.decode_step_s(64, 64 * 2048) != pytest.approx(default.decode_step_s(64, 64 * 2048), rel=0.01)
     assert cm.train_step_s([4096] * 64, 8) != pytest.approx(default.train_step_s([4096] * 64, 8), rel=0.01)
 
 
+def test_a_cost_model_is_handed_the_calibrated_constants_and_never_calibrates_itself():
+    cfg = load_config(overrides=[f"model={MODEL}", "costs.profile=example-h800"])
+    model, device = specs.model(MODEL), specs.device(DEVICE)
+    with pytest.raises(ValueError, match=r"costs.profile='example-h800' is set but no calibrated constants"):
+        CostModel(cfg, model, device)
+    cm, cal = calibrated_cost_model(cfg, model, device)
+    assert cm.cfg.costs == cal.costs(cfg.costs)
+    assert cm.terms == CostModel(cfg, model, device, cal.costs(cfg.costs)).terms
+
+
 def test_provenance_names_fitted_and_kept_constants():
-    record = calibrated("example-h800").calibration.to_dict()
+    record = calibrated("example-h800")[1].to_dict()
     assert (record["profile"], record["device"], record["model"]) == ("example-h800", "h800", "qwen3-8b")
     assert record["fitted_to"] == ["qwen3-8b", "qwen3-32b"]
     assert set(record["fitted"]) == {"hbm_efficiency", "decode_layer_overhead_s", "prefill_mfu", "train_mfu"}
@@ -177,7 +188,7 @@ def test_a_calibrated_run_records_its_calibration_in_the_timeline():
     overrides = [f"model={MODEL}", "costs.profile=example-h800", "num_steps=1", "cluster.num_gpus=8",
                  "rollout.tensor_parallel=1", "workload.prompts_per_step=8"]  # fmt: skip
     timeline = simulate(load_config(overrides=overrides), "colocated")
-    assert timeline.meta["calibration"] == calibrated("example-h800").calibration.to_dict()
+    assert timeline.meta["calibration"] == calibrated("example-h800")[1].to_dict()
     assert "calibration" not in simulate(load_config(overrides=overrides[:1] + overrides[2:]), "colocated").meta
 
 
@@ -186,7 +197,7 @@ def test_points_that_cannot_separate_bandwidth_from_overhead_keep_the_overheads(
     costs are not pinned down; they and the per-step overhead keep the config's values."""
     example = read_profile("example-h800")
     path = write_profile(Profile(1, example.device, (example.model("qwen3-32b"),)), tmp_path / "32b.yaml")
-    cal = calibrated(path, "model=qwen3-32b").calibration
+    _, cal = calibrated(path, "model=qwen3-32b")
     assert "decode_layer_overhead_s" not in cal.fitted and "hbm_efficiency" in cal.fitted
     assert "do not pin it down" in cal.kept["decode_layer_overhead_s"]
     assert cal.constants["decode_step_overhead_s"] == load_config().costs.decode_step_overhead_s  # the config's
@@ -197,7 +208,7 @@ def test_a_part_with_too_few_points_keeps_its_constants(tmp_path):
     profile = roofline_profile(TRUTH, models=(MODEL,))
     entry = profile.models[0]
     thin = ModelProfile(MODEL, decode=entry.decode[:2], prefill=(), train=entry.train)
-    cal = calibrated(write_profile(Profile(1, profile.device, (thin,)), tmp_path / "thin.yaml")).calibration
+    _, cal = calibrated(write_profile(Profile(1, profile.device, (thin,)), tmp_path / "thin.yaml"))
     assert set(cal.fitted) == {"hbm_efficiency", "train_mfu", "train_layer_host_s", "train_attention_mfu"}
     assert cal.kept["decode_ctx_latency_s"] == "2 decode point(s) do not pin down 5 constant(s)"
     assert cal.kept["prefill_mfu"] == "no prefill points"
@@ -214,8 +225,8 @@ def test_a_rollout_pool_of_another_device_keeps_the_config_constants():
         "sim/configs/hetero.yaml", ["model=qwen3-8b", "rollout.tensor_parallel=2", "costs.profile=example-h800"]
     )
     model = specs.model(cfg.model)
-    assert CostModel(cfg, model, specs.device("h800")).calibration is not None
-    assert CostModel(cfg, model, specs.device("h20")).calibration is None
+    assert calibration.calibrate(cfg, model, specs.device("h800")) is not None
+    assert calibration.calibrate(cfg, model, specs.device("h20")) is None
 
 
 def test_a_shipped_profile_is_found_by_name_and_a_file_by_path(truth_profile):
@@ -307,7 +318,7 @@ def test_the_shipped_h200_profile_is_fitted_with_one_set_of_constants():
     the worst the 512-token points that the host's launches bind, which two runs on the machine measured up to
     1.7x apart (README "GPU calibration"). The default config's comments quote these fits."""
     cfg = load_config(overrides=["model=qwen3-8b", "cluster.device=h200", "costs.profile=h200-torch"])
-    cal = CostModel(cfg, specs.model("qwen3-8b"), specs.device("h200")).calibration
+    cal = calibration.calibrate(cfg, specs.model("qwen3-8b"), specs.device("h200"))
     assert cal.models == ("qwen3-0.6b", "qwen3-1.7b", "qwen3-8b", "qwen3-14b", "qwen3-32b")
     for model, errors in cal.rms_error_by_model.items():
         assert errors["decode"] < 0.05 and errors.get("train", 0) < 0.08, model

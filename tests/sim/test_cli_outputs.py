@@ -228,4 +228,4 @@ def test_the_progress_bar_only_on_a_terminal(monkeypatch, stderr, shown):
     """A log or a pipe gets no carriage-return frames."""
     monkeypatch.setattr(sys, "stderr", stderr)
     cfg = load_config(overrides=[arg for arg in SMALL if "=" in arg])
-    assert Simulation(cfg, "tag", progress=True).progress is shown
+    assert Simulation.from_config(cfg, "tag", progress=True).progress is shown

@@ -16,7 +16,7 @@ def _live(sim: Simulation) -> set[int]:
 
 def test_groups_beyond_the_slots_wait_in_order(small_config, monkeypatch):
     cfg = small_config("workload.group_size=4", "rollout.max_concurrency=9")  # 9 // 4: two slots
-    sim = Simulation(cfg, "colocated")
+    sim = Simulation.from_config(cfg, "colocated")
     most: list[int] = []
     run = Simulation._run
 
@@ -52,7 +52,7 @@ def test_a_capped_run_finishes_and_never_runs_more_groups_than_its_slots(small_c
 
 
 def test_without_a_cap_every_group_starts_at_once(small_config):
-    sim = Simulation(small_config("workload.group_size=4"), "colocated")
+    sim = Simulation.from_config(small_config("workload.group_size=4"), "colocated")
     sim.submit(ev.Submit(5))
     assert len(_live(sim)) == 5 and not sim._waiting
 

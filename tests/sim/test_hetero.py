@@ -57,7 +57,7 @@ def test_split_pools_gives_back_the_pool_sizes_of_a_mixed_cluster():
 
 
 def test_rollout_only_engines_run_on_the_rollout_device_and_train_capable_ones_on_the_train_device():
-    sim = Simulation(mixed(), "tag")
+    sim = Simulation.from_config(mixed(), "tag")
     rollout_only, trainers = set(sim.policy.rollout_only), set(sim.policy.trainers)
     assert len(rollout_only) == 8 and len(trainers) == 8 and sim.train_gpus == 16
     for name, engine in sim.engines.items():
@@ -72,7 +72,7 @@ def test_rollout_only_engines_run_on_the_rollout_device_and_train_capable_ones_o
 
 
 def test_an_h20_engine_decodes_a_full_batch_slower_and_a_single_sequence_faster_than_an_h800():
-    sim = Simulation(mixed(), "tag")
+    sim = Simulation.from_config(mixed(), "tag")
     h20, h800 = sim.engines[sim.policy.rollout_only[0]].cost, sim.engines[sim.policy.trainers[0]].cost
     # A full batch is compute-bound on the H20: it has 148 bf16 TFLOPS to the H800's 989.
     assert h20.decode_run_s(256, 256 * 3000, 100) > h800.decode_run_s(256, 256 * 3000, 100)
@@ -82,10 +82,11 @@ def test_an_h20_engine_decodes_a_full_batch_slower_and_a_single_sequence_faster_
 
 
 def test_the_rollout_pool_can_run_fewer_requests_an_engine():
-    sim = Simulation(mixed("cluster.rollout_pool.max_num_seqs=32"), "tag")
+    sim = Simulation.from_config(mixed("cluster.rollout_pool.max_num_seqs=32"), "tag")
     seqs = {name: engine.max_seqs for name, engine in sim.engines.items()}
     assert seqs == {name: 32 if name in sim.policy.rollout_only else 256 for name in sim.engines}
-    assert {e.max_seqs for e in Simulation(mixed(), "tag").engines.values()} == {256}  # null: rollout.max_num_seqs
+    default = Simulation.from_config(mixed(), "tag")
+    assert {e.max_seqs for e in default.engines.values()} == {256}  # null: rollout.max_num_seqs
 
 
 def test_rollout_only_engines_generate_at_their_devices_speed(tmp_path):
@@ -94,7 +95,7 @@ def test_rollout_only_engines_generate_at_their_devices_speed(tmp_path):
     half = device_file(tmp_path, "half", **{**h800, "peak_tflops": 494.5, "hbm_bandwidth_gb_s": 1675.0})
 
     def rate(cfg):
-        sim = Simulation(cfg, "async")
+        sim = Simulation.from_config(cfg, "async")
         ivs = [iv for iv in sim.run().intervals if iv.phase is Phase.ROLLOUT and iv.resource in sim.policy.rollout_only]
         return sum(iv.tokens for iv in ivs) / math.fsum((iv.end_s - iv.start_s) * iv.devices for iv in ivs)
 
@@ -113,7 +114,7 @@ def test_a_rollout_pool_of_the_train_device_is_the_uniform_cluster():
 
 def test_a_uniform_config_is_described_as_before():
     cfg = load_config(overrides=[*SMALL, "cluster.num_gpus=32"])
-    sim = Simulation(cfg, "tag")
+    sim = Simulation.from_config(cfg, "tag")
     assert sim.rollout_cost is sim.cost and all(cost is sim.cost for cost in sim.cost_of.values())
     assert cfg.train_fraction == cfg.pools.train_fraction and cfg.cluster_label == "32 x h800"
     meta = sim.run().meta
@@ -149,7 +150,7 @@ def test_a_sync_crosses_at_the_slower_nic_of_sender_and_receiver(tmp_path):
 
 def test_syncs_to_rollout_only_resources_on_a_slow_network_take_its_time(tmp_path):
     slow = device_file(tmp_path, "slow", network_gb_s=6.0)
-    sim = Simulation(mixed(f"cluster.rollout_pool.device={slow}"), "disaggregated")
+    sim = Simulation.from_config(mixed(f"cluster.rollout_pool.device={slow}"), "disaggregated")
     timeline = sim.run()
     expected = sim.cost.sync_s(False, 8, specs.device(slow))
     assert expected > 2 * sim.cost.sync_s(False, 8)
@@ -165,7 +166,7 @@ def test_syncs_to_rollout_only_resources_on_a_slow_network_take_its_time(tmp_pat
 def test_colocated_refuses_a_mixed_cluster_in_one_line(capsys):
     refusal = r"policy 'colocated' trains on every resource, but the 16 GPUs of cluster\.rollout_pool only generate"
     with pytest.raises(UserError, match=refusal):
-        Simulation(mixed(), "colocated")
+        Simulation.from_config(mixed(), "colocated")
     argv = ["--policy", "colocated", "--quiet", "--no-picture", *(a for o in MIXED for a in ("--set", o))]
     assert sim_main(argv) == 2
     err = capsys.readouterr().err
@@ -211,7 +212,7 @@ def test_a_rollout_device_whose_node_the_engine_does_not_divide_is_named(tmp_pat
 def test_memory_checks_run_per_device_and_name_the_device_that_fails(tmp_path, hbm_gb, message):
     tiny = device_file(tmp_path, "tiny", hbm_gb=hbm_gb)
     with pytest.raises(UserError, match=message):
-        Simulation(mixed(f"cluster.rollout_pool.device={tiny}"), "tag")
+        Simulation.from_config(mixed(f"cluster.rollout_pool.device={tiny}"), "tag")
 
 
 def test_a_train_device_without_engines_is_only_checked_for_training(tmp_path):
@@ -219,10 +220,10 @@ def test_a_train_device_without_engines_is_only_checked_for_training(tmp_path):
     (but big enough for the trainer's shard of 16 GPUs) trains; tag, which rolls out on it, refuses."""
     small = device_file(tmp_path, "small", hbm_gb=14.0)
     train_on_small = [f"cluster.device={small}", "cluster.rollout_pool.device=h800", "train.activation_gb=1.0"]
-    sim = Simulation(mixed(*train_on_small), "disaggregated")
+    sim = Simulation.from_config(mixed(*train_on_small), "disaggregated")
     assert {e.cost.device.name for e in sim.engines.values()} == {"h800"}
     with pytest.raises(UserError, match="KV cache of one engine on small holds"):
-        Simulation(mixed(*train_on_small), "tag")
+        Simulation.from_config(mixed(*train_on_small), "tag")
 
 
 # ---- prices and cost ----

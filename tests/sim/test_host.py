@@ -60,18 +60,18 @@ def test_host_work_slows_a_machine_whose_devices_all_work_not_one_with_idle_devi
 
 
 def test_the_slowdown_follows_the_busy_devices(small_config):
-    sim = Simulation(small_config(*HOST), "colocated")
+    sim = Simulation.from_config(small_config(*HOST), "colocated")
     assert sim.host_slowdown() == 1.0  # nothing runs yet
-    sim._training.update(sim.resources)  # every device trains, the host has no tokens to stream
+    sim.host_load.training.update(sim.resources)  # every device trains, the host has no tokens to stream
     assert sim.host_slowdown() == 1.0
-    engine = sim._by_index[0]
+    engine = next(iter(sim.engines.values()))
     from sim.engine import EngineState
 
-    sim._training.discard(engine.name)  # the others train while its tokens need half a core
+    sim.host_load.training.discard(engine.name)  # the others train while its tokens need half a core
     engine.state, engine.host_demand = EngineState.RUNNING, 0.5
     cores = sim.cfg.total_gpus  # every device busy and no core of the host's own: 0.5 spread over all of them
     assert sim.host_slowdown() == sim.host_slowdown(training=True) == pytest.approx(1 / (1 - 0.5 / cores))
-    sim._training.clear()  # only the engine busy: the idle devices take the half core
+    sim.host_load.training.clear()  # only the engine busy: the idle devices take the half core
     assert sim.host_slowdown() == 1.0
 
 

@@ -13,7 +13,8 @@ from core.metrics import summarize
 from core.policies import POLICIES
 from core.tags import Phase
 from sim.config import load_config
-from sim.engine import NEVER, BlockLedger, SimEngine
+from sim.engine import SimEngine
+from sim.kv_blocks import NEVER, BlockLedger
 from sim.report import write_run
 from sim.runner import Simulation, simulate
 
@@ -104,7 +105,7 @@ def test_paged_engines_never_need_more_blocks_than_the_cache_holds(small_config,
         return steps
 
     monkeypatch.setattr(SimEngine, "_steps_to_next_event", checked_plan)
-    sim = Simulation(small_config(*TIGHT, "rollout.prefix_caching=true"), "tag")
+    sim = Simulation.from_config(small_config(*TIGHT, "rollout.prefix_caching=true"), "tag")
     timeline = sim.run()
     assert timeline.counters["kv_preemptions"] > 0 and timeline.counters["recomputed_tokens"] > 0
     assert max(checked) == max(e.kv_peak_blocks for e in sim.engines.values())
@@ -127,7 +128,7 @@ def test_preempted_requests_finish_with_exactly_their_tokens(small_config, monke
     for kind in ("math", "swe"):
         trained.clear()
         cfg = small_config(*TIGHT, f"workload.kind={kind}")  # swe: swe.yaml's group size (8)
-        timeline = Simulation(cfg, "colocated").run()
+        timeline = Simulation.from_config(cfg, "colocated").run()
         assert timeline.counters["kv_preemptions"] > 0
         assert len(trained) == 4 * 16 * cfg.workload.group_size
         for sample in trained:
@@ -175,7 +176,7 @@ def test_with_ample_memory_paged_and_reserve_give_the_same_timeline(small_config
 def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget(small_config):
     """One request of a 5000-token prompt under a 1024-token budget: four full chunks and one of 904
     tokens, each at the cost of its own prefill pass, then 100 decode steps."""
-    sim = Simulation(small_config(*ONE_ENGINE, *fixed_prompt(5000), "workload.group_size=1",
+    sim = Simulation.from_config(small_config(*ONE_ENGINE, *fixed_prompt(5000), "workload.group_size=1",
                                   "rollout.max_num_batched_tokens=1024"), "colocated")  # fmt: skip
     timeline = sim.run()
     seconds, done = 0.0, 0
@@ -195,7 +196,7 @@ def test_prefix_caching_prefills_a_groups_prompt_once(small_config):
         cfg = small_config(
             *ONE_ENGINE, *fixed_prompt(400), "workload.group_size=8", f"rollout.prefix_caching={caching}"
         )
-        sim = Simulation(cfg, "colocated")
+        sim = Simulation.from_config(cfg, "colocated")
         runs[caching] = (sim.run(), sim.engines["C00"])
     (shared, shared_engine), (alone, alone_engine) = runs[True], runs[False]
     assert shared.counters["prefill_tokens"] == 400 + 7 * (400 - 384)

@@ -23,7 +23,7 @@ def _routed(small_config, monkeypatch, *overrides: str) -> list[tuple[str, int]]
         offer(engine, sample, now)
 
     monkeypatch.setattr(SimEngine, "offer", spy)
-    sim = Simulation(small_config(*TWO_ENGINES, *overrides), "colocated")
+    sim = Simulation.from_config(small_config(*TWO_ENGINES, *overrides), "colocated")
     sim.submit(ev.Submit(3))
     return seen
 

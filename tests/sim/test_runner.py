@@ -23,7 +23,7 @@ EXECUTOR_METHODS = (
 
 
 def test_the_simulator_runs_the_shared_driver(small_config):
-    sim = Simulation(small_config("num_steps=1"), "tag")
+    sim = Simulation.from_config(small_config("num_steps=1"), "tag")
     assert isinstance(sim.driver, Driver) and sim.driver.policy is sim.policy and sim.driver.executor is sim
     assert all(callable(getattr(sim, name)) for name in EXECUTOR_METHODS)
     timeline = sim.run()
@@ -31,7 +31,7 @@ def test_the_simulator_runs_the_shared_driver(small_config):
 
 
 def test_a_stalled_simulation_names_the_decisions_it_waits_for(small_config):
-    sim = Simulation(small_config("num_steps=1", "cluster.num_gpus=4"), "colocated")
+    sim = Simulation.from_config(small_config("num_steps=1", "cluster.num_gpus=4"), "colocated")
     sim.switch_tag = lambda decision: None  # a switch that never finishes
     message = (
         "outstanding decisions: SwitchTag(resource='C00', active=Tag.TRAIN), "

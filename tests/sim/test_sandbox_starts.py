@@ -6,7 +6,8 @@ import pytest
 
 from core.errors import UserError
 from sim.config import Dist, load_config
-from sim.runner import SandboxStarts, simulate
+from sim.runner import simulate
+from sim.workload import SandboxStarts
 
 SWE = "sim/configs/swe.yaml"
 SMALL = ("num_steps=2", "cluster.num_gpus=8", "workload.prompts_per_step=4", "workload.group_size=4",

@@ -308,7 +308,7 @@ def test_training_attention_runs_at_its_own_efficiency(recompute, attention_pass
     )
     slow = step(cost_model(*args, "costs.train_attention_mfu=0.2"), lens, 8)
     cm = cost_model(*args)
-    _, attention = tl.forward_split(cm.model, lens)
+    attention = tl.forward_split(cm.model, lens).attention
     at_mfu = attention / (8 * cm.device.peak_tflops * TFLOP * 0.4 * tl.HFU_PER_MFU)  # one pass's, 8 GPUs
     assert slow.train_compute_s - base.train_compute_s == pytest.approx(attention_passes * at_mfu, rel=1e-9)
 

@@ -56,13 +56,13 @@ def test_wake_ups_keep_simpy_timeout_order():
 
 
 def test_wake_ups_are_counted(small_config):
-    sim = Simulation(small_config("num_steps=1"), "tag")
+    sim = Simulation.from_config(small_config("num_steps=1"), "tag")
     sim.run()
     assert sim.events_scheduled > 0
 
 
 def test_an_engine_counts_its_requests_without_listing_them(small_config):
-    sim = Simulation(small_config("num_steps=1", "rollout.gpu_memory_utilization=0.6"), "streaming")
+    sim = Simulation.from_config(small_config("num_steps=1", "rollout.gpu_memory_utilization=0.6"), "streaming")
     seen, take_for = [], sim.take_for
 
     def checked(engine, limit=None):
