@@ -10,10 +10,6 @@ from __future__ import annotations
 import select
 import socket
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from swebench_env.sandbox import SandboxConfig
 
 POLL_S = 1.0  # with no output for this long, ask the daemon whether the command has ended
 PUT_TIMEOUT_S = 600.0  # copying files in (`put_archive`) gives up after this long
@@ -46,12 +42,12 @@ class Output:
         return bytes(self.head + gap + self.tail).decode("utf-8", errors="replace")
 
 
-def pump(sock, out: Output, finished, deadline: float, config: SandboxConfig) -> bool:
+def pump(sock, out: Output, finished, deadline: float, grace_s: float) -> bool:
     """Feed the exec stream's payload into `out` until it ends (True), or until the client's deadline
-    (`deadline` + grace) passes with the command still running (False)."""
+    (`deadline` + `grace_s`, the sandbox's `client_grace_s`) passes with the command still running (False)."""
     poller = select.poll()
     poller.register(sock, select.POLLIN)
-    frames, give_up = bytearray(), deadline + config.client_grace_s
+    frames, give_up = bytearray(), deadline + grace_s
     while (left := give_up - time.monotonic()) > 0:
         if not poller.poll(min(POLL_S, left) * 1000):
             if finished():  # the command has ended, but a process it started holds the stream open

@@ -71,7 +71,7 @@ from swebench_env.evaluation import (
 from swebench_env.git import GitError
 from swebench_env.sandbox import Sandbox, SandboxConfig, SandboxError
 from swebench_env.sandbox_files import copy_in, folder_archive, write_files
-from swebench_env.tasks import Instance, materialize_repo
+from swebench_env.tasks import Instance, is_official, materialize_repo
 
 TESTBED = "/testbed"  # where the repository lies in a sandbox, as in SWE-bench's images
 SCRATCH = "/tmp/swe"  # the patches and the script
@@ -134,11 +134,6 @@ class DockerGraderConfig:
     def __post_init__(self) -> None:
         if not self.test_timeout_s > 0:
             raise ValueError(f"test_timeout_s={self.test_timeout_s!r} must be positive")
-
-
-def is_official(task: Instance) -> bool:
-    """A SWE-bench dataset record that carries its own evaluation script (and no local repository)."""
-    return task.repo_path is None and isinstance(task.extra.get("eval_script"), str)
 
 
 def _apply_candidate(protected: list[str]) -> list[str]:

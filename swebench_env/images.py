@@ -63,6 +63,7 @@ from swebench_env.environments import (
     target_from_probe,
     wheels_digest,
 )
+from swebench_env.tasks import is_official
 
 if TYPE_CHECKING:
     from swebench_env.tasks import Instance
@@ -197,7 +198,6 @@ def ensure_image(name: str, what: str = "the image", *, client=None) -> str:
 def task_image(task: Instance, default_image: str | None = None, *, client=None, wheelhouse: Path | None = None) -> str:
     """The image `task` runs in (see the module docstring), made present first: pulled, or built from its
     `install` recipe with the wheels of `wheelhouse` (default $SEAMLESSFLOW_WHEELHOUSE, else `pip download`)."""
-    from swebench_env.grading import is_official  # grading asks this module for images; import it lazily
 
     client = client or docker_client()
     env = task.environment

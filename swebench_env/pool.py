@@ -51,11 +51,10 @@ from swebench_env.grading import (
     DockerGraderConfig,
     GradingError,
     checkout_archive,
-    is_official,
 )
 from swebench_env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError
 from swebench_env.sandbox_files import copy_in
-from swebench_env.tasks import Instance
+from swebench_env.tasks import Instance, is_official
 
 LANE_PREFIX = "sandbox-"
 START_TIMEOUT_S = 900.0  # a lease's container started and its checkout copied in (the copy alone may take 600 s)

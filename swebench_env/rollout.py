@@ -406,7 +406,7 @@ def rollout_to(
 def read_admin_token(path: Path | None) -> str | None:
     """The manager's admin token: from `path` (--admin-token-file), else $SEAMLESSFLOW_ADMIN_TOKEN, else None.
     Never from the command line, which every local user can read."""
-    from reference.cli import ADMIN_TOKEN_ENV
+    from reference.engine.auth import MANAGER_TOKEN_ENV as ADMIN_TOKEN_ENV
 
     if path is None:
         return os.environ.get(ADMIN_TOKEN_ENV) or None

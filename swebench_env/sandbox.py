@@ -269,7 +269,13 @@ class Sandbox:
             raise SandboxError(f"sandbox {self.name}: could not run a command: {e}") from e
         out = Output(self.config.output_limit_bytes)
         try:
-            ended = pump(sock, out, lambda: not api.exec_inspect(exec_id)["Running"], start + timeout_s, self.config)
+            ended = pump(
+                sock,
+                out,
+                lambda: not api.exec_inspect(exec_id)["Running"],
+                start + timeout_s,
+                self.config.client_grace_s,
+            )
             status = exit_status(api, exec_id) if ended else None
         except Exception as e:
             self._require()  # closed under the command (its status went with the container): "not running"

@@ -299,3 +299,8 @@ def materialize_repo(
     git("fetch", "-q", "--no-tags", *shallow, source, task.base_commit, cwd=dest, timeout_s=timeout_s)
     git("checkout", "-q", "-B", "main", task.base_commit, cwd=dest)
     return dest
+
+
+def is_official(task: Instance) -> bool:
+    """A SWE-bench dataset record that carries its own evaluation script (and no local repository)."""
+    return task.repo_path is None and isinstance(task.extra.get("eval_script"), str)

@@ -124,7 +124,7 @@ class SweTask:
 
     def simulator_workload(self) -> dict:
         """The simulator's `workload` keys for this task's episodes, measured (`swebench_env/sim_workload.py`)."""
-        from swebench_env.sim_workload import task_workload
+        from swebench_env.suite_workload import task_workload
 
         return task_workload(self.config)
 

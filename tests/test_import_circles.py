@@ -22,12 +22,9 @@ PACKAGES = ("sim", "core", "reference", "swebench_env")
 NOT_MODULES = (Path("swebench_env/suite/libs"),)
 # (importer, imported) -> why this import is still here. None in sim/ or core/.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("reference.rollout.episodes", "reference.tasks.base"): "to be removed: Problem and Task, for type hints only",
-    ("reference.control.transport", "reference.control.executor"): "to be removed: prune_versions, in publish",
-    ("swebench_env.shell", "swebench_env.sandbox"): "to be removed: _close_socket, in Shell.__init__",
-    ("swebench_env.images", "swebench_env.grading"): "to be removed: is_official, in task_image",
-    ("swebench_env.rollout", "reference.cli"): "to be removed: ADMIN_TOKEN_ENV, in read_admin_token",
-    ("swebench_env.sim_workload", "swebench_env.training"): "to be removed: SweTask, in measure_suite",
+    ("reference.manager.admission", "reference.manager.manager"): "to be removed: ManagerConfig, for type hints only",
+    ("reference.manager.generation", "reference.manager.manager"): "to be removed: ManagerConfig, for type hints only",
+    ("reference.manager.fleet", "reference.manager.manager"): "to be removed: ManagerConfig, for type hints only",
 }
 
 

@@ -177,10 +177,10 @@ class TrainConfig:
                 "trainer", str(e).replace("TrainerConfig.", "trainer.").replace("__init__() ", "")
             ) from None
         if self.warm_start.get("steps", 0):
-            from reference.control.warm_start import supervised_config
+            from reference.trainer.supervised import SupervisedConfig
 
             try:
-                supervised_config(self.warm_start)
+                SupervisedConfig.from_section(self.warm_start)
             except (ValueError, TypeError) as e:
                 raise _section_error("warm_start", str(e).replace("SupervisedConfig.__init__() ", "")) from None
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -51,7 +50,6 @@ from reference.manager.manager import TrajectoryManager
 from reference.rollout.episodes import SANDBOX_SPANS, TIMING_KEYS, Episode
 from reference.rollout.groups import GroupResult, RolloutManager, training_batch
 from reference.trainer.batch import Trajectory
-from reference.trainer.handoff import KEEP_LATEST_VERSIONS, version_dir
 from reference.trainer.trainer import StepMetrics
 
 log = logging.getLogger(__name__)
@@ -282,15 +280,6 @@ def step_metrics(step: int, groups, results: list[StepMetrics], handoff: Weights
         },
         **results[0].to_metrics(),  # the trainer's own figures, global over the ranks
     }
-
-
-def prune_versions(root: Path, newest: int, keep: Callable[[int], bool]) -> None:
-    """Remove published versions older than the last `KEEP_LATEST_VERSIONS`, except those `keep` names (the
-    initial weights, and the versions a checkpoint can resume from): a long run would fill the disk."""
-    for version in range(max(0, newest - KEEP_LATEST_VERSIONS - 8), newest - KEEP_LATEST_VERSIONS + 1):
-        path = version_dir(root, version)
-        if not keep(version) and path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def _mean(results: Sequence[StepMetrics], values: Sequence[float]) -> float:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from reference.control.calls import WorkerGroup
 from reference.control.worker import WeightsCopy
-from reference.trainer.handoff import KEEP_LATEST_VERSIONS, version_dir
+from reference.trainer.handoff import KEEP_LATEST_VERSIONS, prune_versions, version_dir
 
 
 class DirectoryTransport:
@@ -43,8 +43,6 @@ class DirectoryTransport:
         self.stage_s: list[float] = []  # nothing is staged: every engine reads the one directory
 
     async def publish(self, trainers: Sequence[str], version: int) -> WeightsCopy:
-        from reference.control.executor import prune_versions
-
         handoffs = await asyncio.gather(*(self.workers.trainer(r).publish(str(self.root)) for r in trainers))
         await asyncio.to_thread(prune_versions, self.root, version, self.keep_version)
         return next(h for h in handoffs if h is not None)

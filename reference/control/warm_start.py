@@ -41,7 +41,7 @@ def warm_start(cfg, task, out: Path, model_dir: str, metrics: MetricsLog, progre
     demonstrations = getattr(task, "demonstrations", None)
     if demonstrations is None:
         raise UserError(f"task {cfg.task.name!r} has no demonstrations for a warm start; set warm_start.steps=0")
-    config = supervised_config(cfg.warm_start)
+    config = SupervisedConfig.from_section(cfg.warm_start)
     start = time.monotonic()
     if cfg.warm_start.get("evaluate_before", False):
         before = evaluate_weights(cfg, task, model_dir, out / "trajectories.sqlite", "init")
@@ -85,11 +85,6 @@ def warm_start(cfg, task, out: Path, model_dir: str, metrics: MetricsLog, progre
         warm_start_reached_target=float(reached),
     )
     return str(handoff.path.resolve())
-
-
-def supervised_config(section: dict) -> SupervisedConfig:
-    """The `warm_start` config section's fitting settings (every key but `evaluate_before`)."""
-    return SupervisedConfig(**{k: v for k, v in section.items() if k != "evaluate_before"})
 
 
 def evaluate_weights(cfg, task, model_dir: str, store: Path, label: str) -> dict:

@@ -10,9 +10,9 @@ it, and what it needs to run here, with the one message a user sees when that is
 ValueError that lists the valid ones, as in mini-swe-agent's registry of environments.
 
 A backend is one module (its engine, its config class, `from_spec`; the module imports its heavy dependencies only
-inside the engine, since the registry imports it for the config) and one entry below: reference/engine/fake.py is
-the example. `EngineSpec` crosses to the engine process as one JSON document (`to_json` / `from_json`); the
-process's token travels in its environment, never in the spec.
+inside the engine, since the registry imports it for the config when first asked) and one entry below:
+reference/engine/fake.py is the example. `EngineSpec` crosses to the engine process as one JSON document
+(`to_json` / `from_json`); the process's token travels in its environment, never in the spec.
 """
 
 from __future__ import annotations
@@ -28,9 +28,6 @@ from typing import Any
 
 from core.errors import UserError, unknown_name
 from reference.engine.base import MAX_SEED
-from reference.engine.fake import FakeConfig
-from reference.engine.options import NoOptions
-from reference.engine.vllm_engine import VLLMConfig
 
 GPU_EXTRA = "NVIDIA GPUs and the gpu extra (pip install -e '.[gpu]')"
 
@@ -40,7 +37,8 @@ class Backend:
     """One engine backend, as the registry declares it."""
 
     engine: str  # "package.module:function": builds the engine from an EngineSpec, in the engine process
-    config: type  # the backend's frozen config class (its options); NoOptions when it has none
+    config: str | type  # its frozen config class (its options), or that class as "package.module:Class", imported
+    # when first asked for (so that a backend's module may import EngineSpec from here); options:NoOptions: none
     weights_dtype: str  # torch dtype (by name) its engine keeps weights in: what a weight hand-off carries
     trains: bool = True  # it loads new weights, so a training run may use it
     gpu: bool = False  # its engine runs on GPUs (the dry-run's plan places it there)
@@ -48,15 +46,20 @@ class Backend:
     needs: str = ""  # what `needs_module` takes, in the words of the message when it is missing
     needs_checkpoint: bool = False  # it cannot run the built-in default model: `model` must be a directory
 
+    @property
+    def config_class(self) -> type:
+        """The backend's config class (imported now when the entry names it by path)."""
+        return self.config if isinstance(self.config, type) else _attribute(self.config)
+
 
 # The built-in engine computes in fp32; a vLLM engine is started in bf16 (`vllm_engine.from_spec`), whatever the
 # checkpoint's dtype. The fake engine is no model: a run cannot train on what it says.
 BACKENDS: dict[str, Backend] = {
-    "builtin": Backend("reference.engine.builtin:from_spec", NoOptions, "float32"),
-    "fake": Backend("reference.engine.fake:from_spec", FakeConfig, "float32", trains=False),
+    "builtin": Backend("reference.engine.builtin:from_spec", "reference.engine.options:NoOptions", "float32"),
+    "fake": Backend("reference.engine.fake:from_spec", "reference.engine.fake:FakeConfig", "float32", trains=False),
     "vllm": Backend(
         "reference.engine.vllm_engine:from_spec",
-        VLLMConfig,
+        "reference.engine.vllm_engine:VLLMConfig",
         "bfloat16",
         gpu=True,
         needs_module="vllm",
@@ -92,13 +95,18 @@ def check_available(name: str, model: str | None = None) -> None:
 
 def engine_factory(name: str) -> Callable[[EngineSpec], Any]:
     """The function that builds backend `name`'s engine (imported now)."""
-    module, _, attr = backend(name).engine.partition(":")
+    return _attribute(backend(name).engine)
+
+
+def _attribute(path: str) -> Any:
+    """The object `package.module:name` names (its module imported now)."""
+    module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
 def options_of(name: str, given: Any) -> Any:
     """Backend `name`'s config from `given`: None (its defaults), a mapping of its fields, or an instance."""
-    config = backend(name).config
+    config = backend(name).config_class
     if given is None:
         return config()
     if isinstance(given, config):
@@ -128,8 +136,8 @@ def option_flags() -> dict[str, OptionFlag]:
     share its flag (and must give it the same type)."""
     flags: dict[str, OptionFlag] = {}
     for name, entry in BACKENDS.items():
-        hints = typing.get_type_hints(entry.config)
-        for f in fields(entry.config):
+        hints = typing.get_type_hints(entry.config_class)
+        for f in fields(entry.config_class):
             flag, low_high = "--" + f.name.replace("_", "-"), f.metadata["range"]
             text = f"{f.metadata['help']} (default {f.default})"
             seen = flags.get(flag)

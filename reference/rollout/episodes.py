@@ -3,8 +3,9 @@
 The group rollout (`groups.RolloutManager`) asks a task for `n` episodes of one problem
 (`Task.episodes(problem, n, key, ctx)`) and gets back `Episode` records: where the episode's tokens lie
 in the trajectory manager's store (a session and the requests of it that make the episode) and what it
-earned. It never looks inside: a math problem is an episode of one request (`single_turn_episodes`: the
-group's `n` samples are one request with `n` choices in one session); a SWE task is an agent working in a
+earned. It never looks inside: a math problem is an episode of one request
+(`reference.tasks.base.single_turn_episodes`: the group's `n` samples are one request with `n` choices in one
+session); a SWE task is an agent working in a
 sandbox over many turns in a session of its own, then graded (`swebench_env.training`). The rollout
 manager, the trainer and the driver do not branch on the kind of task.
 
@@ -43,7 +44,6 @@ from reference.export import request_records
 
 if TYPE_CHECKING:
     from reference.manager.store import TrajectoryStore
-    from reference.tasks.base import Problem, Task
 
 
 # Seconds an episode spent, named as the simulator's SWE workload (and the wait for its sandboxes to start).
@@ -189,40 +189,6 @@ class EpisodeContext:
 
 class RolloutError(RuntimeError):
     """An episode could not be generated or recorded after its retries: the run cannot go on."""
-
-
-async def single_turn_episodes(task: Task, problem: Problem, n: int, key: str, ctx: EpisodeContext) -> list[Episode]:
-    """`n` one-request episodes of `problem`: one `/completions` request with `n` choices (the raw prompt, no
-    chat template) in session `key`, each choice graded by `task.grade`."""
-    body = {
-        "prompt": problem.prompt,
-        "max_tokens": problem.max_tokens or task.max_tokens,
-        "ignore_eos": problem.ignore_eos,
-        "n": n,
-        "temperature": ctx.temperature,
-        "seed": ctx.seed() if ctx.fixed_seed is None else ctx.episode_seed(problem.problem_id, 0),
-    }
-    answer = await ctx.post(f"/s/{key}/v1/completions", body)
-    episodes = []
-    for choice in answer["choices"]:
-        t = choice["trajectory"]
-        grade = task.grade(problem, choice["text"])
-        versions = t["versions"] or [0]
-        reason = "finished" if choice.get("finish_reason") == "stop" else str(choice.get("finish_reason"))
-        episodes.append(
-            Episode(
-                key,
-                (t["request_id"],),
-                grade.reward,
-                grade.exact,
-                min(versions),
-                max(versions),
-                len(t["token_ids"]),
-                reason,
-                {"branch_id": t["branch_id"]},
-            )
-        )
-    return episodes
 
 
 # ---- the training records of an episode (the rule in the module docstring) ----

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from reference.rollout.episodes import Episode, EpisodeContext, single_turn_episodes
+from reference.rollout.episodes import Episode, EpisodeContext
 from reference.tokenizer import Tokenizer
 
 
@@ -64,3 +64,37 @@ class SingleTurn:
 
     async def episodes(self, problem: Problem, n: int, key: str, ctx: EpisodeContext) -> list[Episode]:
         return await single_turn_episodes(self, problem, n, key, ctx)
+
+
+async def single_turn_episodes(task: Task, problem: Problem, n: int, key: str, ctx: EpisodeContext) -> list[Episode]:
+    """`n` one-request episodes of `problem`: one `/completions` request with `n` choices (the raw prompt, no
+    chat template) in session `key`, each choice graded by `task.grade`."""
+    body = {
+        "prompt": problem.prompt,
+        "max_tokens": problem.max_tokens or task.max_tokens,
+        "ignore_eos": problem.ignore_eos,
+        "n": n,
+        "temperature": ctx.temperature,
+        "seed": ctx.seed() if ctx.fixed_seed is None else ctx.episode_seed(problem.problem_id, 0),
+    }
+    answer = await ctx.post(f"/s/{key}/v1/completions", body)
+    episodes = []
+    for choice in answer["choices"]:
+        t = choice["trajectory"]
+        grade = task.grade(problem, choice["text"])
+        versions = t["versions"] or [0]
+        reason = "finished" if choice.get("finish_reason") == "stop" else str(choice.get("finish_reason"))
+        episodes.append(
+            Episode(
+                key,
+                (t["request_id"],),
+                grade.reward,
+                grade.exact,
+                min(versions),
+                max(versions),
+                len(t["token_ids"]),
+                reason,
+                {"branch_id": t["branch_id"]},
+            )
+        )
+    return episodes

@@ -286,3 +286,12 @@ def prune_local(root: str | Path, staged: Collection[int], keep: Collection[int]
     for version in set(staged) - set(left):
         shutil.rmtree(version_dir(root, version), ignore_errors=True)
     return left
+
+
+def prune_versions(root: Path, newest: int, keep: Callable[[int], bool]) -> None:
+    """Remove published versions older than the last `KEEP_LATEST_VERSIONS`, except those `keep` names (the
+    initial weights, and the versions a checkpoint can resume from): a long run would fill the disk."""
+    for version in range(max(0, newest - KEEP_LATEST_VERSIONS - 8), newest - KEEP_LATEST_VERSIONS + 1):
+        path = version_dir(root, version)
+        if not keep(version) and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)

@@ -67,6 +67,11 @@ class SupervisedConfig:
         ):
             raise ValueError(f"warm_start.target_loss must be a finite number > 0 or null, got {self.target_loss!r}")
 
+    @classmethod
+    def from_section(cls, section: dict) -> SupervisedConfig:
+        """The run config's `warm_start` section's fitting settings (every key but `evaluate_before`)."""
+        return cls(**{k: v for k, v in section.items() if k != "evaluate_before"})
+
     def reached_target(self, losses: Sequence[float]) -> bool:
         """Whether a fit whose steps so far had `losses` stops here: the mean of the last `target_window` is at
         or below `target_loss` (never before `target_window` steps; never without a target)."""

@@ -13,7 +13,8 @@ import yaml
 from core import config as cfgio
 from reference.manager.store import TrajectoryStore
 from sim.config import CONFIG_DIR, DEFAULT_CONFIG, Dist, SimConfig
-from swebench_env.sim_workload import SUITE_WORKLOAD, episode_shapes, fit, fit_store, fit_stores, task_workload
+from swebench_env.sim_workload import episode_shapes, fit, fit_store, fit_stores
+from swebench_env.suite_workload import SUITE_WORKLOAD, task_workload
 from swebench_env.training import SweTask, SweTaskConfig
 
 

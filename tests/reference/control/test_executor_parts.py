@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from reference.control.executor import KEEP_LATEST_VERSIONS, _shard, prune_versions
+from reference.control.executor import _shard
 from reference.rollout.groups import Episode, GroupResult
 from reference.tasks.base import Problem
 from reference.trainer.batch import Trajectory
-from reference.trainer.handoff import version_dir
+from reference.trainer.handoff import KEEP_LATEST_VERSIONS, prune_versions, version_dir
 
 
 def test_old_published_versions_are_pruned_but_the_kept_ones_stay(tmp_path):

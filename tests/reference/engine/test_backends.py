@@ -40,7 +40,7 @@ SPECS = [
 def test_every_entry_names_a_factory_and_a_frozen_config(name):
     entry = backend(name)
     assert callable(engine_factory(name))
-    config = entry.config()
+    config = entry.config_class()
     with pytest.raises(FrozenInstanceError):
         config.__setattr__("x", 1)
     assert entry.weights_dtype in ("float32", "bfloat16")
