@@ -15,10 +15,11 @@ For every generated token t of a sequence with advantage A (shared by the sequen
     H_t   = -sum_v p_theta(v) log p_theta(v)                            entropy of the full distribution
     loss  = sum_t (w_t * pg_t + kl_coef * kl_t - entropy_coef * H_t) / T
 
-Every distribution here is softmax(logits / T), T the temperature the engines sampled at (`TrainerConfig.temperature`,
-the runtime's rollout.temperature): logp_behaviour is the engine's log-prob of the token under what it sampled from
-(`reference.engine.sampling`, vLLM's "processed_logprobs"), so logp_theta, logp_prox, logp_ref and H_t are taken at
-the same T; at T = 0.7 the raw (T = 1) log-probs differ from the sampler's by far more than the clip range.
+Every distribution here is softmax(logits / tau), tau the temperature the engines sampled at
+(`TrainerConfig.temperature`, the runtime's rollout.temperature): logp_behaviour is the engine's log-prob of the
+token under what it sampled from (`reference.engine.sampling`, vLLM's "processed_logprobs"), so logp_theta,
+logp_prox, logp_ref and H_t are taken at the same tau; the raw (tau = 1) log-probs of a model sampled at 0.7 would
+put every ratio off 1 before any update.
 
 w_t is a constant (no gradient flows through it). eps_high defaults to eps; a wider upper side ("clip-higher",
 DAPO, Yu et al. 2025) lets a token the policy finds unlikely gain more probability per step when its advantage
@@ -146,7 +147,7 @@ def final_hidden_states(model, batch: TokenBatch) -> torch.Tensor:
 def _chunk_statistics(
     head, hidden: torch.Tensor, targets: torch.Tensor, entropy: bool, entropy_grad: bool, temperature: float
 ):
-    """(log p(target), entropy or None), each [n], of n hidden states projected by `head`, p = softmax(logits / T)."""
+    """(log p(target), entropy or None), each [n], of n hidden states projected by `head`; p = softmax(logits / tau)."""
     logits = head(hidden).float()  # [n, V]
     logsm = torch.log_softmax(logits / temperature if temperature != 1 else logits, dim=-1)
     logp = logsm.gather(-1, targets[:, None])[:, 0]
