@@ -55,7 +55,7 @@ SERVE_FLAG_RANGES = {
     "--max-body-bytes-in-flight": (1, None),
     "--idle-timeout-s": (0.001, 86400),
 }
-CHECK_FLAG_RANGES = {"--seed": (0, MAX_SEED), "--version": (0, None)}
+CHECK_FLAG_RANGES = {"--seed": (0, MAX_SEED), "--version": (0, None), "--temperature": (0, 2)}
 SPEC_FLAGS = ("backend", "model", "seed", "max_batch", "heartbeat_s", "coalesce_s")  # EngineSpec fields, as flags
 
 
@@ -239,6 +239,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0, help="seed of the default model")
     c.add_argument("--session", action="append", help="only these sessions (repeatable)")
     c.add_argument("--version", type=int, default=None, help="compare logprobs only of tokens of this version")
+    c.add_argument(
+        "--temperature",
+        type=float,
+        help="the tokens' sampling temperature, 0..2 (default: the run's rollout.temperature, else 1)",
+    )
     x = sub.add_parser("export", help="stored trajectories as JSON Lines, one branch per line")
     x.add_argument("--store", default="results/trajectories.sqlite")
     x.add_argument("--out", required=True, help="the .jsonl file to write")
@@ -493,7 +498,7 @@ def _require_store(path: str) -> None:
 def check(args) -> int:
     """Re-score a store (`reference.consistency`): the JSON report on stdout, progress and one verdict line on
     stderr; exit 0 (OK), 1 (token mismatches) or 2 (a user's mistake: no store, an unknown session or version)."""
-    from reference.consistency import CheckProgress, RunWeights, check_store, run_of_store, verdict
+    from reference.consistency import CheckProgress, RunWeights, check_store, run_of_store, scoring_temperature, verdict
     from reference.manager.store import TrajectoryStore
 
     _check_flags(args, CHECK_FLAG_RANGES)
@@ -513,19 +518,21 @@ def check(args) -> int:
             )
     else:
         model, tokenizer = _load_model(args.model or "default", args.seed)
+    temperature = scoring_temperature(args.temperature, run_of_store(path))  # a run's own, where --model is given
+    scoring = {"weights": weights, "temperature": temperature}
     with TrajectoryStore(path) as store:
         sessions = args.session or store.sessions()
         if missing := [s for s in sessions if not store.has_session(s)]:
             raise UserError(f"--session {missing[0]!r}: no such session in {path}")
         if weights is not None:
             print(
-                f"check: the store of training run {run}: its tokenizer; each token re-scored with the weights of "
-                f"the version that sampled it where the run kept them (versions {_spans(weights.versions)}), the "
-                f"others' token ids checked",
+                f"check: the store of training run {run}: its tokenizer; each token re-scored at temperature "
+                f"{temperature:g} with the weights of the version that sampled it where the run kept them (versions "
+                f"{_spans(weights.versions)}), the others' token ids checked",
                 file=sys.stderr,
             )
         with CheckProgress(len(sessions)) as progress:
-            report = check_store(store, model, tokenizer, sessions, args.version, weights=weights, progress=progress)
+            report = check_store(store, model, tokenizer, sessions, args.version, progress=progress, **scoring)
     print(json.dumps(report.to_dict(), indent=2), flush=True)
     print(verdict(report), file=sys.stderr)
     return 0 if report.ok else 1

@@ -9,7 +9,8 @@ whose text would *not* re-tokenise to the same ids: what a text-level proxy woul
 
 A training run's own store (`python -m reference train` writes OUT/trajectories.sqlite) is checked with the run's
 tokenizer and, token by token, the weights of the version that sampled it (`RunWeights`, `run_of_store`), not a
-serving model whose vocabulary is another.
+serving model whose vocabulary is another; and at the run's rollout.temperature (`scoring_temperature`): the engines
+record the log-probs of what they sampled from, softmax(logits / T) (`reference.engine.sampling`).
 """
 
 from __future__ import annotations
@@ -55,13 +56,17 @@ def check_store(
     *,
     weights: Weights | None = None,
     progress: Callable[[int, int], None] | None = None,
+    temperature: float = 1.0,
 ) -> ConsistencyReport:
     """Check `session_ids` (default: all); logprobs are compared only for tokens sampled under
     `version` when one is given (tokens of other versions were sampled by other weights).
 
     `model` re-scores every token; or, with `model` None, `weights(v)` gives the weights that sampled version `v`
     (a training run's own, `RunWeights`), and a token whose version has no weights is checked for its ids only.
+    Tokens are re-scored under softmax(logits / `temperature`), the temperature they were sampled at.
     `progress(done, total)` is called after each session."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 (what the tokens were sampled at), got {temperature!r}")
     sessions = list(session_ids) if session_ids is not None else store.sessions()
     lookup = weights if model is None else (lambda v: model)
     n_branches = n_requests = n_generated = mismatches = bad_requests = scored = retok = 0
@@ -94,7 +99,8 @@ def check_store(
                 if scorer is not None:
                     by_model.setdefault(id(scorer), (scorer, []))[1].append((branch, v))
         for scorer, work in by_model.values():
-            for (branch, v), rescored in zip(work, score_batch(scorer, [b.token_ids for b, _ in work]), strict=True):
+            scores = score_batch(scorer, [b.token_ids for b, _ in work], temperature)
+            for (branch, v), rescored in zip(work, scores, strict=True):
                 for i in range(1, len(branch.token_ids)):
                     lp = branch.logprobs[i]
                     if not branch.generated_mask[i] or lp is None or branch.versions[i] != v:
@@ -122,8 +128,9 @@ def check_store(
 BATCH_TOKENS = 16384  # padded tokens a forward pass of `score_batch` takes at most
 
 
-def score_batch(model, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-    """`reference.model.score_logprobs` of each sequence (log p of tokens 1..n-1), several in one forward pass:
+def score_batch(model, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]:
+    """`reference.model.score_logprobs` of each sequence (log p of tokens 1..n-1 under softmax(logits /
+    `temperature`)), several in one forward pass:
     right-padded, so that causal attention keeps every real position's logits what they are alone (up to float
     rounding)."""
     import torch
@@ -139,7 +146,8 @@ def score_batch(model, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
             for row, i in enumerate(batch):
                 ids[row, : len(sequences[i])] = torch.tensor(list(sequences[i]), dtype=torch.long)
             with torch.no_grad():
-                logprobs = torch.log_softmax(model(input_ids=ids).logits[:, :-1].float(), dim=-1)
+                logits = model(input_ids=ids).logits[:, :-1].float()
+                logprobs = torch.log_softmax(logits / temperature if temperature != 1 else logits, dim=-1)
             picked = logprobs.gather(-1, ids[:, 1:, None])[..., 0]
             for row, i in enumerate(batch):
                 out[i] = picked[row, : max(0, len(sequences[i]) - 1)].tolist()
@@ -201,6 +209,17 @@ def run_of_store(store: Path) -> Path | None:
     if (run / "config.yaml").is_file() and any((run / "weights").glob("v*/config.json")):
         return run
     return None
+
+
+def scoring_temperature(given: float | None, run: Path | None) -> float:
+    """The temperature to re-score at: `given` (check's --temperature), else a training run's rollout.temperature
+    (its saved config), else 1. Greedy (0) is 1: a greedy token's log-prob is recorded at temperature 1."""
+    if given is None and run is not None:
+        from core.config import load_yaml
+
+        rollout = load_yaml(Path(run) / "config.yaml").get("rollout")
+        given = rollout.get("temperature") if isinstance(rollout, dict) else None
+    return float(given) if isinstance(given, int | float) and given > 0 else 1.0
 
 
 def verdict(report: ConsistencyReport) -> str:

@@ -152,11 +152,13 @@ def copy_weights(model: Qwen3ForCausalLM, state: dict[str, torch.Tensor], origin
 
 
 @torch.no_grad()
-def score_logprobs(model: Qwen3ForCausalLM, token_ids: Sequence[int]) -> list[float]:
-    """log p(token_i | tokens[:i]) for i = 1..n-1 (temperature 1), from one plain forward pass."""
+def score_logprobs(model: Qwen3ForCausalLM, token_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
+    """log p(token_i | tokens[:i]) for i = 1..n-1 under softmax(logits / temperature), from one plain forward pass."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
     if len(token_ids) < 2:
         return []
     ids = torch.tensor([list(token_ids)], dtype=torch.long)
     logits = model(input_ids=ids).logits[0, :-1].float()
-    logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = torch.log_softmax(logits / temperature if temperature != 1 else logits, dim=-1)
     return logprobs.gather(-1, ids[0, 1:, None])[:, 0].tolist()

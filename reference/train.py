@@ -17,7 +17,7 @@ from pathlib import Path
 from core.policies import make_policy
 from core.tags import Tag
 from core.timeline import Timeline, TimelineRecorder
-from reference.control.config import TrainConfig, check_feasible, policy_config
+from reference.control.config import TrainConfig, check_feasible, policy_config, trainer_settings
 from reference.control.engines import WorkerEngine
 from reference.control.layout import (
     initial_weights,
@@ -106,10 +106,13 @@ def _train(
         ):
             for name in engines:  # a resource that starts on its train tag takes no request
                 m.call_soon(m.manager.set_serving, name, policy.initial_active(name) is Tag.ROLLOUT)
-            trainer = {**cfg.trainer, "seed": cfg.run.seed, "checkpoint_every_steps": cfg.run.checkpoint_every_steps}
             start_from = str(checkpoint.path) if checkpoint else None
             workers.init_trainers(
-                policy.trainers, trainer, str(out / "checkpoints"), start_from, dataclasses.asdict(cfg.trainer_parallel)
+                policy.trainers,
+                trainer_settings(cfg),
+                str(out / "checkpoints"),
+                start_from,
+                dataclasses.asdict(cfg.trainer_parallel),
             )
             adopted = []
             if checkpoint:  # every engine from the checkpoint's version: model_dir, or each worker's own copy of it

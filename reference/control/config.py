@@ -53,7 +53,7 @@ class RolloutSection:
     prompts_per_step: int  # GRPO groups per training step
     group_size: int  # samples per prompt
     max_concurrency: int  # completion requests in flight
-    temperature: float
+    temperature: float  # the engines' sampling temperature, in (0, 2]; the trainer scores at it (trainer_settings)
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class TrainConfig:
     rollout: RolloutSection
     model: ModelSection
     engine: EngineSection
-    trainer: dict  # reference.trainer.config.TrainerConfig fields
+    trainer: dict  # reference.trainer.config.TrainerConfig fields (temperature: rollout's, see trainer_settings)
     run: RunSection
     warm_start: dict  # reference.trainer.supervised.SupervisedConfig fields; steps 0: no warm start
     trainer_parallel: TrainerParallelSection = TrainerParallelSection()
@@ -168,10 +168,11 @@ class TrainConfig:
         if not self.run.time_limit_s > 0:
             raise UserError(f"run.time_limit_s must be > 0, got {self.run.time_limit_s}")
         _check_gpus(self.resources)
+        _check_temperature(self.rollout.temperature, self.trainer)
         from reference.trainer.config import TrainerConfig
 
         try:  # the trainers build it inside their workers: a bad value must stop the run before they start
-            TrainerConfig.from_dict(self.trainer)
+            TrainerConfig.from_dict({**self.trainer, "temperature": self.rollout.temperature})
         except (ValueError, TypeError) as e:
             raise _section_error(
                 "trainer", str(e).replace("TrainerConfig.", "trainer.").replace("__init__() ", "")
@@ -190,6 +191,35 @@ def policy_config(cfg: TrainConfig, num_steps: int | None = None) -> PolicyConfi
     p = cfg.policy
     steps = p.num_steps if num_steps is None else num_steps
     return PolicyConfig.of(p, batch_groups=cfg.rollout.prompts_per_step, num_steps=steps)
+
+
+def trainer_settings(cfg: TrainConfig) -> dict:
+    """The TrainerConfig fields the run's trainers get: the `trainer` section, with the rollouts' temperature (the
+    engines store log-probs of softmax(logits / rollout.temperature), and the trainer must score the same
+    distribution), the run's seed and its checkpoint cadence."""
+    return {
+        **cfg.trainer,
+        "temperature": cfg.rollout.temperature,
+        "seed": cfg.run.seed,
+        "checkpoint_every_steps": cfg.run.checkpoint_every_steps,
+    }
+
+
+def _check_temperature(temperature: float, trainer: dict) -> None:
+    """rollout.temperature trains (in (0, 2]) and trainer.temperature, where set, is the same."""
+    if temperature == 0:
+        raise UserError(
+            "rollout.temperature 0 (greedy) cannot train: PPO's ratios need the probabilities the engines sampled "
+            "from; set rollout.temperature > 0 (e.g. 1.0)"
+        )
+    if not 0 < temperature <= 2:  # also refuses NaN
+        raise UserError(f"rollout.temperature must be in (0, 2], got {temperature}")
+    if "temperature" in trainer and trainer["temperature"] != temperature:
+        raise UserError(
+            f"trainer.temperature {trainer['temperature']!r} differs from rollout.temperature {temperature!r}: the "
+            "trainer scores tokens at the temperature the engines sampled them, set from rollout.temperature "
+            "(leave trainer.temperature out)"
+        )
 
 
 def _section_error(section: str, message: str) -> UserError:

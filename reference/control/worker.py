@@ -192,14 +192,15 @@ class ResourceWorker:
         return self._trainer().train_step(trajectories)
 
     def evaluate(self, task_name: str, options: dict, seed: int) -> Evaluation:
-        """Held-out reward of the current weights: one temperature-1 sample per held-out problem, drawn by
-        this shard's trainer model in-process (so it never competes with rollout for an engine)."""
+        """Held-out reward of the current weights: one sample per held-out problem at the trainer's temperature (the
+        rollouts'), drawn by this shard's trainer model in-process (so it never competes with rollout for an engine)."""
         from reference.tasks import make_task
         from reference.trainer.probe import evaluate
 
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(seed)
-        reward, exact = evaluate(self._trainer().model, make_task(task_name, **options), generator)
+        trainer = self._trainer()
+        reward, exact = evaluate(trainer.model, make_task(task_name, **options), generator, trainer.config.temperature)
         return Evaluation(reward_mean=reward, exact_match=exact, eval_s=time.perf_counter() - start)
 
     def publish(self, root: str) -> WeightsCopy | None:

@@ -13,8 +13,8 @@ doubles up to `max_context`), `qwen3_forward.Qwen3Runner` (prefill and batched d
 weights), `sampling.sample`, `prefix_cache.PrefixCache` (finished requests' KV, copied into a new request that shares
 their prefix; emptied on every weight update) and `activity.ActivityLog` (what the engine did, as timeline intervals).
 
-Logprobs: each TokenEvent carries the RAW model log-probability of the sampled token (temperature 1, no top-p, no
-vocab mask; see `sampling`), i.e. what `reference.model.score_logprobs` computes.
+Logprobs: each TokenEvent carries the log-probability of the sampled token under the distribution it was drawn from
+(temperature-scaled, after top-p: vLLM's "processed_logprobs"; see `sampling`), what a trainer at that T scores.
 
 Stop tokens are only those in `SamplingParams.stop_token_ids` (pass the tokenizer's `stop_token_ids` for chat); the
 sampled stop token is included in the output. `resume()` re-prefills every running request even when the weights did

@@ -25,8 +25,17 @@ not a `ValueError`) raises `ValueError` before any token; everything else (`Engi
 `EngineGenerateError`, a full queue, finish reason "error") raises `EngineError`, which the manager
 retries elsewhere. Seeds reach vLLM in [0, 2**63 - 1]: vLLM reads -1 as "unseeded" and keeps seeds in
 an int64 array. A request without a seed gets one from the engine's seeded RNG, so a run replays.
-Logprobs are pinned to `logprobs_mode="raw_logprobs"` (the raw model's, temperature 1, as the built-in
-engine's): another mode would change what the trainer's behaviour logprobs mean.
+Logprobs are pinned to `logprobs_mode="processed_logprobs"`: the log-prob of each sampled token under the
+distribution vLLM drew it from (after temperature and top-k/top-p; a greedy request's at temperature 1), as the
+built-in engine reports and as the trainer scores at the rollouts' temperature (`TrainerConfig.temperature`).
+vLLM's default, "raw_logprobs", is the temperature-1 model's, which at the SWE recipe's 0.7 is far from what
+was sampled. The engine argument appeared in vLLM 0.10.0 (PR #21398), but its processed log-probs were taken
+before temperature and top-k/top-p until 0.10.2 (PR #22387): an older vLLM is refused (`check_vllm_version`)
+rather than run with a warning, since it would hand the trainer wrong behaviour log-probs without a sign. A greedy
+request's processed log-probs are the log-softmax of its logits at temperature 1 (vLLM's public source:
+`Sampler.sample` of vllm/v1/sample/sampler.py returns them before temperature for an all-greedy batch and scales a
+greedy row of a mixed batch by 1; model runner V2's sampler, vllm/v1/worker/gpu/sample/sampler.py, leaves
+temperature 0 unscaled).
 
 vLLM facts relied on, read in the vLLM 0.33.0 wheel: vllm/v1/engine/async_llm.py (`generate` aborts its
 request when cancelled and re-raises client errors; `pause_generation(mode=, clear_cache=)`,
@@ -68,7 +77,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PAUSE_MODES = ("auto", "keep", "resubmit")
-LOGPROBS_MODE = "raw_logprobs"  # the raw model's logprobs, as the built-in engine reports (sampling.py)
+LOGPROBS_MODE = "processed_logprobs"  # of the distribution sampled from, as the built-in engine reports (sampling.py)
+MIN_VLLM = (0, 10, 2)  # the first vLLM whose processed log-probs are taken after temperature and top-k/top-p
 GPU_EXTRA_HINT = "the vLLM backend needs the `gpu` extra (and an NVIDIA GPU): pip install -e '.[gpu]'"
 _LOAD_METHOD = "seamlessflow_load_weights"  # WeightLoaderExtension's RPC, named to avoid Worker attributes
 _RELOAD_METHOD = "reload_weights"  # vLLM's Worker.reload_weights(weights_iterator, weights_path, ...)
@@ -170,8 +180,8 @@ def engine_args(
     mode = engine_kwargs.pop("logprobs_mode", LOGPROBS_MODE)
     if mode != LOGPROBS_MODE:
         raise ValueError(
-            f"logprobs_mode is pinned to {LOGPROBS_MODE!r} (the raw model's logprobs, which the trainer takes "
-            f"as behaviour logprobs), got {mode!r}"
+            f"logprobs_mode is pinned to {LOGPROBS_MODE!r} (the log-probs of what was sampled, which the trainer "
+            f"takes as behaviour log-probs and scores at the same temperature), got {mode!r}"
         )
     args: dict[str, Any] = {
         "model": model_path,
@@ -201,6 +211,23 @@ class _Run:
     task: asyncio.Task | None = None  # pumps the current vLLM request into `events`
     done: bool = False
     abort_requested: bool = False
+
+
+def check_vllm_version(version: str) -> None:
+    """ImportError naming `version` when that vLLM predates MIN_VLLM (its "processed_logprobs" would be taken
+    before temperature: not the log-probs of what was sampled)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        release = Version(version).release
+    except InvalidVersion:
+        release = ()
+    if release[:3] < MIN_VLLM:
+        need = ".".join(map(str, MIN_VLLM))
+        raise ImportError(
+            f"the vllm backend needs vLLM >= {need} (logprobs_mode='processed_logprobs' taken after temperature "
+            f"and top-p: the log-probs the trainer scores), found vLLM {version}; {GPU_EXTRA_HINT}"
+        )
 
 
 def _check_pause_mode(pause_mode: str) -> None:
@@ -238,9 +265,10 @@ class VLLMEngine:
         _check_pause_mode(pause_mode)
         args = engine_args(model_path, seed=seed, **engine_kwargs)
         try:
-            import vllm  # noqa: F401
+            import vllm
         except ImportError as e:
             raise ImportError(GPU_EXTRA_HINT) from e
+        check_vllm_version(getattr(vllm, "__version__", "0"))
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

@@ -7,8 +7,9 @@ at 1.0, group-centred advantages not divided by the group's std (`normalize_std`
 2025: divided by it, a group that almost agrees gets advantages of several units pushing it onto its majority;
 every recipe of the runtime sets False, and only code that built a TrainerConfig without the field got the
 default of True it had before 2026-11-29). The KL term is off by default (`kl_coef` 0), so no reference model is
-needed. The off-policy correction is off (`off_policy` "behaviour"), and so are the token budget of
-micro-batches and the dropping of groups without signal.
+needed. Log-probs are at `temperature` 1 unless set (the runtime sets the rollouts' temperature). The off-policy
+correction is off (`off_policy` "behaviour"), and so are the token budget of micro-batches and the dropping of
+groups without signal.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class TrainerConfig:
     # ratio, times pi_prox / pi_behaviour, a token past tis_cap left out: AReaL); "tis" and "decoupled" cost one
     # more forward pass without gradient
     tis_cap: float = 2.0  # the cap on the importance weight pi_prox / pi_behaviour of "tis" and "decoupled"; >= 1
+    temperature: float = 1.0  # every log-prob, entropy and KL is of softmax(logits / temperature): the engines'
+    # sampling temperature, whose processed log-probs the behaviour log-probs are (the runtime sets it from
+    # rollout.temperature); > 0, finite
     drop_zero_advantage_groups: bool = False  # leave the groups whose advantages are all 0 (all rewards equal) out
     # of the step: no forward or backward pass for them, and their tokens out of the token mean T (DAPO's dynamic
     # sampling, without resampling); they still count in `sequences` and `reward_mean`
@@ -75,6 +79,7 @@ class TrainerConfig:
             "adam_eps",
             "grad_clip",
             "tis_cap",
+            "temperature",
         ):
             value = getattr(self, name)
             _check(_is_real(value), name, value, "a finite number")
@@ -96,6 +101,7 @@ class TrainerConfig:
         _check(0 <= self.negative_weight <= 1, "negative_weight", self.negative_weight, "in [0, 1]")
         _check(self.off_policy in OFF_POLICY, "off_policy", self.off_policy, f"one of {list(OFF_POLICY)}")
         _check(self.tis_cap >= 1, "tis_cap", self.tis_cap, ">= 1")
+        _check(self.temperature > 0, "temperature", self.temperature, "> 0 (the engines' sampling temperature)")
         _check(
             isinstance(self.drop_zero_advantage_groups, bool),
             "drop_zero_advantage_groups",

@@ -15,6 +15,12 @@ For every generated token t of a sequence with advantage A (shared by the sequen
     H_t   = -sum_v p_theta(v) log p_theta(v)                            entropy of the full distribution
     loss  = sum_t (w_t * pg_t + kl_coef * kl_t - entropy_coef * H_t) / T
 
+Every distribution here is softmax(logits / tau), tau the temperature the engines sampled at
+(`TrainerConfig.temperature`, the runtime's rollout.temperature): logp_behaviour is the engine's log-prob of the
+token under what it sampled from (`reference.engine.sampling`, vLLM's "processed_logprobs"), so logp_theta,
+logp_prox, logp_ref and H_t are taken at the same tau; the raw (tau = 1) log-probs of a model sampled at 0.7 would
+put every ratio off 1 before any update.
+
 w_t is a constant (no gradient flows through it). eps_high defaults to eps; a wider upper side ("clip-higher",
 DAPO, Yu et al. 2025) lets a token the policy finds unlikely gain more probability per step when its advantage
 is positive, which keeps the policy from collapsing onto its early favourites. T is the number of generated
@@ -44,6 +50,7 @@ token whose weight exceeds the cap is left out of the loss (w_t = 0), not trunca
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -81,9 +88,11 @@ def token_logprobs(
     *,
     entropy: bool = True,
     entropy_grad: bool = True,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(target), entropy of the full distribution), both [B, L-1] float32, from one forward; 0 at the
     targets the batch does not train (`batch.mask`). `entropy` False: None for the entropy (not computed).
+    p = softmax(logits / `temperature`): the distribution the engines sampled from at that temperature.
 
     No [tokens x vocabulary] tensor is ever held in full: the model's body runs once (its final hidden states,
     `final_hidden_states`), then the vocabulary projection, its softmax and the two statistics run on
@@ -96,13 +105,16 @@ def token_logprobs(
     entropy is computed for the metrics only (no gradient through it; use it when the entropy bonus is 0)."""
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be an integer >= 1, got {chunk_tokens!r}")
+    if isinstance(temperature, bool) or not (isinstance(temperature, int | float) and 0 < temperature < math.inf):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     on = batch.mask > 0
     hidden = final_hidden_states(model, batch)[:, :-1][on]  # [N, H]: position p predicts token p + 1
     targets = batch.input_ids[:, 1:][on]
     head = model.get_output_embeddings()
     logps, entropies = [], []
     for lo in range(0, max(len(targets), 1), chunk_tokens):  # an empty batch still runs one (empty) chunk
-        args = (head, hidden[lo : lo + chunk_tokens], targets[lo : lo + chunk_tokens], entropy, entropy_grad)
+        chunk = (hidden[lo : lo + chunk_tokens], targets[lo : lo + chunk_tokens])
+        args = (head, *chunk, entropy, entropy_grad, temperature)
         if torch.is_grad_enabled():
             logp, chunk_entropy = checkpoint(_chunk_statistics, *args, use_reentrant=False, preserve_rng_state=False)
         else:
@@ -132,9 +144,12 @@ def final_hidden_states(model, batch: TokenBatch) -> torch.Tensor:
     return captured[-1]
 
 
-def _chunk_statistics(head, hidden: torch.Tensor, targets: torch.Tensor, entropy: bool, entropy_grad: bool):
-    """(log p(target), entropy or None), each [n], of n hidden states projected by `head`."""
-    logsm = torch.log_softmax(head(hidden).float(), dim=-1)  # [n, V]
+def _chunk_statistics(
+    head, hidden: torch.Tensor, targets: torch.Tensor, entropy: bool, entropy_grad: bool, temperature: float
+):
+    """(log p(target), entropy or None), each [n], of n hidden states projected by `head`; p = softmax(logits / tau)."""
+    logits = head(hidden).float()  # [n, V]
+    logsm = torch.log_softmax(logits / temperature if temperature != 1 else logits, dim=-1)
     logp = logsm.gather(-1, targets[:, None])[:, 0]
     if not entropy:
         return logp, None

@@ -1,11 +1,11 @@
 """Learnability probe: GRPO on a task in one process, no servers, from a randomly initialised model.
 
 Each step draws `prompts_per_step` training problems, samples `group_size` completions of exactly
-`task.max_tokens` tokens for each with plain torch (temperature 1, a KV cache, logprobs recorded at
-sampling time: the behaviour policy), grades them, and takes one `Trainer.train_step`. It prints the
-random policy's reward (the untrained model on the held-out problems, beside chance and the best
-constant answer), then per step the training reward and, every `eval_every_steps`, the held-out
-reward (one temperature-1 sample per held-out problem) and exact-match rate.
+`task.max_tokens` tokens for each with plain torch (at the trainer's `temperature`, 1 by default; a KV cache;
+logprobs of the distribution sampled from, recorded at sampling time: the behaviour policy), grades them, and takes
+one `Trainer.train_step`. It prints the random policy's reward (the untrained model on the held-out problems, beside
+chance and the best constant answer), then per step the training reward and, every `eval_every_steps`, the held-out
+reward (one sample per held-out problem, at the same temperature) and exact-match rate.
 
 The target is reached when the mean training reward of the last `WINDOW` steps is >= `target_reward`.
 Held-out evaluation draws from its own generator (seeded by seed and step), so evaluating does not
@@ -40,15 +40,19 @@ WINDOW = 5  # steps averaged for the target test
 
 @torch.no_grad()
 def sample_tokens(
-    model, prompt_ids: torch.Tensor, max_new_tokens: int, generator: torch.Generator
+    model, prompt_ids: torch.Tensor, max_new_tokens: int, generator: torch.Generator, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [B, N], raw logprobs [B, N]) sampled at temperature 1 after equal-length prompts [B, P]."""
+    """(tokens [B, N], logprobs [B, N]) sampled from softmax(logits / temperature) after equal-length prompts [B, P];
+    the logprobs are of that distribution (what the trainer at `temperature` scores)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 (a sampled distribution), got {temperature!r}")
     out = model(input_ids=prompt_ids, use_cache=True)
     # The KV cache's name: `cache` from transformers 5.24 (argument and output), `past_key_values` before.
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     tokens, logprobs = [], []
     for i in range(max_new_tokens):
-        logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # [B, V]
+        logits = out.logits[:, -1].float()
+        logp = torch.log_softmax(logits / temperature if temperature != 1 else logits, dim=-1)  # [B, V]
         token = torch.multinomial(logp.exp(), 1, generator=generator)  # [B, 1]
         tokens.append(token)
         logprobs.append(logp.gather(-1, token))
@@ -57,11 +61,11 @@ def sample_tokens(
     return torch.cat(tokens, dim=1), torch.cat(logprobs, dim=1)
 
 
-def complete(model, task: Task, problems: Sequence[Problem], generator: torch.Generator):
+def complete(model, task: Task, problems: Sequence[Problem], generator: torch.Generator, temperature: float = 1.0):
     """(prompt ids [B, P], tokens [B, N], logprobs [B, N], grades) for one completion per problem."""
     tok = task.tokenizer
     prompts = torch.tensor([tok.encode(p.prompt) for p in problems], dtype=torch.long)
-    tokens, logprobs = sample_tokens(model, prompts, task.max_tokens, generator)
+    tokens, logprobs = sample_tokens(model, prompts, task.max_tokens, generator, temperature)
     grades = [task.grade(p, tok.decode(row)) for p, row in zip(problems, tokens.tolist(), strict=True)]
     return prompts, tokens, logprobs, grades
 
@@ -80,7 +84,7 @@ def rollout(
     model = trainer.model if behaviour is None else behaviour
     was_training = model.training
     model.eval()
-    prompts, tokens, logprobs, grades = complete(model, task, batch, trainer.generator)
+    prompts, tokens, logprobs, grades = complete(model, task, batch, trainer.generator, trainer.config.temperature)
     model.train(was_training)
     mask = (0,) * prompts.shape[1] + (1,) * tokens.shape[1]
     versions = (trainer.version if version is None else version,) * tokens.shape[1]
@@ -88,11 +92,11 @@ def rollout(
     return [Trajectory((*p, *t), mask, lp, versions, problem.problem_id, g.reward) for problem, p, t, lp, g in rows]
 
 
-def evaluate(model, task: Task, generator: torch.Generator) -> tuple[float, float]:
-    """(mean reward, exact-match rate) of one temperature-1 sample per held-out problem."""
+def evaluate(model, task: Task, generator: torch.Generator, temperature: float = 1.0) -> tuple[float, float]:
+    """(mean reward, exact-match rate) of one sample at `temperature` per held-out problem."""
     was_training = model.training
     model.eval()
-    *_, grades = complete(model, task, task.held_out(), generator)
+    *_, grades = complete(model, task, task.held_out(), generator, temperature)
     model.train(was_training)
     return _mean([g.reward for g in grades]), _mean([float(g.exact) for g in grades])
 
@@ -137,7 +141,8 @@ def run_probe(
     snapshots: deque[dict] = deque(maxlen=lag + 1)  # policy versions step-lag .. step
     behaviour = copy.deepcopy(model) if lag else None
     trainer = Trainer(model, replace(recipe.trainer, seed=seed), pad_id=tok.pad_token_id)
-    random_reward, _ = evaluate(model, task, _eval_generator(seed, 0))
+    temperature = recipe.trainer.temperature  # rollouts and evaluations alike
+    random_reward, _ = evaluate(model, task, _eval_generator(seed, 0), temperature)
     log(
         f"seed {seed}: random-policy reward {random_reward:.3f} (held-out), chance {task.chance_reward():.3f}, "
         f"best constant {task.best_constant_reward():.3f}"
@@ -159,12 +164,12 @@ def run_probe(
         if reached is None and len(rewards) >= WINDOW and recent >= target_reward:
             reached = elapsed
         if trainer.step % eval_every_steps == 0 or (reached is not None and stop_at_target):
-            held, exact = evaluate(trainer.model, task, _eval_generator(seed, trainer.step))
+            held, exact = evaluate(trainer.model, task, _eval_generator(seed, trainer.step), temperature)
             line += f" held-out {held:.3f} exact {exact:.3f}"
         log(line)
         if reached is not None and stop_at_target:
             break
-    held, exact = evaluate(trainer.model, task, _eval_generator(seed, trainer.step))
+    held, exact = evaluate(trainer.model, task, _eval_generator(seed, trainer.step), temperature)
     return ProbeResult(
         seed=seed,
         random_policy_reward=random_reward,

@@ -364,12 +364,12 @@ def run_fix_grpo(
     eval_every: int,
     samples: int,
     moments: dict | None = None,
-    temperature: float = 1.0,
     log: Callable[[str], None] = print,
 ) -> list[dict]:
     """GRPO on the fix turn alone (prompt = the demonstration's history up to it, reward = the proxy's verdict)
     with the project's `Trainer`, on-policy; the proxy is evaluated every `eval_every` steps. `moments`: an AdamW
-    state (the SFT's) to continue from instead of a fresh optimiser."""
+    state (the SFT's) to continue from instead of a fresh optimiser. Samples and evaluations are at the trainer's
+    `temperature` (whose log-probs they then carry)."""
     from reference.trainer.batch import Trajectory
     from reference.trainer.trainer import Trainer
 
@@ -377,7 +377,7 @@ def run_fix_grpo(
     trainer = Trainer(model, trainer_config, pad_id=tok.pad_token_id, ref_model=reference)
     if moments is not None:
         trainer.adopt_optimizer_moments(moments)
-    seed, history, start = trainer_config.seed, [], time.perf_counter()
+    seed, temperature, history, start = trainer_config.seed, trainer_config.temperature, [], time.perf_counter()
     history.append({"step": 0, **evaluate(trainer.model, tok, data, judge, samples, seed, temperature)})
     log(json.dumps(history[-1]))
     while trainer.step < steps:
@@ -536,6 +536,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 weight_decay=0.0,
                 negative_weight=args.negative_weight,
                 kl_coef=args.kl_coef,
+                temperature=args.temperature,
             )
             moments = None
             if args.carry_optimizer:
@@ -554,7 +555,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                 eval_every=args.eval_every,
                 samples=args.samples,
                 moments=moments,
-                temperature=args.temperature,
             )
 
 

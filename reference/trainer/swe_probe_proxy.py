@@ -38,8 +38,8 @@ def sample_completions(
     temperature: float = 1.0,
 ) -> list[list[GenerateResult]]:
     """`n` completions of each prompt at `temperature` (each up to and including a stop token, or `max_tokens`
-    long), with their raw logprobs, from the project's built-in engine (continuous batching, a KV cache, the
-    prompt's KV shared by its samples) over a copy of `model`."""
+    long), with their logprobs at that temperature, from the project's built-in engine (continuous batching, a KV
+    cache, the prompt's KV shared by its samples) over a copy of `model`."""
     params = [
         SamplingParams(max_tokens, temperature, stop_token_ids=tuple(stop_ids), seed=seed * 1_000_003 + i)
         for i in range(len(prompts) * n)

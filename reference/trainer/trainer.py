@@ -276,7 +276,9 @@ class Trainer:
         proximal = []
         for lo, hi in self._micro_batches(trajectories):
             batch = collate(trajectories[lo:hi], advantages[lo:hi], self.pad_id).to(self.device)
-            logp, _ = token_logprobs(self.model, batch, self.config.logit_chunk_tokens, entropy=False)
+            logp, _ = token_logprobs(
+                self.model, batch, self.config.logit_chunk_tokens, entropy=False, temperature=self.config.temperature
+            )
             generated = batch.versions >= 0
             proximal += [logp[row][generated[row]].tolist() for row in range(hi - lo)]
         return proximal
@@ -349,11 +351,15 @@ class Trainer:
         c = self.config
         inert = self._without_gradient(batch)
         with torch.no_grad() if inert else contextlib.nullcontext():
-            logp, entropy = token_logprobs(self.model, batch, c.logit_chunk_tokens, entropy_grad=c.entropy_coef > 0)
+            logp, entropy = token_logprobs(
+                self.model, batch, c.logit_chunk_tokens, entropy_grad=c.entropy_coef > 0, temperature=c.temperature
+            )
         ref_logp = None
         if self.ref_model is not None and not inert:
             with torch.no_grad():
-                ref_logp, _ = token_logprobs(self.ref_model, batch, c.logit_chunk_tokens, entropy=False)
+                ref_logp, _ = token_logprobs(
+                    self.ref_model, batch, c.logit_chunk_tokens, entropy=False, temperature=c.temperature
+                )
         out = grpo_loss(
             logp,
             entropy,

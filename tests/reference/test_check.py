@@ -29,19 +29,30 @@ def run(tmp_path_factory) -> Path:
     """A training run's folder as `python -m reference train` leaves it: config.yaml, weights/ (version 0 kept, 1
     pruned) and trajectories.sqlite; sessions 0 and 1 sampled under version 0 (logprobs of those weights), session
     2 under version 1 (weights gone: its ids are checked, its logprobs not)."""
-    out = tmp_path_factory.mktemp("run")
+    return write_run(tmp_path_factory.mktemp("run"))
+
+
+@pytest.fixture(scope="module")
+def hot_run(tmp_path_factory) -> Path:
+    """The same run sampled at rollout.temperature 0.7: its logprobs are of softmax(logits / 0.7)."""
+    return write_run(tmp_path_factory.mktemp("hot-run"), temperature=0.7)
+
+
+def write_run(out: Path, temperature: float | None = None) -> Path:
+    """`run`'s folder; with `temperature`, its config says rollout.temperature and its logprobs are at it."""
     tokenizer = default_tokenizer()
     model = build_model(tiny_config(tokenizer.vocab_size, hidden_size=64, num_hidden_layers=1, intermediate_size=128,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=32), seed=3)  # fmt: skip
     save_checkpoint(model, tokenizer, version_dir(out / "weights", 0))
-    (out / "config.yaml").write_text("policy: {name: tag}\n")
+    rollout = f"rollout: {{temperature: {temperature}}}\n" if temperature is not None else ""
+    (out / "config.yaml").write_text("policy: {name: tag}\n" + rollout)
     with TrajectoryStore(out / "trajectories.sqlite") as store:
         for s in range(SESSIONS):
             prompt = tokenizer.encode(f"problem {s}: 12 + 34 =")
             for k in range(GROUP):
                 reply = tokenizer.encode(f" {46 + k}")
                 if s < 2:
-                    logprobs = score_logprobs(model, prompt + reply)[len(prompt) - 1 :]
+                    logprobs = score_logprobs(model, prompt + reply, temperature or 1.0)[len(prompt) - 1 :]
                     version = 0
                 else:
                     logprobs, version = [-1.0] * len(reply), 1
@@ -73,6 +84,25 @@ def test_a_runs_store_is_checked_with_the_runs_own_weights(run, capsys):
     # the store file itself says the same; --version picks version 0's tokens alone
     assert main(["check", "--store", str(run / "trajectories.sqlite"), "--version", "0"]) == 0
     assert json.loads(capsys.readouterr().out)["scored_tokens"] == report["scored_tokens"]
+
+
+def test_a_run_sampled_at_a_temperature_is_rescored_at_it(hot_run, capsys):
+    """Its engines stored the log-probs of softmax(logits / 0.7): the check re-scores at the run's temperature."""
+    assert main(["check", "--store", str(hot_run)]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["scored_tokens"] == generated(hot_run, ["s0", "s1"])
+    assert report["max_logprob_diff"] < 1e-4
+    assert captured.err.splitlines()[0].startswith(
+        f"check: the store of training run {hot_run}: its tokenizer; each token re-scored at temperature 0.7 with"
+    )
+    assert main(["check", "--store", str(hot_run), "--temperature", "1"]) == 0  # said otherwise: the raw model's
+    assert json.loads(capsys.readouterr().out)["max_logprob_diff"] > 0.05
+
+
+def test_a_temperature_out_of_range_is_one_line(run, capsys):
+    assert main(["check", "--store", str(run), "--temperature", "3"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: --temperature must be in 0..2, got 3.0"]
 
 
 def test_a_version_whose_weights_are_gone_is_one_line(run, capsys):

@@ -50,6 +50,13 @@ from reference.cli import main
         (["--set", "trainer_parallel.param_dtype=fp8"], "param_dtype must be one of float32, bfloat16, got 'fp8'"),
         (["--set", "trainer_parallel.param_dtype=bfloat16"], "param_dtype bfloat16 needs trainer_parallel.fsdp=true"),
         (["--set", "trainer_parallel.fsdp=maybe"], "trainer_parallel.fsdp' must be true or false"),
+        (["--set", "rollout.temperature=0"], "error: rollout.temperature 0 (greedy) cannot train: PPO's ratios need"),
+        (["--set", "rollout.temperature=2.5"], "error: rollout.temperature must be in (0, 2], got 2.5"),
+        (["--set", "rollout.temperature=.nan"], "error: rollout.temperature must be in (0, 2], got nan"),
+        (
+            ["--task", "swe", "--set", "trainer.temperature=1.0"],
+            "error: trainer.temperature 1.0 differs from rollout.temperature 0.7: the trainer scores tokens at the",
+        ),
     ],
 )
 def test_a_bad_setting_is_one_line_and_exit_2(argv, needle, capsys, tmp_path):
@@ -142,6 +149,20 @@ def test_compare_writes_each_policys_resolved_config_before_it_runs(tmp_path, mo
     monkeypatch.setattr(reference.train, "train", fake_train)
     assert main(["train", "--compare", "--out", str(tmp_path / "cmp")]) == 130  # as after Ctrl-C
     assert seen == [("colocated", True)]
+
+
+def test_the_trainer_gets_the_rollouts_temperature():
+    """The engines store log-probs at rollout.temperature; the trainers are built to score at the same."""
+    from reference.control.config import load_train_config, trainer_settings
+    from reference.trainer.config import TrainerConfig
+
+    swe = load_train_config(None, ["task.name=swe", "run.seed=5"])
+    settings = trainer_settings(swe)
+    assert (settings["temperature"], settings["seed"], settings["lr"]) == (0.7, 5, swe.trainer["lr"])
+    assert TrainerConfig.from_dict(settings).temperature == 0.7
+    same = load_train_config(None, ["rollout.temperature=0.5", "trainer.temperature=0.5"])  # set twice, in step
+    assert trainer_settings(same)["temperature"] == 0.5
+    assert "temperature" not in load_train_config(None).trainer  # the saved config does not repeat it
 
 
 def test_a_task_named_on_the_command_line_brings_its_recipe(tmp_path):

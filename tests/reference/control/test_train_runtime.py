@@ -72,6 +72,20 @@ def test_each_policy_trains_within_its_staleness_bound(tmp_path, policy, bound):
     assert report.max_logprob_diff < 1e-3  # version-0 tokens re-score under the version-0 weights
 
 
+def test_a_run_at_temperature_07_trains_on_the_log_probs_of_what_was_sampled(tmp_path):
+    """The engines sample at 0.7 and store the log-probs of softmax(logits / 0.7); the trainers score at the same
+    temperature, so on fresh tokens (strictly on-policy here) engine and trainer agree to fp32 rounding."""
+    cfg, out, _, metrics, _ = run(tmp_path, "colocated", "policy.num_steps=2", "rollout.temperature=0.7")
+    assert [s["step"] for s in metrics.steps] == [0, 1]
+    assert all(s["fresh_tokens"] > 0 for s in metrics.steps)
+    assert max(abs(s["fresh_mismatch_mean"]) for s in metrics.steps) < 1e-4, metrics.steps
+    with TrajectoryStore(out / "trajectories.sqlite") as store:
+        model, tok = load_checkpoint(version_dir(out / "weights", 0))
+        report = check_store(store, model, tok, version=0, temperature=cfg.rollout.temperature)
+    assert report.scored_tokens > 0
+    assert report.max_logprob_diff < 1e-3
+
+
 def test_outputs_match_the_simulators(tmp_path, capsys):
     """The same files as `python -m sim`, plus metrics.jsonl and reward.png; the timeline reads back. With stderr
     not a terminal, a line a step; with a TensorBoard log, its event files hold each step."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 
 import pytest
 import torch
@@ -43,6 +44,27 @@ def req(rid: str, prompt, max_tokens: int = 16, **params) -> GenerateRequest:
 
 def prompt(n: int, offset: int = 0) -> list[int]:
     return [(offset + 37 * i) % VOCAB for i in range(n)]
+
+
+def sampled_logprobs(model, prompt_ids, token_ids, temperature: float, top_p: float = 1.0) -> list[float]:
+    """Each generated token's log-prob under what the engine draws it from, token by token in float64: softmax of
+    logits / T (greedy, T = 0: at 1), renormalised over the smallest set of most likely ids whose mass reaches
+    top_p."""
+    full = list(prompt_ids) + list(token_ids)
+    with torch.no_grad():
+        logits = model(torch.tensor([full])).logits[0].double()
+    out = []
+    for i, token in enumerate(token_ids):
+        probs = torch.softmax(logits[len(prompt_ids) - 1 + i] / (temperature or 1.0), -1).tolist()
+        kept, mass = [], 0.0
+        for j in sorted(range(len(probs)), key=lambda j: -probs[j]):
+            if mass >= (top_p if temperature else 1.0):
+                break
+            kept.append(j)
+            mass += probs[j]
+        assert token in kept, (i, token)
+        out.append(math.log(probs[token] / mass))
+    return out
 
 
 def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
@@ -84,8 +106,9 @@ def test_cache_forward_matches_hf_logits(model):
                 seqs[i].append(int(expected.argmax()))
 
 
-def test_logprobs_match_reference_scorer(model):
-    """Greedy and sampled requests of different lengths, joining at different steps (max_batch 3)."""
+def test_logprobs_are_those_of_the_distribution_sampled_from(model):
+    """Greedy and sampled requests of different lengths, joining at different steps (max_batch 3): each token's
+    log-prob is under softmax(logits / T) after top-p (greedy: at T = 1), as a naive token-by-token scorer says."""
 
     async def run():
         with BuiltinEngine(model, max_batch=3, seed=1) as engine:
@@ -102,12 +125,17 @@ def test_logprobs_match_reference_scorer(model):
             return await asyncio.gather(*first, *second)
 
     results = asyncio.run(run())
+    params = {"g0": (0, 1), "s0": (1.0, 1), "s1": (0.7, 0.9), "g1": (0, 1), "s2": (1.3, 1)}
     for r in results:
         assert r.finish_reason == FinishReason.LENGTH
-        full = list(r.prompt_token_ids) + list(r.token_ids)
-        expected = score_logprobs(model, full)[len(r.prompt_token_ids) - 1 :]
+        expected = sampled_logprobs(model, r.prompt_token_ids, r.token_ids, *params[r.request_id])
         assert list(r.logprobs) == pytest.approx(expected, abs=1e-4), r.request_id
         assert set(r.versions) == {0}
+    full = list(results[1].prompt_token_ids) + list(results[1].token_ids)  # s0, at temperature 1: the plain scorer's
+    assert list(results[1].logprobs) == pytest.approx(score_logprobs(model, full)[len(full) - 31 :], abs=1e-4)
+    s1 = results[2]  # at 0.7 and top-p 0.9: not the temperature-1 model's
+    raw = score_logprobs(model, list(s1.prompt_token_ids) + list(s1.token_ids))[len(s1.prompt_token_ids) - 1 :]
+    assert max(abs(a - b) for a, b in zip(s1.logprobs, raw, strict=True)) > 0.05
 
 
 def test_greedy_matches_hf_generate(model):
@@ -566,19 +594,27 @@ def test_default_engine_and_from_checkpoint(tmp_path, model):
 # ---- the sampler ----
 
 
-def test_sampler_temperature_top_p_and_raw_logprobs():
+def test_sampler_temperature_top_p_and_processed_logprobs():
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])
     raw = torch.log_softmax(logits, -1)[0]
     gens = [torch.Generator().manual_seed(0)]
     tokens, lps = sample(logits, [0.0], [1.0], gens)
-    assert tokens == [0] and lps[0] == pytest.approx(raw[0].item())
+    assert tokens == [0] and lps[0] == pytest.approx(raw[0].item())  # greedy: at temperature 1, as vLLM
     draws = [sample(logits, [1.0], [1.0], gens)[0][0] for _ in range(4000)]
     freq = torch.bincount(torch.tensor(draws), minlength=5) / 4000
     assert torch.allclose(freq, raw.exp(), atol=0.03)
     nucleus = {sample(logits, [1.0], [0.7], gens)[0][0] for _ in range(300)}
     assert nucleus == {0, 1}  # p = .61, .22, ...: the smallest set reaching 0.7
-    hot = sample(logits, [5.0], [0.7], gens)
-    assert hot[1][0] == pytest.approx(raw[hot[0][0]].item())  # logprob is the raw one, not the hot one
+    for _ in range(20):
+        (token,), (lp,) = sample(logits, [1.0], [0.7], gens)
+        assert lp == pytest.approx(math.log(raw.exp()[token].item() / raw.exp()[:2].sum().item()), abs=1e-6)
+        (token,), (lp,) = sample(logits, [0.5], [1.0], gens)
+        assert lp == pytest.approx(torch.log_softmax(logits[0] / 0.5, -1)[token].item(), abs=1e-6)
+        (token,), (lp,) = sample(logits, [5.0], [0.7], gens)  # p = .29, .24, .21, .16, .11: three ids reach 0.7
+        hot = torch.softmax(logits[0] / 5.0, -1)
+        assert token in range(3) and lp == pytest.approx(math.log(hot[token] / hot[:3].sum()), abs=1e-6)
+        (token,), (lp,) = sample(logits, [1.0], [1.0], gens, vocab_limit=3)  # the ids it may draw: 0, 1, 2
+        assert token in range(3) and lp == pytest.approx(torch.log_softmax(logits[0, :3], -1)[token].item(), abs=1e-6)
 
 
 def test_decode_seconds_count_decode_steps_only(model):

@@ -23,7 +23,7 @@ from reference.engine.base import (
     TokenEvent,
     generate,
 )
-from reference.engine.vllm_engine import LOGPROBS_MODE, VLLMApi, VLLMEngine, engine_args
+from reference.engine.vllm_engine import LOGPROBS_MODE, VLLMApi, VLLMEngine, check_vllm_version, engine_args
 
 VOCAB, CTX = 1000, 256
 
@@ -461,12 +461,26 @@ def test_weights_load_through_vllms_reload_where_it_exists(reload_weights, metho
     assert llm.label == "1" and stats.version == 1
 
 
-def test_logprobs_mode_is_pinned_to_raw():
+def test_logprobs_mode_is_pinned_to_processed():
+    """vLLM reports the log-probs of what it sampled from (after temperature and top-p), as the trainer scores."""
     args = engine_args("/models/qwen3", max_model_len=1024, dtype="bfloat16")
-    assert args["logprobs_mode"] == LOGPROBS_MODE == "raw_logprobs" and args["dtype"] == "bfloat16"
-    assert engine_args("/m", logprobs_mode="raw_logprobs")["logprobs_mode"] == "raw_logprobs"
-    for other in ("processed_logprobs", "raw_logits"):
-        with pytest.raises(ValueError, match="logprobs_mode is pinned to 'raw_logprobs'"):
+    assert args["logprobs_mode"] == LOGPROBS_MODE == "processed_logprobs" and args["dtype"] == "bfloat16"
+    assert engine_args("/m", logprobs_mode="processed_logprobs")["logprobs_mode"] == "processed_logprobs"
+    for other in ("raw_logprobs", "raw_logits", "processed_logits"):
+        with pytest.raises(ValueError, match="logprobs_mode is pinned to 'processed_logprobs'"):
             engine_args("/m", logprobs_mode=other)
         with pytest.raises(ValueError, match="pinned"):  # before vLLM is imported: runs without it
             VLLMEngine("/no/such/model", logprobs_mode=other)
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.10.2", "0.10.2rc1", "0.11.0.dev5+g1234abc", "1.0"])
+def test_a_vllm_whose_processed_logprobs_follow_the_temperature_is_taken(version):
+    check_vllm_version(version)
+
+
+@pytest.mark.parametrize("version", ["0.10.1.1", "0.10.0", "0.9.2", "not-a-version"])
+def test_an_older_vllm_is_refused_naming_its_version(version):
+    with pytest.raises(ImportError) as raised:
+        check_vllm_version(version)
+    assert str(raised.value).startswith("the vllm backend needs vLLM >= 0.10.2 (logprobs_mode='processed_logprobs'")
+    assert f"found vLLM {version};" in str(raised.value)

@@ -117,14 +117,19 @@ def run(loop, coroutine):
     return loop.run_until_complete(asyncio.wait_for(coroutine, TIMEOUT_S))
 
 
-def _assert_sampled_by(model, context, tokens, logprobs, *, greedy: bool) -> None:
-    """Each token, given `context` + the tokens before it, is `model`'s first choice (greedy, up to a
-    near-tie) and has the logprob `model` gives it."""
+def _reference_logprobs(model, context, tokens, temperature: float = 1.0):
+    """[len(tokens), V]: `model`'s log-softmax of logits / `temperature` before each token, in fp32."""
     import torch
 
     ids = torch.tensor([[*context, *tokens[:-1]]])
     with torch.no_grad():
-        reference = torch.log_softmax(model(ids).logits[0, len(context) - 1 :].float(), dim=-1)
+        return torch.log_softmax(model(ids).logits[0, len(context) - 1 :].float() / temperature, dim=-1)
+
+
+def _assert_sampled_by(model, context, tokens, logprobs, *, greedy: bool, temperature: float = 1.0) -> None:
+    """Each token, given `context` + the tokens before it, is `model`'s first choice (greedy, up to a
+    near-tie) and has the logprob `model` gives it at `temperature` (what vLLM sampled from)."""
+    reference = _reference_logprobs(model, context, tokens, temperature)
     for i, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
         row = reference[i]
         if greedy:
@@ -166,6 +171,22 @@ def test_sampled_logprobs_are_finite_nonpositive_and_match_the_model(engine, loo
     assert len(result.token_ids) == 64
     assert all(math.isfinite(lp) and lp <= 1e-6 for lp in result.logprobs)
     _assert_sampled_by(reference_models[0], PROMPT, result.token_ids, result.logprobs, greedy=False)
+
+
+@gpu
+def test_logprobs_are_of_the_temperature_scaled_distribution(engine, loop, reference_models):
+    """At temperature 2 each token's logprob is the model's under softmax(logits / 2) (processed_logprobs), and
+    nearer to it than to the temperature-1 model's."""
+    request = GenerateRequest("hot", PROMPT, SamplingParams(max_tokens=64, temperature=2.0, seed=11))
+    result = run(loop, generate(engine, request))
+    model, ids = reference_models[0], result.token_ids
+    _assert_sampled_by(model, PROMPT, ids, result.logprobs, greedy=False, temperature=2.0)
+    error = {}
+    for t in (1.0, 2.0):
+        rows = _reference_logprobs(model, PROMPT, ids, t)
+        pairs = enumerate(zip(ids, result.logprobs, strict=True))
+        error[t] = sum(abs(lp - float(rows[i, token])) for i, (token, lp) in pairs) / len(ids)
+    assert error[2.0] < error[1.0] / 4, error
 
 
 @gpu

@@ -15,18 +15,22 @@ from reference.trainer.trainer import Trainer
 TINY = MathRecipe(hidden_size=32, num_layers=1, head_dim=16, intermediate_size=64, prompts_per_step=4, group_size=4)
 
 
-def test_sampled_logprobs_are_what_a_plain_forward_scores(make_model):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_are_what_a_plain_forward_scores(make_model, temperature):
     model = make_model(0)
     prompts = torch.tensor([[6, 7, 8, 20, 7, 18], [9, 9, 9, 20, 8, 18]])
-    tokens, logprobs = sample_tokens(model, prompts, 3, torch.Generator().manual_seed(0))
+    tokens, logprobs = sample_tokens(model, prompts, 3, torch.Generator().manual_seed(0), temperature)
     for row in range(2):
-        scored = score_logprobs(model, prompts[row].tolist() + tokens[row].tolist())[-3:]
+        scored = score_logprobs(model, prompts[row].tolist() + tokens[row].tolist(), temperature)[-3:]
         assert logprobs[row].tolist() == pytest.approx(scored, abs=1e-5)
 
 
-def test_on_policy_rollouts_give_unit_ratios_and_no_clipping(make_model):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_on_policy_rollouts_give_unit_ratios_and_no_clipping(make_model, temperature):
+    """The probe samples at the trainer's temperature, whose log-probs the trainer then computes."""
     task = make_task("math")
-    trainer = Trainer(make_model(0), TrainerConfig(), pad_id=task.tokenizer.pad_token_id)
+    config = TrainerConfig(temperature=temperature)
+    trainer = Trainer(make_model(0), config, pad_id=task.tokenizer.pad_token_id)
     trajs = rollout(trainer, task, task.sample_train(trainer.rng, 4), group_size=4)
     assert len(trajs) == 16
     assert all(t.num_generated == task.max_tokens for t in trajs)
