@@ -27,6 +27,7 @@ Linux only on a CPU (it reads /proc/self/status and writes /proc/self/clear_refs
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -50,7 +51,13 @@ def _rss(field: str) -> float:
 
 
 def _reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
+    """Hand freed heap back to the OS (glibc's malloc_trim: the full-precision model built before it was sharded
+    would otherwise stay resident and count), then reset VmHWM to the resident size."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the peak may then include freed, retained memory
+        pass
+    Path("/proc/self/clear_refs").write_text("5")
 
 
 def _config(args):

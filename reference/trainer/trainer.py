@@ -289,10 +289,10 @@ class Trainer:
         first epoch's metrics go into `sums` and `maxes`. Returns the gradient's norm before clipping."""
         self.optimizer.zero_grad(set_to_none=True)
         bounds = self._micro_batches(trajectories)
-        for i, (lo, hi) in enumerate(bounds):
+        for lo, hi in bounds:
             part = proximal[lo:hi] if proximal is not None else None
             batch = collate(trajectories[lo:hi], advantages[lo:hi], self.pad_id, part).to(self.device)
-            out = self._micro_step(batch, total, last=i == len(bounds) - 1)
+            out = self._micro_step(batch, total)
             if sums is not None:
                 self._accumulate(sums, maxes, batch, out, trajectories[lo:hi])
         self.parallel.sync_gradients(self.model)
@@ -347,7 +347,7 @@ class Trainer:
                 message + "as a micro-batch of its own, over the budget", self.step, len(over), budget, max(over)
             )
 
-    def _micro_step(self, batch: TokenBatch, total_tokens: int, last: bool) -> LossOutput:
+    def _micro_step(self, batch: TokenBatch, total_tokens: int) -> LossOutput:
         c = self.config
         inert = self._without_gradient(batch)
         with torch.no_grad() if inert else contextlib.nullcontext():
@@ -375,7 +375,6 @@ class Trainer:
             tis_cap=c.tis_cap,
         )
         if not inert:
-            self.parallel.before_backward(self.model, last)
             (out.loss * self.parallel.loss_scale).backward()
         return out
 

@@ -28,9 +28,9 @@ SILENT = group("c", [1.0, 1.0, 1.0], length=6, first=4) + group("d", [0.0, 0.0],
 class _Counting(Trainer):
     rows = 0
 
-    def _micro_step(self, batch, total_tokens, last):
+    def _micro_step(self, batch, total_tokens):
         self.rows += len(batch.advantages)
-        return super()._micro_step(batch, total_tokens, last)
+        return super()._micro_step(batch, total_tokens)
 
 
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.05])

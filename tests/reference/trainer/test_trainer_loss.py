@@ -299,9 +299,9 @@ def test_episodes_without_a_gradient_skip_the_backward_pass_but_not_the_metrics(
 class _MicroSteps(Trainer):
     calls = 0
 
-    def _micro_step(self, batch, total_tokens, last):
+    def _micro_step(self, batch, total_tokens):
         self.calls += len(batch.advantages)
-        return super()._micro_step(batch, total_tokens, last)
+        return super()._micro_step(batch, total_tokens)
 
 
 def test_epochs_are_optimiser_steps_on_the_same_data_the_later_ones_only_where_a_gradient_is(make_model):

@@ -197,9 +197,9 @@ class _Recording(Trainer):
         super().__init__(*args, **kwargs)
         self.seen = []
 
-    def _micro_step(self, batch, total_tokens, last):
+    def _micro_step(self, batch, total_tokens):
         self.seen.append(batch.proximal_logprobs.clone())
-        return super()._micro_step(batch, total_tokens, last)
+        return super()._micro_step(batch, total_tokens)
 
 
 @pytest.mark.parametrize("mode", ["tis", "decoupled"])
