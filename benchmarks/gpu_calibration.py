@@ -59,6 +59,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from benchmarks.calibration_roofline import peak_lines, table
 from core import specs
+from core.cli import run_main
 from core.errors import UserError, unknown_name
 from core.specs import DeviceSpec, ModelSpec
 from reference.engine.kv_cache import KVCache
@@ -493,15 +494,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    try:
-        resolved = make_plan(args, argv)
-        resolved.out.parent.mkdir(parents=True, exist_ok=True)
-        profile = run(resolved)
-    except UserError as e:
-        print(f"gpu_calibration: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_main(lambda: calibrate(args, argv), prog="gpu_calibration")
+
+
+def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
+    resolved = make_plan(args, argv)
+    resolved.out.parent.mkdir(parents=True, exist_ok=True)
+    profile = run(resolved)
     write_profile(profile, resolved.out)
     print(f"profile: {resolved.out}")
     return 0

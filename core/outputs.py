@@ -22,6 +22,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from core.cli import CTRL_C
 from core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root in a checkout, site-packages when installed
@@ -190,11 +191,12 @@ def provenance_header(record: dict) -> str:
 # ---- the end of a run ----
 
 
-def interrupted(out: Path | None) -> str:
-    """The line printed after Ctrl-C: where the outputs written so far are, if any."""
+def interrupted(out: Path | None, how: str = CTRL_C) -> str:
+    """The line printed after Ctrl-C (or as `how` says the run stopped: `core.cli.run_main`'s `on_interrupt`):
+    where the outputs written so far are, if any."""
     if out is not None and out.is_dir() and any(out.iterdir()):
-        return f"interrupted (Ctrl-C); outputs written so far are in {out}/"
-    return "interrupted (Ctrl-C); no outputs were written"
+        return f"{how}; outputs written so far are in {out}/"
+    return f"{how}; no outputs were written"
 
 
 def show_progress(requested: bool) -> bool:

@@ -36,6 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from core.cli import run_main
 from core.plot import save_figure
 from core.run_log import read_scalars
 
@@ -149,9 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     data_path = args.out / "scalars.json"
+    if args.replot and not data_path.is_file():
+        parser.error(f"--replot needs {data_path}; run without --replot first")
+    return run_main(lambda: dashboard(args, data_path))
+
+
+def dashboard(args: argparse.Namespace, data_path: Path) -> int:
+    """The training run (or, with --replot, its scalars saved in `data_path`), then the picture."""
     if args.replot:
-        if not data_path.is_file():
-            parser.error(f"--replot needs {data_path}; run without --replot first")
         data = json.loads(data_path.read_text())
     else:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from core.cli import add_config_args, run_main
 from core.metrics import summarize
 from core.plot_compare import draw_compare
 from core.policies import POLICIES
@@ -31,7 +32,7 @@ from experiments._common import (
     source_fingerprint,
     wasted_share,
 )
-from sim.config import DEFAULT_CONFIG, load_config
+from sim.config import load_config
 from sim.runner import simulate
 
 BASELINE = "colocated"
@@ -40,15 +41,7 @@ COLOURS = {"colocated": "#7f7f7f", "disaggregated": "#bcbd22", "async": "#ff7f0e
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.headline", description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML merged over the default config")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, passed to load_config (repeatable)",
-    )
+    add_config_args(p, default_config="sim/configs/default.yaml", example="workload.response_tokens.max=32768")
     p.add_argument("--out", default="experiments/out/headline", help="output folder")
     return p.parse_args(argv)
 
@@ -138,6 +131,10 @@ def draw(summaries: dict[str, dict], ratios: dict[str, dict[str, float]], title:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_main(lambda: headline(args))
+
+
+def headline(args: argparse.Namespace) -> int:
     source = source_fingerprint()  # before running: the sources as imported
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out)

@@ -41,6 +41,7 @@ import os
 from pathlib import Path
 
 from core import specs
+from core.cli import run_main
 from experiments._common import NO_STAMP, run_policy, save_config, save_json, source_fingerprint
 from sim.config import CONFIG_DIR, SimConfig, load_config
 from sim.cost import CostModel
@@ -267,6 +268,10 @@ def draw(best: dict[str, dict[str, dict]], legend: dict[str, str], title: str, n
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_main(lambda: heterogeneous(args))
+
+
+def heterogeneous(args: argparse.Namespace) -> int:
     source = source_fingerprint()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -44,6 +44,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.cli import add_config_args, run_main
 from core.policies.base import split_pools
 from experiments._common import (
     NO_STAMP,
@@ -54,7 +55,7 @@ from experiments._common import (
     source_fingerprint,
     wasted_share,
 )
-from sim.config import DEFAULT_CONFIG, SimConfig, config_dict, load_config
+from sim.config import SimConfig, config_dict, load_config
 
 BASELINE = "colocated"
 COMPARED = ("async", "tag", "streaming")
@@ -97,14 +98,8 @@ SWEEPS = {
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.sensitivity", description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML merged over the default config")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a key of the base config (repeatable)",
+    add_config_args(
+        p, default_config="sim/configs/default.yaml", example="cluster.num_gpus=128", what="a key of the base config"
     )
     p.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
     p.add_argument("--sweeps", default=",".join(SWEEPS), help=f"comma-separated subset of: {', '.join(SWEEPS)}")
@@ -315,6 +310,10 @@ def write_data(out: Path, args: argparse.Namespace, source: str, rows: list[dict
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_main(lambda: sensitivity(args))
+
+
+def sensitivity(args: argparse.Namespace) -> int:
     source = source_fingerprint()  # before running: the sources as imported
     cfg = load_config(args.config, [*args.overrides, f"num_steps={args.steps}"])
     out = Path(args.out)

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.cli import run_main
+from core.outputs import interrupted
 from experiments._common import NO_STAMP, save_json
 
 SETTINGS = (  # (label, policy, max_staleness)
@@ -198,9 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need at least one seed, --window >= 1, --steps >= --window and --target in (0, 1]")
     args.out.mkdir(parents=True, exist_ok=True)
     data_path = args.out / "staleness.json"
+    if args.replot and not data_path.is_file():
+        parser.error(f"--replot needs {data_path}; run without --replot first")
+    return run_main(lambda: sweep(args, seeds, data_path), on_interrupt=lambda how: interrupted(args.out, how))
+
+
+def sweep(args: argparse.Namespace, seeds: list[int], data_path: Path) -> int:
+    """Every setting's runs (or, with --replot, those saved in `data_path`), then the table and the picture."""
     if args.replot:
-        if not data_path.is_file():
-            parser.error(f"--replot needs {data_path}; run without --replot first")
         data = json.loads(data_path.read_text())
     else:
         data = {"seeds": seeds, "steps": args.steps, "runs": {}}

@@ -72,15 +72,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from core.cli import add_out_args, run_main, stop_on_sigterm
 from core.errors import UserError
-from core.outputs import prepare_out
+from core.outputs import interrupted, prepare_out
 from experiments._common import save_json, source_fingerprint
 from experiments.comparison import POLICIES, agreement, agreement_text, compare, draw, runs_of, table
 from experiments.cpu_sampler import CpuSampler, cpu_table
@@ -334,7 +334,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--steps", type=int, default=None, help="training steps of each run, runtime and simulator (10; swe: 3)"
     )
     ap.add_argument("--policies", default="all", help=f"comma-separated, or all ({', '.join(POLICIES)})")
-    ap.add_argument("--out", type=Path, default=None, help=f"output folder ({DEFAULT_OUT}; swe: {DEFAULT_OUTS['swe']})")
+    add_out_args(ap, default=f"{DEFAULT_OUT}; swe: {DEFAULT_OUTS['swe']}")
     ap.add_argument(
         "--warm",
         type=Path,
@@ -342,7 +342,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="swe: start every run from this checkpoint (a run's weights/v00000000) instead of warm "
         "starting once first",
     )
-    ap.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
     ap.add_argument("--quick", action="store_true", help="fewer points measured (a smoke test, not a result)")
     ap.add_argument(
         "--repeats", type=int, default=3, help="runtime runs of each policy, interleaved round by round (3)"
@@ -435,10 +434,6 @@ def resimulate(out: Path, busy: bool = False) -> int:
     return 0
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def _close(task) -> None:
     if (close := getattr(task, "close", None)) is not None:  # the SWE task holds threads and sandboxes
         close()
@@ -446,48 +441,54 @@ def _close(task) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    swe = args.workload == "swe"
-    try:
-        policies = POLICIES if args.policies == "all" else tuple(args.policies.split(","))
-        unknown = [p for p in policies if p not in POLICIES]
-        if unknown:
-            raise UserError(f"--policies: unknown policy {unknown[0]!r}; valid choices: {', '.join(POLICIES)}, all")
-        if args.steps < 2:
-            raise UserError(f"--steps must be >= 2, got {args.steps}")
-        if args.repeats < 1:
-            raise UserError(f"--repeats must be >= 1, got {args.repeats}")
-        if args.resimulate:
-            if not (args.out / "validate.json").is_file():
-                raise UserError(f"--resimulate: no validate.json in {str(args.out)!r} (run without it first)")
-            if args.measure_busy_sandboxes and not swe:
-                raise UserError("--measure-busy-sandboxes: only with --workload swe")
-            return resimulate(args.out, args.measure_busy_sandboxes)
-        if args.measure_busy_sandboxes:
-            raise UserError("--measure-busy-sandboxes: only with --resimulate (a new run measures it anyway)")
-        if args.warm is not None and not (swe and args.warm.is_dir()):
-            raise UserError(
-                f"--warm {str(args.warm)!r}: "
-                + ("not a directory (a checkpoint)" if swe else "only with --workload swe")
-            )
-        if swe:
-            from swebench_env.docker_util import docker_available
+    with stop_on_sigterm():  # a kill stops it as Ctrl-C does: sandboxes removed
+        return run_main(lambda: _validate(args), on_interrupt=lambda how: interrupted(args.out, how))
 
-            ok, why = docker_available()
-            if not ok:
-                raise UserError(f"--workload swe runs its episodes in Docker sandboxes: {why}")
-        out = prepare_out(args.out, args.out, args.overwrite)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def _validate(args: argparse.Namespace) -> int:
+    policies = check_args(args)
+    if args.resimulate:
+        return resimulate(args.out, args.measure_busy_sandboxes)
+    out = prepare_out(args.out, args.out, args.overwrite)
     rt, task, model_config = runtime_setup(args.steps, args.workload)
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # a kill stops it as Ctrl-C does: sandboxes removed
     try:
         data = measure_all(args, policies, out, rt, task, model_config)
     finally:
         _close(task)
-        signal.signal(signal.SIGTERM, previous)
     report(out, data, rt.resources.count)
     return 0
+
+
+def check_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The policies to run, once every flag is checked: a bad value or combination is a UserError."""
+    swe = args.workload == "swe"
+    policies = POLICIES if args.policies == "all" else tuple(args.policies.split(","))
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise UserError(f"--policies: unknown policy {unknown[0]!r}; valid choices: {', '.join(POLICIES)}, all")
+    if args.steps < 2:
+        raise UserError(f"--steps must be >= 2, got {args.steps}")
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.resimulate:
+        if not (args.out / "validate.json").is_file():
+            raise UserError(f"--resimulate: no validate.json in {str(args.out)!r} (run without it first)")
+        if args.measure_busy_sandboxes and not swe:
+            raise UserError("--measure-busy-sandboxes: only with --workload swe")
+        return policies
+    if args.measure_busy_sandboxes:
+        raise UserError("--measure-busy-sandboxes: only with --resimulate (a new run measures it anyway)")
+    if args.warm is not None and not (swe and args.warm.is_dir()):
+        raise UserError(
+            f"--warm {str(args.warm)!r}: " + ("not a directory (a checkpoint)" if swe else "only with --workload swe")
+        )
+    if swe:
+        from swebench_env.docker_util import docker_available
+
+        ok, why = docker_available()
+        if not ok:
+            raise UserError(f"--workload swe runs its episodes in Docker sandboxes: {why}")
+    return policies
 
 
 def measure_all(args: argparse.Namespace, policies: tuple[str, ...], out: Path, rt, task, model_config) -> dict:

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import aiohttp
 
+from core.cli import run_main
 from core.plot import Overlay, draw_timeline
 from core.tags import Phase
 from core.timeline import Interval, Timeline
@@ -352,8 +353,12 @@ def measure(args, out: Path) -> tuple[dict, Timeline]:
     return data, timeline
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_main(lambda: weight_updates(args))
+
+
+def weight_updates(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.replot:
@@ -378,7 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     for r in results:
         print(f"{r['strategy']:>9} " + " ".join(f"{r[k]:20.3f}" for k in keys))
     print(f"outputs: {out}/")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -23,6 +23,7 @@ import signal
 import sys
 from pathlib import Path
 
+from core.cli import EXIT_INTERRUPTED, run_main
 from core.errors import UserError
 from reference.engine.auth import MANAGER_TOKEN_ENV
 from reference.engine.base import MAX_SEED
@@ -32,7 +33,6 @@ from reference.manager.load import GC_YOUNG_OBJECTS, tune_gc
 # second of a command is then inside `main`, where Ctrl-C is an exit code, not a traceback.
 
 ADMIN_TOKEN_ENV = MANAGER_TOKEN_ENV  # the manager's token, from the environment (engines never see it)
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130  # a user's mistake (one `error:` line, as argparse's own); Ctrl-C
 
 # The values each numeric flag allows: (lowest, highest or None). Checked before anything starts, so a bad
 # value is one line naming the flag, not an error from deep inside a constructor or an engine process.
@@ -562,13 +562,8 @@ def export(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a user's mistake is one `error:` line and exit code 2, Ctrl-C exit code 130."""
-    try:
-        return _run(parser().parse_args(argv))
-    except (ValueError, OSError, RuntimeError) as e:  # UserError is a ValueError; OSError: a file, a port
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    # UserError is a ValueError; OSError: a file, a port
+    return run_main(lambda: _run(parser().parse_args(argv)), usage_errors=(ValueError, OSError, RuntimeError))
 
 
 def _run(args) -> int:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from core import config as cfgio
-from core.errors import UserError
+from core.cli import EXIT_INTERRUPTED, add_config_args, add_out_args, run_main
 from core.metrics import idle_warnings
 from core.outputs import default_out, interrupted, prepare_out, provenance, source_fingerprint
 from core.policies import POLICIES
@@ -33,26 +33,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--policy", default="tag", help=f"one of: {', '.join(POLICIES)} (default: tag)")
     p.add_argument("--compare", action="store_true", help="run every policy on the same config and seed")
-    p.add_argument(
-        "--config",
-        action="append",
-        default=None,
-        metavar="FILE",
-        help="YAML merged over sim/configs/default.yaml (repeatable: later files win key by key; "
-        "a chosen workload.kind brings its own defaults first)",
+    add_config_args(
+        p,
+        default_config="sim/configs/default.yaml",
+        example="cluster.num_gpus=128",
+        note="; a chosen workload.kind brings its own defaults first",
     )
-    p.add_argument(
-        "--out", default=None, help="output folder, new or empty (default: results/sim-<policy>-<time>-seed<seed>)"
-    )
-    p.add_argument("--overwrite", action="store_true", help="clear a non-empty --out folder first")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set cluster.num_gpus=128 (repeatable)",
-    )
+    add_out_args(p, default="results/sim-<policy>-<time>-seed<seed>")
     p.add_argument(
         "--tensorboard",
         default=None,
@@ -74,14 +61,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return search(argv[1:])
     args = parse_args(argv)
-    try:
-        return _run(args)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # before the output folder exists (Ctrl-C during a run: see _run)
-        print(interrupted(None), file=sys.stderr)
-        return 130
+    # Ctrl-C before the output folder exists (during a run: see _run)
+    return run_main(lambda: _run(args), on_interrupt=lambda how: interrupted(None, how))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -94,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
     # every check, nothing run
     sims = {name: Simulation.from_config(cfg, name, progress=not args.quiet) for name in names}
     label = "compare" if args.compare else args.policy
-    made = args.out is None or not Path(args.out).exists()  # a folder this run creates (an empty one goes at Ctrl-C)
+    made = args.out is None or not args.out.exists()  # a folder this run creates (an empty one goes at Ctrl-C)
     out = prepare_out(args.out, default_out("sim", label, cfg.seed), args.overwrite)
     try:
         print(merged_note(files), file=sys.stderr)  # every input checked: an error stays one line
@@ -106,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
         if made:
             remove_empty(out)
         print(interrupted(out), file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     print(f"{cfg.model} | {cfg.workload.kind} | {cfg.cluster_label} | {cfg.num_steps} steps | seed {cfg.seed}")
     print(table(summaries))
     for warning in (line for summary in summaries for line in idle_warnings(summary)):

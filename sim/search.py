@@ -48,6 +48,7 @@ import yaml
 from tqdm import tqdm
 
 from core import config as cfgio
+from core.cli import add_config_args, add_out_args, run_main
 from core.errors import UserError
 from core.outputs import default_out, prepare_out, show_progress
 from core.policies import POLICIES
@@ -283,20 +284,12 @@ def draw(cands: list[Candidate], path: Path, title: str, keys: list[str]) -> Non
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m sim search", description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--config",
-        action="append",
-        default=None,
-        metavar="FILE",
-        help="YAML merged over the default config (repeatable: later files win key by key)",
-    )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key for every candidate (repeatable)",
+    add_config_args(
+        p,
+        default_config="sim/configs/default.yaml",
+        example="cluster.num_gpus=128",
+        what="a config key for every candidate",
+        note="; a chosen workload.kind brings its own defaults first",
     )
     p.add_argument(
         "--space",
@@ -309,8 +302,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per core)")
     p.add_argument("--max-candidates", type=int, default=100, help="sample this many when the space is larger")
     p.add_argument("--steps", type=int, default=None, help="steps per candidate (default: the config's num_steps)")
-    p.add_argument("--out", default=None, help="output folder, new or empty (default: results/search-layouts-...)")
-    p.add_argument("--overwrite", action="store_true", help="clear a non-empty --out folder first")
+    add_out_args(p, default="results/search-layouts-<time>-seed<seed>")
     p.add_argument("--no-picture", action="store_true", help="skip pareto.png")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -318,13 +310,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        return _search(args)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_main(lambda: _search(args))
 
 
 def _search(args: argparse.Namespace) -> int:

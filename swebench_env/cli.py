@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from core.cli import add_out_args, run_main
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m swebench_env", description=__doc__.split("\n")[0])
@@ -59,8 +61,7 @@ def parser() -> argparse.ArgumentParser:
         help="predictions (JSON list, JSONL or an object keyed by instance id) with instance_id, "
         "model_patch, model_name_or_path",
     )
-    evaluate.add_argument("--out", type=Path, required=True, help="an absent or empty folder for the reports")
-    evaluate.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
+    add_out_args(evaluate, default=None, what="the reports' folder")
     evaluate.add_argument("--run-id", default=None, help="names the run's folder and summary (default: a fresh id)")
     evaluate.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 2), help="sandboxes at once")
     evaluate.add_argument("--timeout-s", type=float, default=300.0, help="each instance's test run")
@@ -107,8 +108,7 @@ def _rollout_parsers(sub) -> None:
     for p in (rollout, replay):
         p.add_argument("--tasks", type=Path, required=True, help="task file (JSON or JSONL)")
         p.add_argument("--ids", nargs="+", default=None, help="only these instance ids")
-        p.add_argument("--out", type=Path, required=True, help="an absent or empty folder for the results")
-        p.add_argument("--overwrite", action="store_true", help="clear a non-empty --out first")
+        add_out_args(p, default=None, what="the results' folder")
         p.add_argument("--concurrency", type=int, default=4 if p is rollout else 2, help="episodes at once")
         p.add_argument("--command-timeout-s", type=float, default=60.0, help="each bash command")
         p.add_argument(
@@ -286,14 +286,13 @@ def main(argv: list[str] | None = None) -> int:
         "rollout": rollout,
         "replay": replay,
     }
-    try:
-        _use_wheelhouse(getattr(args, "wheelhouse", None))
-        return commands[args.command](args)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # a task that cannot be built, or git failing: not the user's typing
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return run_main(
+        lambda: _run(commands[args.command], args),
+        usage_errors=(ValueError, FileNotFoundError, FileExistsError),
+        failures=(RuntimeError,),  # a task that cannot be built, or git failing: not the user's typing (exit code 1)
+    )
+
+
+def _run(command, args: argparse.Namespace) -> int:
+    _use_wheelhouse(getattr(args, "wheelhouse", None))
+    return command(args)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import signal
 import sys
 from pathlib import Path
 
 import yaml
 
+from core.cli import add_config_args, add_out_args, run_main, stop_on_sigterm
 from core.config import from_dict
 from core.errors import UserError
 from core.metrics import idle_warnings
@@ -30,30 +30,13 @@ def add_train_parser(sub) -> None:
     )
     t.add_argument("--policy", default=None, help=f"one of: {', '.join(POLICIES)} (default from the config: tag)")
     t.add_argument("--compare", action="store_true", help="run the five policies one after another, same config")
-    t.add_argument(
-        "--config",
-        action="append",
-        default=None,
-        metavar="FILE",
-        help="YAML merged over reference/configs/train.yaml (repeatable: later files win)",
-    )
-    t.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set policy.num_steps=20 (repeatable)",
-    )
+    add_config_args(t, default_config="reference/configs/train.yaml", example="policy.num_steps=20")
     t.add_argument("--model", default=None, help="a local Qwen3 checkpoint directory to train (default: tiny)")
     t.add_argument("--backend", default=None, help=f"engine backend: {', '.join(training_backends())}")
     t.add_argument("--steps", type=int, default=None, help="training steps (policy.num_steps)")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
-    t.add_argument(
-        "--out", default=None, help="output folder, new or empty (default: results/train-<policy>-<time>-seed<seed>)"
-    )
-    t.add_argument("--overwrite", action="store_true", help="clear a non-empty --out folder first")
+    add_out_args(t, default="results/train-<policy>-<time>-seed<seed>")
     t.add_argument(
         "--resume",
         default=None,
@@ -118,55 +101,44 @@ def _task_chosen(args) -> bool:
     return any(isinstance(section, dict) and "name" in section for section in sections)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a service manager, `docker stop`, `kill`): stopped as Ctrl-C stops a run, sandboxes removed."""
+@dataclasses.dataclass
+class _Where:
+    """A run's output folder and the folder of the policy running now (compare: a subfolder), once known: what
+    the line after Ctrl-C or SIGTERM names."""
 
-
-def _terminate(signum, frame) -> None:
-    raise Terminated()
+    out: Path | None = None
+    run_dir: Path | None = None
 
 
 def train_main(args) -> int:
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return _train_main(args)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    """Train (or resume, or print the plan); a user's mistake is one `error:` line and exit code 2, Ctrl-C one
+    line and 130, SIGTERM the same clean stop and 143 (the task's sandboxes removed on the way out)."""
+    where = _Where()
+    with stop_on_sigterm():
+        return run_main(lambda: _train_main(args, where), on_interrupt=lambda how: _interrupted(where, how))
 
 
-def _train_main(args) -> int:
+def _train_main(args, where: _Where) -> int:
     from reference.control.config import config_files, load_train_config
 
-    out = run_dir = None  # the output folder, and the folder of the policy running now (compare: a subfolder)
-    try:
-        require_loggers(args.tensorboard, args.wandb)  # a missing package: one line before anything starts
-        if args.resume is not None:
-            out = run_dir = Path(args.resume)
-            return _resume(out, args)
-        cfg = load_train_config(args.config, _overrides(args))
-        names = COMPARE_ORDER if args.compare else (cfg.policy.name,)
-        if args.dry_run:  # before `validate`, which builds the task (a SWE task checks for Docker)
-            return _dry_run(cfg, names)
-        for name in names:
-            validate(_with_policy(cfg, name))
-        label = "compare" if args.compare else cfg.policy.name
-        out = prepare_out(args.out, default_out("train", label, cfg.run.seed), args.overwrite)
-        print(config_note(config_files(args.config, _overrides(args))), file=sys.stderr)  # an error stays one line
-        source = source_fingerprint()  # the code as the run starts
-        summaries = []
-        for name in names:
-            run_dir = out / name if args.compare else out
-            summaries.append(_one(cfg, name, run_dir, args, source))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as e:  # one line, not Ray's and asyncio's tracebacks
-        line = _interrupted(out, run_dir)
-        if isinstance(e, Terminated):
-            print(line.replace("interrupted (Ctrl-C)", "stopped (SIGTERM)"), file=sys.stderr)
-            return 143
-        print(line, file=sys.stderr)
-        return 130
+    require_loggers(args.tensorboard, args.wandb)  # a missing package: one line before anything starts
+    if args.resume is not None:
+        where.out = where.run_dir = Path(args.resume)
+        return _resume(where.out, args)
+    cfg = load_train_config(args.config, _overrides(args))
+    names = COMPARE_ORDER if args.compare else (cfg.policy.name,)
+    if args.dry_run:  # before `validate`, which builds the task (a SWE task checks for Docker)
+        return _dry_run(cfg, names)
+    for name in names:
+        validate(_with_policy(cfg, name))
+    label = "compare" if args.compare else cfg.policy.name
+    out = where.out = prepare_out(args.out, default_out("train", label, cfg.run.seed), args.overwrite)
+    print(config_note(config_files(args.config, _overrides(args))), file=sys.stderr)  # an error stays one line
+    source = source_fingerprint()  # the code as the run starts
+    summaries = []
+    for name in names:
+        where.run_dir = out / name if args.compare else out
+        summaries.append(_one(cfg, name, where.run_dir, args, source))
     print(table(summaries))
     print_warnings(summaries)
     print(f"outputs: {out}/")
@@ -209,11 +181,12 @@ def validate(cfg) -> None:
         )
 
 
-def _interrupted(out: Path | None, run_dir: Path | None) -> str:
-    """The line after Ctrl-C: where the outputs are, and how to go on from a checkpoint if there is one."""
-    line = interrupted(out)
-    if run_dir is not None and any((run_dir / "checkpoints").glob("step-*")):
-        line += f"; `python -m reference train --resume {run_dir}` continues from its last checkpoint"
+def _interrupted(where: _Where, how: str) -> str:
+    """The line after Ctrl-C or SIGTERM: where the outputs are, and how to go on from a checkpoint if there is
+    one."""
+    line = interrupted(where.out, how)
+    if where.run_dir is not None and any((where.run_dir / "checkpoints").glob("step-*")):
+        line += f"; `python -m reference train --resume {where.run_dir}` continues from its last checkpoint"
     return line
 
 

@@ -1,5 +1,5 @@
 """Starting Ray keeps the run's SIGTERM handler: `ray.init` installs `sys.exit` for SIGTERM, which would skip
-a run's clean stop (Terminated, the SWE task's sandboxes removed; `reference/control/cli.py`)."""
+a run's clean stop (`core.cli.Terminated`, the SWE task's sandboxes removed)."""
 
 from __future__ import annotations
 

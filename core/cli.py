@@ -1,0 +1,111 @@
+"""What every command line of the project shares: the config and output arguments, and the exit codes.
+
+`add_config_args` adds `--config FILE` (repeatable: merged in order over the command's shipped config) and
+`--set KEY=VALUE` (repeatable, into `args.overrides`); `add_out_args` adds `--out DIR` (new or empty, see
+`core.outputs.prepare_out`) and `--overwrite`. `run_main` runs a command's body and turns how it ended into an
+exit code: a user's mistake is one `error:` line on stderr and 2 (as argparse's own), a failure the command
+names (not the user's typing: a task that cannot be built) one line and 1, Ctrl-C one line and 130, SIGTERM
+under `stop_on_sigterm` one line and 143. Any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from core.errors import UserError
+
+EXIT_FAILED, EXIT_USAGE = 1, 2
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # 128 + the signal's number, as a shell reports a killed command
+CTRL_C, SIGTERM = "interrupted (Ctrl-C)", "stopped (SIGTERM)"  # how a stopped run's line begins
+
+Errors = tuple[type[BaseException], ...]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a service manager, `docker stop`, `kill`) under `stop_on_sigterm`: a run stops as Ctrl-C stops
+    it (`finally` blocks run: sandboxes removed, processes stopped), with exit code 143."""
+
+
+def add_config_args(
+    parser: argparse.ArgumentParser,
+    *,
+    default_config: str,
+    example: str,
+    what: str = "a config key",
+    note: str = "",
+) -> None:
+    """`--config FILE` (repeatable; `args.config` is None when not given) merged over `default_config`, and
+    `--set KEY=VALUE` (repeatable; `args.overrides`, a list). `what` names what a `--set` overrides, `example`
+    is one KEY=VALUE, `note` adds to --config's help how the files merge."""
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help=f"YAML merged over {default_config} (repeatable: later files win key by key{note})",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override {what}, e.g. --set {example} (repeatable)",
+    )
+
+
+def add_out_args(parser: argparse.ArgumentParser, *, default: str | None, what: str = "output folder") -> None:
+    """`--out DIR` (a Path; None when not given) and `--overwrite`. `default` says which folder a run without
+    --out writes; None makes --out required."""
+    shown = "" if default is None else f" (default: {default})"
+    parser.add_argument(
+        "--out", type=Path, default=None, required=default is None, metavar="DIR", help=f"{what}, new or empty{shown}"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="clear a non-empty --out folder first")
+
+
+def run_main(
+    body: Callable[[], int],
+    *,
+    usage_errors: Errors = (UserError,),
+    failures: Errors = (),
+    on_interrupt: Callable[[str], str] | None = None,
+    prog: str | None = None,
+) -> int:
+    """`body()`'s exit code, or: 2 and one `error:` line for `usage_errors` (a user's mistake), 1 and one line for
+    `failures`, 130 after Ctrl-C and 143 after SIGTERM (`Terminated`) with one line: `on_interrupt(how)`, given
+    how the run stopped (CTRL_C or SIGTERM), else that phrase alone. `prog` prefixes the error line, as
+    argparse does. Any other exception propagates: a bug, whose traceback is wanted."""
+    label = "error" if prog is None else f"{prog}: error"
+    try:
+        return body()
+    except usage_errors as e:
+        print(f"{label}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except failures as e:
+        print(f"{label}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt as e:
+        how = SIGTERM if isinstance(e, Terminated) else CTRL_C
+        print(how if on_interrupt is None else on_interrupt(how), file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """While inside: SIGTERM raises `Terminated` in the main thread (`run_main` makes it exit code 143). The
+    previous handler is back afterwards."""
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()

@@ -1,0 +1,145 @@
+"""core.cli: a user's mistake is one `error:` line and exit code 2, a named failure one line and 1, Ctrl-C one line
+and 130, SIGTERM under `stop_on_sigterm` one line and 143; anything else is a bug and keeps its traceback. The
+config and output arguments parse as every command documents them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from core.cli import (
+    CTRL_C,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    Terminated,
+    add_config_args,
+    add_out_args,
+    run_main,
+    stop_on_sigterm,
+)
+from core.errors import UserError
+
+
+def raising(exc: BaseException):
+    def body() -> int:
+        raise exc
+
+    return body
+
+
+def test_the_body_s_exit_code_is_returned_and_nothing_printed(capsys):
+    assert run_main(lambda: 0) == 0
+    assert run_main(lambda: 1) == 1
+    assert capsys.readouterr().err == ""
+
+
+def test_a_user_error_is_one_error_line_and_exit_code_2(capsys):
+    assert run_main(raising(UserError("--steps must be >= 1, got 0"))) == EXIT_USAGE == 2
+    assert capsys.readouterr().err == "error: --steps must be >= 1, got 0\n"
+
+
+def test_prog_prefixes_the_error_line_as_argparse_does(capsys):
+    assert run_main(raising(UserError("--out exists")), prog="gpu_calibration") == 2
+    assert capsys.readouterr().err == "gpu_calibration: error: --out exists\n"
+
+
+def test_the_usage_errors_are_the_command_s_choice(capsys):
+    assert run_main(raising(FileNotFoundError("no such file: x.json")), usage_errors=(ValueError, OSError)) == 2
+    assert capsys.readouterr().err == "error: no such file: x.json\n"
+
+
+def test_a_named_failure_is_one_line_and_exit_code_1(capsys):
+    assert run_main(raising(RuntimeError("git clone failed")), failures=(RuntimeError,)) == EXIT_FAILED == 1
+    assert capsys.readouterr().err == "error: git clone failed\n"
+
+
+def test_ctrl_c_is_one_line_and_exit_code_130(capsys):
+    assert run_main(raising(KeyboardInterrupt())) == EXIT_INTERRUPTED == 130
+    assert capsys.readouterr().err == f"{CTRL_C}\n"
+
+
+def test_on_interrupt_gives_the_line_from_how_the_run_stopped(capsys):
+    assert run_main(raising(KeyboardInterrupt()), on_interrupt=lambda how: f"{how}; outputs in out/") == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl-C); outputs in out/\n"
+    assert run_main(raising(Terminated()), on_interrupt=lambda how: f"{how}; outputs in out/") == EXIT_TERMINATED
+    assert capsys.readouterr().err == "stopped (SIGTERM); outputs in out/\n"
+
+
+def test_an_unexpected_exception_is_a_bug_and_propagates(capsys):
+    with pytest.raises(ZeroDivisionError):
+        run_main(raising(ZeroDivisionError("division by zero")))
+    with pytest.raises(KeyError):  # not a usage error unless named: KeyError is no ValueError
+        run_main(raising(KeyError("x")), failures=(RuntimeError,))
+    assert capsys.readouterr().err == ""
+
+
+def test_a_runtime_error_is_a_bug_unless_the_command_names_it():
+    with pytest.raises(RuntimeError):
+        run_main(raising(RuntimeError("an invariant broke")))
+
+
+def test_argparse_s_own_exit_passes_through():
+    with pytest.raises(SystemExit) as exit_:
+        run_main(raising(SystemExit(2)))
+    assert exit_.value.code == 2
+
+
+def test_sigterm_under_stop_on_sigterm_is_one_line_and_143_and_the_old_handler_comes_back(capsys):
+    before = signal.getsignal(signal.SIGTERM)
+
+    def body() -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the body")
+
+    with stop_on_sigterm():
+        assert run_main(body) == 143
+    assert capsys.readouterr().err == "stopped (SIGTERM)\n"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cmd")
+    add_config_args(p, default_config="sim/configs/default.yaml", example="cluster.num_gpus=128")
+    add_out_args(p, default="results/cmd-<time>")
+    return p
+
+
+def test_config_and_set_are_repeatable_and_in_order():
+    args = parser().parse_args(["--config", "a.yaml", "--set", "x=1", "--config", "b.yaml", "--set", "y.z=2"])
+    assert args.config == ["a.yaml", "b.yaml"]
+    assert args.overrides == ["x=1", "y.z=2"]
+
+
+def test_without_arguments_no_config_no_override_no_out():
+    args = parser().parse_args([])
+    assert (args.config, args.overrides, args.out, args.overwrite) == (None, [], None, False)
+
+
+def test_out_is_a_path_and_overwrite_a_flag():
+    args = parser().parse_args(["--out", "results/x", "--overwrite"])
+    assert args.out == Path("results/x")
+    assert args.overwrite is True
+
+
+def test_the_help_names_the_shipped_config_the_example_and_the_default_folder(capsys):
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "YAML merged over sim/configs/default.yaml" in help_text
+    assert "e.g. --set cluster.num_gpus=128" in help_text
+    assert "(default: results/cmd-<time>)" in help_text
+
+
+def test_out_without_a_default_is_required(capsys):
+    p = argparse.ArgumentParser(prog="cmd")
+    add_out_args(p, default=None)
+    with pytest.raises(SystemExit) as exit_:
+        p.parse_args([])
+    assert exit_.value.code == 2
+    assert "the following arguments are required: --out" in capsys.readouterr().err
