@@ -18,8 +18,7 @@ def runtime_setup(steps: int, workload: str = "math"):
     """(the runtime's train config for `--compare`, its task, its model's transformers config): the throughput
     task, or (`workload` swe) `make train-swe`'s recipe without its evaluations."""
     from reference.control.config import load_train_config
-    from reference.control.layout import task_context
-    from reference.model import tiny_config
+    from reference.control.layout import model_config
     from reference.tasks import make_task
 
     overrides = [f"policy.num_steps={steps}", "run.eval_every_steps=0"]
@@ -28,18 +27,7 @@ def runtime_setup(steps: int, workload: str = "math"):
     else:
         cfg = load_train_config(None, ["task.name=throughput", *overrides])
     task = make_task(cfg.task.name, **cfg.task.options)
-    m = cfg.model
-    model_config = tiny_config(
-        task.tokenizer.vocab_size,
-        hidden_size=m.hidden_size,
-        num_hidden_layers=m.num_layers,
-        num_attention_heads=m.num_heads,
-        num_key_value_heads=m.num_kv_heads,
-        head_dim=m.head_dim,
-        intermediate_size=m.intermediate_size,
-        max_position_embeddings=task_context(task),
-    )
-    return cfg, task, model_config
+    return cfg, task, model_config(cfg, task)
 
 
 def mean_lengths(task) -> tuple[int, int]:

@@ -32,8 +32,15 @@ def initial_weights(cfg: TrainConfig, task: Task, root: Path) -> str:
     """The checkpoint directory every engine and trainer shard starts from (policy version 0)."""
     if cfg.model.dir is not None:
         return str(Path(cfg.model.dir).resolve())
+    config = model_config(cfg, task)
+    model = build_model(config, seed=cfg.model.init_seed)
+    return str(publish_weights(model.state_dict(), config, root, 0, task.tokenizer).path.resolve())
+
+
+def model_config(cfg: TrainConfig, task: Task):
+    """The fresh model's configuration (`model` section), over the task's tokenizer and context."""
     m = cfg.model
-    config = tiny_config(
+    return tiny_config(
         task.tokenizer.vocab_size,
         hidden_size=m.hidden_size,
         num_hidden_layers=m.num_layers,
@@ -44,8 +51,6 @@ def initial_weights(cfg: TrainConfig, task: Task, root: Path) -> str:
         initializer_range=m.initializer_range,
         max_position_embeddings=task_context(task),
     )
-    model = build_model(config, seed=m.init_seed)
-    return str(publish_weights(model.state_dict(), config, root, 0, task.tokenizer).path.resolve())
 
 
 def task_context(task: Task) -> int:
