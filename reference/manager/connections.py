@@ -1,24 +1,40 @@
-"""The trajectory manager's connections: counted, capped by the open-file limit, and answered in JSON even
-when aiohttp rejects a request before any handler runs.
+"""The trajectory manager's connections: counted, capped by the open-file limit, answered in JSON even when
+aiohttp rejects a request before any handler runs, and refused cheaply while admission is saturated.
 
 Past the manager's `max_connections` (what the open-file limit leaves) the oldest connection with no request
 under way is closed to make room. A connection with no request under way closes after `idle_timeout_s`;
 request lines and headers are bounded (`MAX_LINE_BYTES`, `MAX_HEADERS`). Running out of file descriptors is
 logged once every 10 s, not once a connection.
+
+While the in-flight limit is reached, an agent request that arrives whole on an idle connection is answered
+429 from the connection itself, as soon as aiohttp's parser (C) has read it: no request object, routing,
+middleware, handler or response object, about a tenth of what a 429 costs through them, so refusing several
+times what the manager can serve leaves it most of its core. The parser has consumed the request, body
+included, so the connection stays at a message boundary and is kept alive (unless the client asked to close);
+anything else (a request under way or queued before it on the connection, a body not all in, HTTP/1.0, an
+upgrade, any other endpoint: /health, /stats and the admin calls) takes the ordinary path, whose handlers
+check the limit again. Not reading at all while saturated (as a server that stops accepting does) would turn
+shedding back into queueing: clients that give up leave requests behind in the kernel that are served for
+nobody, and OpenAI clients wait out their timeout instead of retrying after `Retry-After`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 import math
+import re
 import time
+from email.utils import formatdate
 from http import HTTPStatus
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.web_protocol import RequestHandler
 
 from reference.manager.access import MANAGER_KEY, error_response
+from reference.manager.admission import overloaded
 from reference.manager.manager import TrajectoryManager
 
 log = logging.getLogger(__name__)
@@ -28,13 +44,91 @@ MAX_HEADERS = 64  # header lines a request: with MAX_LINE_BYTES, at most 1 MiB o
 FD_RESERVE = 128  # open files kept free beyond the connections: the store, engines' sockets, /health's connection
 ACCEPT_BATCH = 32  # connections asyncio accepts in one go (its `backlog`): room is made for them before the next
 LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (aiohttp's default of 128 drops bursts)
+# The parts of aiohttp's connection handler that refusing on arrival uses (aiohttp 3.14 has them); with an aiohttp
+# that lacks one, every refusal takes the ordinary path.
+_ON_ARRIVAL = {"_waiter", "_max_msg_queue_size", "_next_keepalive_close_time"} <= set(
+    getattr(RequestHandler, "__slots__", ())
+)
+AGENT_CALL = re.compile(r"/s/[^/?#]+/v1/(?:chat/)?completions(?:[?#]|$)")  # the request targets refused on arrival
 
 
-class _JSONErrors(RequestHandler):
+class _RefuseOnArrival:
+    """aiohttp's request parser, with the agent requests it has just parsed refused on the spot while admission is
+    saturated (`_Protocol.refuse_on_arrival`) instead of being queued for a handler."""
+
+    __slots__ = ("parser", "protocol", "manager")
+
+    def __init__(self, parser, protocol: _Protocol, manager: TrajectoryManager) -> None:
+        self.parser, self.protocol, self.manager = parser, protocol, manager
+
+    def feed_data(self, data: bytes):
+        messages, upgraded, tail = self.parser.feed_data(data)
+        if messages and self.manager.saturated:
+            messages = self.protocol.refuse_on_arrival(messages)
+        return messages, upgraded, tail
+
+    def __getattr__(self, name: str):
+        return getattr(self.parser, name)
+
+
+def _refusable(message, payload) -> bool:
+    """An agent call whose body is all in, HTTP/1.1, not an upgrade: once refused, the connection is at a message
+    boundary. (A request aiohttp could not parse comes as an error record without a method.)"""
+    return (
+        getattr(message, "method", None) == "POST"
+        and message.version == HttpVersion11
+        and not message.upgrade
+        and payload.is_eof()
+        and AGENT_CALL.match(message.path) is not None
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _overload_answer(message: str, second: int, close: bool) -> bytes:
+    """The whole HTTP response refusing an agent request for overload, as the handlers answer it."""
+    error = overloaded(message)
+    body = json.dumps(error.body()).encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (error.headers or {}).items())
+    head = (
+        f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n{extra}Date: {formatdate(second, usegmt=True)}\r\n"
+    )
+    return (head + ("Connection: close\r\n\r\n" if close else "\r\n")).encode() + body
+
+
+class _Protocol(RequestHandler):
     """What aiohttp rejects before any handler runs (an over-long request line, a malformed header or
     method) is answered with the same OpenAI-style JSON error as everything else. Connections are counted;
     past the manager's `max_connections` the oldest with no request under way (idle, or its headers not all
-    in) is closed to make room, else the new one."""
+    in) is closed to make room, else the new one. While admission is saturated, agent requests are refused as
+    they arrive (the module docstring)."""
+
+    def __init__(self, manager: _Server, **kwargs) -> None:
+        super().__init__(manager, **kwargs)
+        if _ON_ARRIVAL:
+            self._parser = _RefuseOnArrival(self._parser, self, manager.manager)
+
+    def refuse_on_arrival(self, messages: list) -> list:
+        """The parsed `messages` left for aiohttp to queue, once those at their head that can be refused cheaply
+        are answered 429 here. Only on an idle connection (aiohttp waiting for a request: no answer is owed before
+        these) and when the parser did not pause for a full queue (it keeps the rest until the queue drains)."""
+        waiter = self._waiter
+        if waiter is None or waiter.done() or len(messages) >= self._max_msg_queue_size:
+            return messages
+        manager = self._manager.manager
+        for i, (message, payload) in enumerate(messages):
+            if not _refusable(message, payload):
+                return messages[i:]
+            self._parser.message_consumed()
+            manager.shed += 1
+            manager.shed_on_arrival += 1
+            close = bool(message.should_close)
+            self.transport.write(_overload_answer(manager.overload_message(), int(time.time()), close))
+            if close:
+                self.force_close()  # once the answer is written
+                return []
+        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout  # it is not idle
+        return []
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -63,11 +157,12 @@ class _Server(web.Server):
     manager: TrajectoryManager
 
     def __call__(self) -> RequestHandler:
-        return _JSONErrors(self, loop=self._loop, **self._kwargs)
+        return _Protocol(self, loop=self._loop, **self._kwargs)
 
 
 class Runner(web.AppRunner):
-    """An AppRunner whose server answers what aiohttp rejects before a handler with JSON (`_JSONErrors`)."""
+    """An AppRunner whose server's connections are `_Protocol`s: counted, JSON errors from aiohttp, refusals on
+    arrival."""
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()

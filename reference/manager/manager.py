@@ -143,6 +143,7 @@ class TrajectoryManager(Admission, Generation, FleetControl):
         self.in_flight = 0
         self.body_bytes = 0  # request bodies being read, parsed or tokenised (max_body_bytes_in_flight)
         self.shed = 0  # requests answered 429
+        self.shed_on_arrival = 0  # of those, refused from the connection before a request object existed
         # Bodies over a MiB are parsed and tokenised one at a time in a thread of their own, the rest over 64 KiB in
         # two more: neither holds the threads session reloads and the store use, nor do many huge ones share memory.
         self.body_threads = {
@@ -286,7 +287,7 @@ class TrajectoryManager(Admission, Generation, FleetControl):
             reasons.append(f"engines paused for over a minute: {', '.join(long)}")
             status = "degraded" if status == "ok" else status
         saturated = []
-        if self.in_flight >= self.admission.limit:
+        if self.saturated:
             saturated.append(f"{self.in_flight} requests in flight at a limit of {self.admission.limit}")
         if self.max_connections is not None and self.connections >= self.max_connections:
             saturated.append(f"{self.connections} connections open at a limit of {self.max_connections}")
@@ -302,6 +303,7 @@ class TrajectoryManager(Admission, Generation, FleetControl):
             "paused": self.paused,
             "in_flight": self.in_flight,
             "shed": self.shed,
+            "shed_on_arrival": self.shed_on_arrival,
             "admission_limit": self.admission.limit,
             "loop_lag_ms": round(self.loop_lag.lag_s * 1e3, 1),
             "max_loop_lag_ms": round(self.loop_lag.max_lag_s * 1e3, 1),
