@@ -37,6 +37,7 @@ class Admission:
     tok: Tokenizer
     max_context: int | None
     in_flight: int  # agent requests under way
+    arriving: int  # agent requests parsed and queued on their connections, their handlers not yet started
     body_bytes: int  # request bodies being read, parsed or tokenised (max_body_bytes_in_flight)
     shed: int  # requests answered 429
     shed_on_arrival: int  # of those, refused from the connection as they arrived (connections.py)
@@ -45,8 +46,9 @@ class Admission:
 
     @property
     def saturated(self) -> bool:
-        """Whether agent requests are refused now (the in-flight limit is reached)."""
-        return self.in_flight >= self.admission.limit
+        """Whether agent requests are refused as they arrive: those in flight and those arriving (parsed, their
+        handlers not yet started) reach the in-flight limit."""
+        return self.in_flight + self.arriving >= self.admission.limit
 
     def overload_message(self) -> str:
         return (

@@ -52,35 +52,32 @@ _ON_ARRIVAL = {"_waiter", "_max_msg_queue_size", "_next_keepalive_close_time"} <
 AGENT_CALL = re.compile(r"/s/[^/?#]+/v1/(?:chat/)?completions(?:[?#]|$)")  # the request targets refused on arrival
 
 
-class _RefuseOnArrival:
-    """aiohttp's request parser, with the agent requests it has just parsed refused on the spot while admission is
-    saturated (`_Protocol.refuse_on_arrival`) instead of being queued for a handler."""
+class _OnArrival:
+    """aiohttp's request parser, with what it has just parsed passed through `_Protocol.arrived` (agent calls
+    counted, or refused on the spot while admission is saturated) before aiohttp queues it for a handler."""
 
-    __slots__ = ("parser", "protocol", "manager")
+    __slots__ = ("parser", "protocol")
 
-    def __init__(self, parser, protocol: _Protocol, manager: TrajectoryManager) -> None:
-        self.parser, self.protocol, self.manager = parser, protocol, manager
+    def __init__(self, parser, protocol: _Protocol) -> None:
+        self.parser, self.protocol = parser, protocol
 
     def feed_data(self, data: bytes):
         messages, upgraded, tail = self.parser.feed_data(data)
-        if messages and self.manager.saturated:
-            messages = self.protocol.refuse_on_arrival(messages)
-        return messages, upgraded, tail
+        return (self.protocol.arrived(messages) if messages else messages), upgraded, tail
 
     def __getattr__(self, name: str):
         return getattr(self.parser, name)
 
 
+def _agent_call(message) -> bool:
+    """(A request aiohttp could not parse comes as an error record without a method.)"""
+    return getattr(message, "method", None) == "POST" and AGENT_CALL.match(message.path) is not None
+
+
 def _refusable(message, payload) -> bool:
     """An agent call whose body is all in, HTTP/1.1, not an upgrade: once refused, the connection is at a message
-    boundary. (A request aiohttp could not parse comes as an error record without a method.)"""
-    return (
-        getattr(message, "method", None) == "POST"
-        and message.version == HttpVersion11
-        and not message.upgrade
-        and payload.is_eof()
-        and AGENT_CALL.match(message.path) is not None
-    )
+    boundary."""
+    return _agent_call(message) and message.version == HttpVersion11 and not message.upgrade and payload.is_eof()
 
 
 @functools.lru_cache(maxsize=64)
@@ -105,17 +102,27 @@ class _Protocol(RequestHandler):
 
     def __init__(self, manager: _Server, **kwargs) -> None:
         super().__init__(manager, **kwargs)
+        self.arriving = 0  # agent calls queued here, not yet handed to a handler (of the manager's `arriving`)
         if _ON_ARRIVAL:
-            self._parser = _RefuseOnArrival(self._parser, self, manager.manager)
+            self._parser = _OnArrival(self._parser, self)
+            self._make_request, self._request_factory = self._request_factory, self._request_made
 
-    def refuse_on_arrival(self, messages: list) -> list:
-        """The parsed `messages` left for aiohttp to queue, once those at their head that can be refused cheaply
-        are answered 429 here. Only on an idle connection (aiohttp waiting for a request: no answer is owed before
-        these) and when the parser did not pause for a full queue (it keeps the rest until the queue drains)."""
-        waiter = self._waiter
-        if waiter is None or waiter.done() or len(messages) >= self._max_msg_queue_size:
-            return messages
+    def arrived(self, messages: list) -> list:
+        """The parsed `messages` left for aiohttp to queue, their agent calls counted as arriving. While admission is
+        saturated, the agent calls at their head are answered 429 here if that can be done cheaply and correctly:
+        on an idle connection (aiohttp waiting for a request: no answer is owed before these) when the parser did
+        not pause for a full queue (it keeps the rest until the queue drains)."""
         manager = self._manager.manager
+        if manager.saturated:
+            waiter = self._waiter
+            if waiter is not None and not waiter.done() and len(messages) < self._max_msg_queue_size:
+                messages = self._refuse_on_arrival(messages, manager)
+        if calls := sum(1 for message, _ in messages if _agent_call(message)):
+            self.arriving += calls
+            manager.arriving += calls
+        return messages
+
+    def _refuse_on_arrival(self, messages: list, manager: TrajectoryManager) -> list:
         for i, (message, payload) in enumerate(messages):
             if not _refusable(message, payload):
                 return messages[i:]
@@ -130,6 +137,13 @@ class _Protocol(RequestHandler):
         self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout  # it is not idle
         return []
 
+    def _request_made(self, message, *args) -> web.BaseRequest:
+        """aiohttp's request factory, for a message it takes from the queue to handle: no longer arriving."""
+        if _agent_call(message):
+            self.arriving -= 1
+            self._manager.manager.arriving -= 1
+        return self._make_request(message, *args)
+
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         manager = self._manager.manager
@@ -142,7 +156,10 @@ class _Protocol(RequestHandler):
             idle.force_close()
 
     def connection_lost(self, exc) -> None:
-        self._manager.manager.connections -= 1
+        manager = self._manager.manager
+        manager.connections -= 1
+        manager.arriving -= self.arriving  # queued here, never to be handled
+        self.arriving = 0
         super().connection_lost(exc)
 
     def handle_error(self, request, status: int = 500, exc=None, message=None) -> web.StreamResponse:

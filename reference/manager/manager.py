@@ -141,6 +141,7 @@ class TrajectoryManager(Admission, Generation, FleetControl):
         self.recorder = Recorder(store, config.durable_within_s)
         self.max_context = max_context
         self.in_flight = 0
+        self.arriving = 0  # agent requests parsed, their handlers not yet started (the server's connections keep it)
         self.body_bytes = 0  # request bodies being read, parsed or tokenised (max_body_bytes_in_flight)
         self.shed = 0  # requests answered 429
         self.shed_on_arrival = 0  # of those, refused from the connection before a request object existed
@@ -287,7 +288,7 @@ class TrajectoryManager(Admission, Generation, FleetControl):
             reasons.append(f"engines paused for over a minute: {', '.join(long)}")
             status = "degraded" if status == "ok" else status
         saturated = []
-        if self.saturated:
+        if self.in_flight >= self.admission.limit:
             saturated.append(f"{self.in_flight} requests in flight at a limit of {self.admission.limit}")
         if self.max_connections is not None and self.connections >= self.max_connections:
             saturated.append(f"{self.connections} connections open at a limit of {self.max_connections}")
@@ -302,6 +303,7 @@ class TrajectoryManager(Admission, Generation, FleetControl):
             "max_context": self.max_context,
             "paused": self.paused,
             "in_flight": self.in_flight,
+            "arriving": self.arriving,
             "shed": self.shed,
             "shed_on_arrival": self.shed_on_arrival,
             "admission_limit": self.admission.limit,

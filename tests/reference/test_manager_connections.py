@@ -188,7 +188,28 @@ def test_requests_admitted_before_saturation_complete_and_refused_ones_leave_not
     assert [f.result(timeout=60)[0] for f in held] == [200] * 4
     sessions = http("GET", f"{m.url}/trajectories")[1]["sessions"]
     assert sorted(sessions) == [f"held{i}" for i in range(4)], sessions
-    assert m.manager.in_flight == 0 and m.manager.body_bytes == 0
+    assert (m.manager.in_flight, m.manager.arriving, m.manager.body_bytes) == (0, 0, 0)
+
+
+def test_requests_queued_on_a_connection_count_as_arriving_until_handled_or_dropped(fake_manager, http, wait_for):
+    """Agent calls parsed but not yet handed to a handler count towards the limit (a burst that arrives in one turn
+    of the event loop is refused on arrival beyond it); a connection closed with calls queued gives them back."""
+    config = ManagerConfig(max_in_flight_requests=3, max_loop_lag_s=0, default_max_tokens=8)
+    m, _ = fake_manager(config=config, reply_tokens=4)
+    m.call(m.manager.pause())
+    netloc = urlsplit(m.url).netloc
+    try:
+        with _connect(m.url) as sock:
+            sock.sendall(b"".join(_chat(netloc, f"p{i}") for i in range(3)))  # one handled at a time, in order
+            wait_for(lambda: (m.manager.in_flight, m.manager.arriving) == (1, 2), what="one in flight, two queued")
+            with _connect(m.url) as other, other.makefile("rb") as reader:
+                other.sendall(_chat(netloc, "other"))
+                assert _answer(reader)[0] == 429 and m.manager.shed_on_arrival == 1
+        wait_for(lambda: (m.manager.in_flight, m.manager.arriving) == (0, 0), what="the closed connection's calls gone")
+    finally:
+        m.call(m.manager.resume())
+    hi = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    assert http("POST", f"{m.base_url('after')}/chat/completions", hi)[0] == 200
 
 
 def test_an_openai_client_that_retries_gets_through_once_there_is_room(fake_manager, http, wait_for):
