@@ -233,15 +233,36 @@ def row(name: str, f: dict) -> str:
     )
 
 
+def per_core(f: dict) -> float:
+    """Goodput per core of the server's CPU: how well the CPU the server got went to answers (the share of a core
+    it gets changes with whatever else the machine runs)."""
+    return f["goodput_rps"] / f["cpu_share"]["proxy"] if f["cpu_share"]["proxy"] else 0.0
+
+
 def summary(levels: list[dict]) -> dict:
+    """The knee (the level of most goodput), the highest level, and the first levels offering at least 2, 3 and 4
+    times the knee's goodput; each as goodput and as a share of the knee's, raw and per core of the server's CPU."""
     knee = max(levels, key=lambda f: f["goodput_rps"])
-    last = levels[-1]
+    if not knee["goodput_rps"]:
+        return {"knee_offered_rps": knee["offered_rps"], "knee_goodput_rps": 0.0, "at": {}}
+
+    def at(f: dict) -> dict:
+        share = per_core(f) / per_core(knee) if per_core(knee) else 0.0
+        return {
+            "offered_rps": f["offered_rps"],
+            "goodput_rps": f["goodput_rps"],
+            "of_knee": f["goodput_rps"] / knee["goodput_rps"],
+            "per_core_of_knee": share,
+        }
+
+    multiples = {
+        f"{m}x": next((f for f in levels if f["offered_rps"] >= m * knee["goodput_rps"]), None) for m in (2, 3, 4)
+    }
+    top = {"top": levels[-1]}
     return {
         "knee_offered_rps": knee["offered_rps"],
         "knee_goodput_rps": knee["goodput_rps"],
-        "top_offered_rps": last["offered_rps"],
-        "top_goodput_rps": last["goodput_rps"],
-        "top_over_knee": last["goodput_rps"] / knee["goodput_rps"] if knee["goodput_rps"] else 0.0,
+        "at": {k: at(f) for k, f in (multiples | top).items() if f is not None},
     }
 
 
@@ -379,18 +400,23 @@ def main() -> None:
     report(args, plan, levels, {"load_average": load, "cores": cores})
 
 
+def _jsonable(value) -> list | str:
+    return str(value) if isinstance(value, Path) else sorted(value)  # the baseline's path, sets of cores
+
+
 def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) -> None:
     """Each run's knee and its goodput at the highest rate; the JSON file."""
     results = {run.name: {"flags": run.flags, "levels": levels[run.name], **summary(levels[run.name])} for run in plan}
     for name, r in results.items():
-        print(
-            f"{name}: knee {r['knee_goodput_rps']:.0f}/s at {r['knee_offered_rps']} offered; at "
-            f"{r['top_offered_rps']} offered {r['top_goodput_rps']:.0f}/s "
-            f"({100 * r['top_over_knee']:.0f}% of the knee)"
+        where = "; ".join(
+            f"{k} ({a['offered_rps']}) {a['goodput_rps']:.0f}/s, {100 * a['of_knee']:.0f}% (per core "
+            f"{100 * a['per_core_of_knee']:.0f}%)"
+            for k, a in r["at"].items()
         )
+        print(f"{name}: knee {r['knee_goodput_rps']:.0f}/s at {r['knee_offered_rps']} offered; {where}")
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "json"} | machine
-        args.json.write_text(json.dumps({"config": config, "runs": results}, indent=2, default=sorted))
+        args.json.write_text(json.dumps({"config": config, "runs": results}, indent=2, default=_jsonable))
 
 
 if __name__ == "__main__":
