@@ -405,7 +405,8 @@ def _jsonable(value) -> list | str:
 
 
 def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) -> None:
-    """Each run's knee and its goodput at the highest rate; the JSON file."""
+    """Each run's knee and its goodput at multiples of it; the levels where the generator fell behind; the JSON
+    file."""
     results = {run.name: {"flags": run.flags, "levels": levels[run.name], **summary(levels[run.name])} for run in plan}
     for name, r in results.items():
         where = "; ".join(
@@ -414,6 +415,11 @@ def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) 
             for k, a in r["at"].items()
         )
         print(f"{name}: knee {r['knee_goodput_rps']:.0f}/s at {r['knee_offered_rps']} offered; {where}")
+    behind = sorted(
+        {f["offered_rps"] for r in results.values() for f in r["levels"] if f["sent_rps"] < 0.95 * f["offered_rps"]}
+    )
+    if behind:  # other work took the generator's core: those levels offered less than they say
+        print(f"the generator sent under 95% of the offered rate at {', '.join(map(str, behind))} requests/s")
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "json"} | machine
         args.json.write_text(json.dumps({"config": config, "runs": results}, indent=2, default=_jsonable))
