@@ -8,14 +8,17 @@ logged once every 10 s, not once a connection.
 
 While the in-flight limit is reached, an agent request that arrives whole on an idle connection is answered
 429 from the connection itself, as soon as aiohttp's parser (C) has read it: no request object, routing,
-middleware, handler or response object, about a tenth of what a 429 costs through them, so refusing several
-times what the manager can serve leaves it most of its core. The parser has consumed the request, body
+middleware, handler or response object, a fifth to a third of what a 429 costs through them, so refusing
+several times what the manager can serve leaves it most of its core. The parser has consumed the request, body
 included, so the connection stays at a message boundary and is kept alive (unless the client asked to close);
 anything else (a request under way or queued before it on the connection, a body not all in, HTTP/1.0, an
 upgrade, any other endpoint: /health, /stats and the admin calls) takes the ordinary path, whose handlers
-check the limit again. Not reading at all while saturated (as a server that stops accepting does) would turn
-shedding back into queueing: clients that give up leave requests behind in the kernel that are served for
-nobody, and OpenAI clients wait out their timeout instead of retrying after `Retry-After`.
+check the limit again. Agent calls parsed but not yet handed to a handler count towards the limit
+(`arriving`), so a burst that arrives in one turn of the event loop is refused as it arrives beyond it; one
+connection adds at most aiohttp's queue of 32 pipelined requests. Not reading at all while saturated (as a
+server that stops accepting does) would turn shedding back into queueing: clients that give up leave requests
+behind in the kernel that are served for nobody, and OpenAI clients wait out their timeout instead of
+retrying after `Retry-After`.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ class _OnArrival:
 
 
 def _agent_call(message) -> bool:
-    """(A request aiohttp could not parse comes as an error record without a method.)"""
+    """A POST to an agent endpoint (a request aiohttp could not parse comes as an error record without a
+    method)."""
     return getattr(message, "method", None) == "POST" and AGENT_CALL.match(message.path) is not None
 
 
