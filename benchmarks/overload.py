@@ -1,8 +1,8 @@
 """Offered more than it can serve, does the trajectory manager shed load or collapse? (overload benchmark)
 
     python -m benchmarks.overload [--rates 400,800,...,4000] [--level-s 5] [--timeout-s 2] [--caps 0,32,default]
-                                  [--turns 4] [--output-words 0] [--share-core N] [--baseline DIR] [--anchor]
-                                  [--quick] [--json FILE]
+                                  [--turns 4] [--output-words 0] [--share-core N] [--baseline DIR] [--redo N]
+                                  [--anchor] [--quick] [--json FILE]
 
 A fake engine that answers at once (`token_delay_s=0`) and the trajectory manager each get one core
 (on a 2-core machine the engine shares its core with the load generator). The load generator is open
@@ -25,9 +25,10 @@ generator, not the server, set the limit), and `srv wait`, the share of the leve
 loop was ready to run but waited for its core (other work took it: CPU + wait near 100% is a server
 that could not keep up, well under 100% one that had nothing to do). `SYN drops`: connection attempts
 the kernel dropped at a full listen queue during the level (machine-wide), each retried a second
-later. `early`: of the manager's 429s, the share it refused as they arrived (from its /stats; "-" from a
-server that does not tell). Shedding: goodput holds near its peak (the knee) as the offered rate grows;
-collapse: it falls.
+later. A level the generator could not offer in full (under 95% of its rate sent: other work took its
+core) is run again with `--redo N`, up to N times. `early`: of the manager's 429s, the share it refused as
+they arrived (from its /stats; "-" from a server that does not tell). Shedding: goodput holds near its peak
+(the knee) as the offered rate grows; collapse: it falls.
 
 The requests: by default short messages with 16 tokens out, the cheapest a manager serves (its knee is
 then thousands a second, and the generator on a shared core reaches only about 1.4 times it). Two ways go
@@ -203,12 +204,16 @@ async def run_levels(servers: dict[str, ServerProcess], args, engine_pid: int) -
     try:
         for k, rate in enumerate(args.rates):
             for name in list(servers) if k % 2 == 0 else list(reversed(servers)):
-                await wait_idle(clients[name], servers)
                 pids = {"proxy": servers[name].pid, "engine": engine_pid}
-                tag = f"ol-{re.sub(r'[^A-Za-z0-9]', '', name)}-{rate}"
-                result = await offer(clients[name], rate, args, tag, pids)
-                levels[name].append(result.figures())
-                print(row(name, levels[name][-1]), flush=True)
+                for attempt in range(args.redo + 1):
+                    await wait_idle(clients[name], servers)
+                    tag = f"ol-{re.sub(r'[^A-Za-z0-9]', '', name)}-{rate}-{attempt}"
+                    figures = (await offer(clients[name], rate, args, tag, pids)).figures()
+                    if figures["sent_rps"] >= 0.95 * rate or attempt == args.redo:
+                        break
+                    print(f"{row(name, figures)}  (the generator fell behind: again)", flush=True)
+                levels[name].append(figures)
+                print(row(name, figures), flush=True)
     finally:
         for client in clients.values():
             client.close()
@@ -303,6 +308,14 @@ def parse_args() -> argparse.Namespace:
         help="also each manager run from the checkout DIR (with the same serve flags; e.g. the commit before a "
         "change: git archive COMMIT | tar -x -C DIR), named '<run> base', interleaved with this checkout's",
     )
+    ap.add_argument(
+        "--redo",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run a level again, up to N times, when the generator sent under 95%% of its rate (other work on the "
+        "machine took its core; default 0)",
+    )
     ap.add_argument("--anchor", action="store_true", help="also a run of the anchor proxy (no cap), for reference")
     ap.add_argument("--quick", action="store_true", help="three short levels a run (under a minute in all)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -313,10 +326,10 @@ def parse_args() -> argparse.Namespace:
     given = (args.rates, args.level_s, args.timeout_s)
     rates, args.level_s, args.timeout_s = (d if g is None else g for g, d in zip(given, defaults, strict=True))
     args.rates = [int(r) for r in rates.split(",")]
-    if args.output_words < 0 or args.turns < 1 or args.share_core < 0:
+    if min(args.output_words, args.share_core, args.redo) < 0 or args.turns < 1:
         ap.error(
-            f"--output-words and --share-core must be >= 0 and --turns >= 1, got {args.output_words}, "
-            f"{args.share_core} and {args.turns}"
+            f"--output-words, --share-core and --redo must be >= 0 and --turns >= 1, got {args.output_words}, "
+            f"{args.share_core}, {args.redo} and {args.turns}"
         )
     if args.baseline is not None and not (args.baseline / "reference" / "__main__.py").is_file():
         ap.error(f"--baseline {args.baseline} is not a checkout of this project (no reference/__main__.py)")
