@@ -245,30 +245,25 @@ def per_core(f: dict) -> float:
 
 
 def summary(levels: list[dict]) -> dict:
-    """The knee (the level of most goodput), the highest level, and the first levels offering at least 2, 3 and 4
-    times the knee's goodput; each as goodput and as a share of the knee's, raw and per core of the server's CPU."""
+    """The knee (the level of most goodput) and every level offering more than it: its offered rate as a multiple
+    of the knee's goodput, and its goodput as a share of the knee's, raw and per core of the server's CPU."""
     knee = max(levels, key=lambda f: f["goodput_rps"])
+    out = {"knee_offered_rps": knee["offered_rps"], "knee_goodput_rps": knee["goodput_rps"], "beyond": []}
     if not knee["goodput_rps"]:
-        return {"knee_offered_rps": knee["offered_rps"], "knee_goodput_rps": 0.0, "at": {}}
-
-    def at(f: dict) -> dict:
-        share = per_core(f) / per_core(knee) if per_core(knee) else 0.0
-        return {
-            "offered_rps": f["offered_rps"],
-            "goodput_rps": f["goodput_rps"],
-            "of_knee": f["goodput_rps"] / knee["goodput_rps"],
-            "per_core_of_knee": share,
-        }
-
-    multiples = {
-        f"{m}x": next((f for f in levels if f["offered_rps"] >= m * knee["goodput_rps"]), None) for m in (2, 3, 4)
-    }
-    top = {"top": levels[-1]}
-    return {
-        "knee_offered_rps": knee["offered_rps"],
-        "knee_goodput_rps": knee["goodput_rps"],
-        "at": {k: at(f) for k, f in (multiples | top).items() if f is not None},
-    }
+        return out
+    for f in levels:
+        if f["offered_rps"] > knee["offered_rps"]:
+            share = per_core(f) / per_core(knee) if per_core(knee) else 0.0
+            out["beyond"].append(
+                {
+                    "offered_rps": f["offered_rps"],
+                    "times_knee": f["offered_rps"] / knee["goodput_rps"],
+                    "goodput_rps": f["goodput_rps"],
+                    "of_knee": f["goodput_rps"] / knee["goodput_rps"],
+                    "per_core_of_knee": share,
+                }
+            )
+    return out
 
 
 def parse_args() -> argparse.Namespace:
@@ -423,9 +418,9 @@ def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) 
     results = {run.name: {"flags": run.flags, "levels": levels[run.name], **summary(levels[run.name])} for run in plan}
     for name, r in results.items():
         where = "; ".join(
-            f"{k} ({a['offered_rps']}) {a['goodput_rps']:.0f}/s, {100 * a['of_knee']:.0f}% (per core "
-            f"{100 * a['per_core_of_knee']:.0f}%)"
-            for k, a in r["at"].items()
+            f"{a['offered_rps']} ({a['times_knee']:.1f}x) {a['goodput_rps']:.0f}/s, {100 * a['of_knee']:.0f}% "
+            f"(per core {100 * a['per_core_of_knee']:.0f}%)"
+            for a in r["beyond"]
         )
         print(f"{name}: knee {r['knee_goodput_rps']:.0f}/s at {r['knee_offered_rps']} offered; {where}")
     behind = sorted(

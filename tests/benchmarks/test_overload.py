@@ -1,6 +1,6 @@
-"""The overload benchmark: its summary finds the knee and the levels at 2, 3 and 4 times it; it refuses a baseline
-that is not a checkout; end to end (slow), a manager beside a CPU-bound process and the same manager run from
-another checkout both take every level, and the 429s the manager counts as refused on arrival are reported."""
+"""The overload benchmark: its summary finds the knee and every level beyond it (as multiples of it); it refuses a
+baseline that is not a checkout; end to end (slow), a manager beside a CPU-bound process and the same manager run
+from another checkout both take every level, and the 429s the manager counts as refused on arrival are reported."""
 
 from __future__ import annotations
 
@@ -20,18 +20,18 @@ def _level(offered: int, goodput: float, cpu: float) -> dict:
     return {"offered_rps": offered, "goodput_rps": goodput, "cpu_share": {"proxy": cpu}}
 
 
-def test_summary_takes_the_knee_and_the_first_levels_at_multiples_of_it():
-    levels = [_level(100, 100, 0.2), _level(200, 150, 0.3), _level(300, 140, 0.3), _level(500, 120, 0.2)]
+def test_summary_gives_the_knee_and_every_level_beyond_it_as_multiples_and_shares_of_it():
+    levels = [_level(100, 100, 0.2), _level(200, 150, 0.3), _level(300, 140, 0.3), _level(600, 120, 0.2)]
     s = summary(levels)
     assert (s["knee_offered_rps"], s["knee_goodput_rps"]) == (200, 150)
-    assert {k: a["offered_rps"] for k, a in s["at"].items()} == {"2x": 300, "3x": 500, "top": 500}  # no 4x (600)
-    three = s["at"]["3x"]
-    assert three["of_knee"] == pytest.approx(0.8)
-    assert three["per_core_of_knee"] == pytest.approx((120 / 0.2) / (150 / 0.3))
+    assert [(a["offered_rps"], a["times_knee"]) for a in s["beyond"]] == [(300, 2.0), (600, 4.0)]
+    four = s["beyond"][1]
+    assert four["of_knee"] == pytest.approx(0.8)
+    assert four["per_core_of_knee"] == pytest.approx((120 / 0.2) / (150 / 0.3))
 
 
 def test_summary_of_a_server_that_answered_nothing():
-    assert summary([_level(100, 0.0, 0.1)])["at"] == {}
+    assert summary([_level(100, 0.0, 0.1)])["beyond"] == []
 
 
 def _overload(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
