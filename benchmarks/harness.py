@@ -153,11 +153,13 @@ def pinned(cpus: set[int] | None) -> Iterator[None]:
 class ServerProcess:
     """A server started as `python -m ...` on a free port; `close()` stops it (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, name: str, argv: list[str], port: int, env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], port: int, env: dict[str, str], log: Path, cwd: Path | None = None
+    ) -> None:
         self.name, self.port, self.log = name, port, log
         self.url = f"http://127.0.0.1:{port}"
         with open(log, "wb") as err:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, cwd=cwd)
         try:
             self._wait_listening(60.0)
         except BaseException:
@@ -212,9 +214,15 @@ def _python(profile: Path | None) -> list[str]:
 
 
 def start_manager(
-    engine_url: str, workdir: Path, token: str | None, extra: Sequence[str] = (), profile: Path | None = None
+    engine_url: str,
+    workdir: Path,
+    token: str | None,
+    extra: Sequence[str] = (),
+    profile: Path | None = None,
+    source: Path | None = None,
 ) -> ServerProcess:
-    """`python -m reference serve --engine-url ...` with a fresh store in `workdir`."""
+    """`python -m reference serve --engine-url ...` with a fresh store in `workdir`; `source`: another checkout
+    to run the manager from (the one a change started from, say), else this one."""
     port = free_port()
     tag = f"manager-{port}"
     # the benchmarks read /stats: no control token (a version that generates one by default can be told not to)
@@ -233,7 +241,9 @@ def start_manager(
         *quiet,
         *extra,
     ]
-    return ServerProcess("the trajectory manager", argv, port, _env(token), workdir / f"{tag}.log")
+    env = _env(token) | ({"PYTHONPATH": str(source.resolve())} if source is not None else {})
+    cwd = source.resolve() if source is not None else None  # `-m` puts the working directory first on the path
+    return ServerProcess("the trajectory manager", argv, port, env, workdir / f"{tag}.log", cwd)
 
 
 def start_anchor(engine_url: str, workdir: Path, token: str | None, profile: Path | None = None) -> ServerProcess:

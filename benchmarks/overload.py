@@ -1,7 +1,8 @@
 """Offered more than it can serve, does the trajectory manager shed load or collapse? (overload benchmark)
 
     python -m benchmarks.overload [--rates 400,800,...,4000] [--level-s 5] [--timeout-s 2] [--caps 0,32,default]
-                                  [--turns 4] [--output-words 0] [--anchor] [--quick] [--json FILE]
+                                  [--turns 4] [--output-words 0] [--share-core N] [--baseline DIR] [--redo N]
+                                  [--anchor] [--quick] [--json FILE]
 
 A fake engine that answers at once (`token_delay_s=0`) and the trajectory manager each get one core
 (on a 2-core machine the engine shares its core with the load generator). The load generator is open
@@ -24,14 +25,22 @@ generator, not the server, set the limit), and `srv wait`, the share of the leve
 loop was ready to run but waited for its core (other work took it: CPU + wait near 100% is a server
 that could not keep up, well under 100% one that had nothing to do). `SYN drops`: connection attempts
 the kernel dropped at a full listen queue during the level (machine-wide), each retried a second
-later. Shedding: goodput holds near its peak (the knee) as the offered rate grows; collapse: it falls.
+later. A level the generator could not offer in full (under 95% of its rate sent: other work took its
+core) is run again with `--redo N`, up to N times. `early`: of the manager's 429s, the share it refused as
+they arrived (from its /stats; "-" from a server that does not tell). Shedding: goodput holds near its peak
+(the knee) as the offered rate grows; collapse: it falls.
 
 The requests: by default short messages with 16 tokens out, the cheapest a manager serves (its knee is
-then thousands a second, and the generator on a shared core reaches only about 1.4 times it).
-`--output-words N` puts N words (a task's files, a tool's output) in every user message, as agents'
-requests carry: at 300, with `--turns 1` (each request a new session, tokenised whole), a request costs
-the manager about 5 ms, its knee is about 200 a second, and the rates can go many times past it. How
-well shedding holds depends on that ratio: a 429 costs the manager about 0.1 ms whatever the request.
+then thousands a second, and the generator on a shared core reaches only about 1.4 times it). Two ways go
+further. `--share-core N` pins N CPU-bound processes beside the servers, so that a busy server gets
+1/(N+1) of its core and its knee falls to what the generator can offer several times over (with 2, about
+500 a second); the ratio of a refusal's cost to a served request's, which decides how well shedding holds,
+stays that of small requests. `--output-words N` puts N words (a task's files, a tool's output) in every
+user message, as agents' requests carry: at 300, with `--turns 1` (each request a new session, tokenised
+whole), a request costs the manager about 5 ms, its knee is about 200 a second on a whole core, and the
+rates can go many times past it. A 429 costs the manager about 25 us when it is refused as it arrives (0.1
+ms through aiohttp's request handling, as a manager before that did: `--baseline` loads one beside this
+one).
 """
 
 from __future__ import annotations
@@ -41,9 +50,13 @@ import asyncio
 import json
 import os
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +95,7 @@ class LevelResult:
     ok_latency_s: list[float] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)  # process -> share of a core during the level
     listen_drops: int = 0  # connection attempts dropped by a full listen queue (the whole machine)
+    on_arrival: float | None = None  # of the server's 429s, the share refused as they arrived (None: not told)
 
     def figures(self) -> dict:
         sent = sum(self.statuses.values())
@@ -97,6 +111,7 @@ class LevelResult:
             "statuses": {str(k): v for k, v in sorted(self.statuses.items(), key=str)},
             "cpu_share": self.cpu,
             "listen_drops": self.listen_drops,
+            "on_arrival": self.on_arrival,
         }
 
 
@@ -127,6 +142,7 @@ async def offer(client: LeanClient, rate: int, args, tag: str, pids: dict[str, i
             result.ok_latency_s.append(done - sent)
             result.ok_in_window += done - start <= duration_s
 
+    shed_before = await shed_counts(client)
     cpu_before = {name: cpu_s(pid) for name, pid in pids.items()}
     wait_before = run_queue_wait_s(pids["proxy"])
     gen_before, drops_before = time.process_time(), listen_drops()
@@ -148,7 +164,21 @@ async def offer(client: LeanClient, rate: int, args, tag: str, pids: dict[str, i
     result.cpu["proxy_run_queue_wait"] = (run_queue_wait_s(pids["proxy"]) - wait_before) / wall
     await asyncio.gather(*tasks)
     result.listen_drops = listen_drops() - drops_before
+    shed_after = await shed_counts(client)
+    if shed_before is not None and shed_after is not None and shed_after[0] > shed_before[0]:
+        result.on_arrival = (shed_after[1] - shed_before[1]) / (shed_after[0] - shed_before[0])
     return result
+
+
+async def shed_counts(client: LeanClient) -> tuple[int, int] | None:
+    """The manager's 429s so far and those refused as they arrived (/stats), or None from a server that does
+    not tell them apart."""
+    status, body = await client.fetch(request_bytes("GET", client.host, client.port, "/stats"), 60.0)
+    try:
+        stats = json.loads(body) if status == 200 else {}
+    except ValueError:
+        return None
+    return (stats["shed"], stats["shed_on_arrival"]) if "shed_on_arrival" in stats else None
 
 
 async def wait_idle(client: LeanClient, servers: dict[str, ServerProcess], timeout_s: float = 60.0) -> None:
@@ -174,12 +204,16 @@ async def run_levels(servers: dict[str, ServerProcess], args, engine_pid: int) -
     try:
         for k, rate in enumerate(args.rates):
             for name in list(servers) if k % 2 == 0 else list(reversed(servers)):
-                await wait_idle(clients[name], servers)
                 pids = {"proxy": servers[name].pid, "engine": engine_pid}
-                tag = f"ol-{re.sub(r'[^A-Za-z0-9]', '', name)}-{rate}"
-                result = await offer(clients[name], rate, args, tag, pids)
-                levels[name].append(result.figures())
-                print(row(name, levels[name][-1]), flush=True)
+                for attempt in range(args.redo + 1):
+                    await wait_idle(clients[name], servers)
+                    tag = f"ol-{re.sub(r'[^A-Za-z0-9]', '', name)}-{rate}-{attempt}"
+                    figures = (await offer(clients[name], rate, args, tag, pids)).figures()
+                    if figures["sent_rps"] >= 0.95 * rate or attempt == args.redo:
+                        break
+                    print(f"{row(name, figures)}  (the generator fell behind: again)", flush=True)
+                levels[name].append(figures)
+                print(row(name, figures), flush=True)
     finally:
         for client in clients.values():
             client.close()
@@ -189,30 +223,47 @@ async def run_levels(servers: dict[str, ServerProcess], args, engine_pid: int) -
 HEADER = (
     f"{'run':>11} | {'offered':>7} | {'sent':>5} | {'goodput':>7} | {'429':>5} | {'errors':>6} | "
     f"{'p50 ms':>7} | {'p99 ms':>7} | {'srv CPU':>7} | {'srv wait':>8} | {'gen+eng CPU':>11} | "
-    f"{'SYN drops':>9}"
+    f"{'SYN drops':>9} | {'early':>5}"
 )
 
 
 def row(name: str, f: dict) -> str:
     cpu = f["cpu_share"]
+    early = "-" if f["on_arrival"] is None else f"{100 * f['on_arrival']:.0f}%"
     return (
         f"{name:>11} | {f['offered_rps']:>7} | {f['sent_rps']:5.0f} | {f['goodput_rps']:7.0f} | "
         f"{f['shed_rps']:5.0f} | {f['error_rps']:6.0f} | {f['p50_ms']:7.1f} | {f['p99_ms']:7.1f} | "
         f"{100 * cpu['proxy']:6.0f}% | {100 * cpu['proxy_run_queue_wait']:7.0f}% | "
-        f"{100 * (cpu['generator'] + cpu['engine']):10.0f}% | {f['listen_drops']:9}"
+        f"{100 * (cpu['generator'] + cpu['engine']):10.0f}% | {f['listen_drops']:9} | {early:>5}"
     )
 
 
+def per_core(f: dict) -> float:
+    """Goodput per core of the server's CPU: how well the CPU the server got went to answers (the share of a core
+    it gets changes with whatever else the machine runs)."""
+    return f["goodput_rps"] / f["cpu_share"]["proxy"] if f["cpu_share"]["proxy"] else 0.0
+
+
 def summary(levels: list[dict]) -> dict:
+    """The knee (the level of most goodput) and every level offering more than it: its offered rate as a multiple
+    of the knee's goodput, and its goodput as a share of the knee's, raw and per core of the server's CPU."""
     knee = max(levels, key=lambda f: f["goodput_rps"])
-    last = levels[-1]
-    return {
-        "knee_offered_rps": knee["offered_rps"],
-        "knee_goodput_rps": knee["goodput_rps"],
-        "top_offered_rps": last["offered_rps"],
-        "top_goodput_rps": last["goodput_rps"],
-        "top_over_knee": last["goodput_rps"] / knee["goodput_rps"] if knee["goodput_rps"] else 0.0,
-    }
+    out = {"knee_offered_rps": knee["offered_rps"], "knee_goodput_rps": knee["goodput_rps"], "beyond": []}
+    if not knee["goodput_rps"]:
+        return out
+    for f in levels:
+        if f["offered_rps"] > knee["offered_rps"]:
+            share = per_core(f) / per_core(knee) if per_core(knee) else 0.0
+            out["beyond"].append(
+                {
+                    "offered_rps": f["offered_rps"],
+                    "times_knee": f["offered_rps"] / knee["goodput_rps"],
+                    "goodput_rps": f["goodput_rps"],
+                    "of_knee": f["goodput_rps"] / knee["goodput_rps"],
+                    "per_core_of_knee": share,
+                }
+            )
+    return out
 
 
 def parse_args() -> argparse.Namespace:
@@ -236,17 +287,47 @@ def parse_args() -> argparse.Namespace:
         help="words of a task's files or a tool's output in every user message (an agent's "
         "observations; 0: short messages, the cheapest requests to serve)",
     )
+    ap.add_argument(
+        "--share-core",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N CPU-bound processes pinned beside the servers, which then get 1/(N+1) of their core: with 2, the "
+        "load generator offers the manager 4 times its knee and more (default 0: a whole core; rates default "
+        "to 250,500,750,1000,1500,2000,3000 with N > 0)",
+    )
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="also each manager run from the checkout DIR (with the same serve flags; e.g. the commit before a "
+        "change: git archive COMMIT | tar -x -C DIR), named '<run> base', interleaved with this checkout's",
+    )
+    ap.add_argument(
+        "--redo",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run a level again, up to N times, when the generator sent under 95%% of its rate (other work on the "
+        "machine took its core; default 0)",
+    )
     ap.add_argument("--anchor", action="store_true", help="also a run of the anchor proxy (no cap), for reference")
     ap.add_argument("--quick", action="store_true", help="three short levels a run (under a minute in all)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
-    full = (",".join(str(r) for r in range(400, 4001, 400)), 5.0, 2.0)
+    shared = "250,500,750,1000,1500,2000,3000"  # a share of a core: the knee about 500 with 2
+    full = (shared if args.share_core > 0 else ",".join(str(r) for r in range(400, 4001, 400)), 5.0, 2.0)
     defaults = ("800,2400,4000", 2.0, 1.0) if args.quick else full
     given = (args.rates, args.level_s, args.timeout_s)
     rates, args.level_s, args.timeout_s = (d if g is None else g for g, d in zip(given, defaults, strict=True))
     args.rates = [int(r) for r in rates.split(",")]
-    if args.output_words < 0 or args.turns < 1:
-        ap.error(f"--output-words must be >= 0 and --turns >= 1, got {args.output_words} and {args.turns}")
+    if min(args.output_words, args.share_core, args.redo) < 0 or args.turns < 1:
+        ap.error(
+            f"--output-words, --share-core and --redo must be >= 0 and --turns >= 1, got {args.output_words}, "
+            f"{args.share_core}, {args.redo} and {args.turns}"
+        )
+    if args.baseline is not None and not (args.baseline / "reference" / "__main__.py").is_file():
+        ap.error(f"--baseline {args.baseline} is not a checkout of this project (no reference/__main__.py)")
     return args
 
 
@@ -255,6 +336,7 @@ class Run:
     name: str
     server: str  # "manager" or "anchor"
     flags: tuple[str, ...] = ()
+    source: Path | None = None  # the checkout a manager runs from (None: this one)
 
 
 def runs(args) -> list[Run]:
@@ -272,13 +354,29 @@ def runs(args) -> list[Run]:
     else:
         print(f"this manager has no {CAP_FLAG}: one manager run, without a cap")
         out.append(Run("uncapped", "manager"))
+    if args.baseline is not None:  # the same runs of the other checkout's manager, named "<run> base"
+        out = [r for run in out for r in (run, Run(f"{run.name} base", "manager", run.flags, args.baseline))]
     return [*out, Run("anchor", "anchor")] if args.anchor else out
 
 
 def start(run: Run, engine: EngineProcess, tmp: Path) -> ServerProcess:
     if run.server == "anchor":
         return start_anchor(engine.url, tmp, engine_token(engine))
-    return start_manager(engine.url, tmp, engine_token(engine), run.flags)
+    return start_manager(engine.url, tmp, engine_token(engine), run.flags, source=run.source)
+
+
+@contextmanager
+def spinners(n: int, cpus: set[int] | None) -> Iterator[None]:
+    """`n` CPU-bound processes on `cpus` for the block: a server there gets 1/(n + 1) of its core when busy."""
+    procs = []
+    try:
+        with pinned(cpus):
+            procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def main() -> None:
@@ -288,15 +386,16 @@ def main() -> None:
     load = os.getloadavg()[0]  # other work on the machine at the start
     plan = runs(args)
     servers: dict[str, ServerProcess] = {}
-    with tempfile.TemporaryDirectory() as tmp, pinned(generator_cpus):
+    with tempfile.TemporaryDirectory() as tmp, pinned(generator_cpus), spinners(args.share_core, proxy_cpus):
         with pinned(engine_cpus), stderr_to(Path(tmp) / "engine.log"):
             engine = EngineProcess(EngineSpec(backend="fake", options=FakeConfig(token_delay_s=0.0, reply_tokens=16)))
         try:
             with pinned(proxy_cpus):
                 for run in plan:
                     servers[run.name] = start(run, engine, Path(tmp))
+            shared = f" (with {args.share_core} CPU-bound processes)" if args.share_core else ""
             print(
-                f"cores: servers {proxy_cpus}, engine {engine_cpus}, load generator {generator_cpus}; "
+                f"cores: servers {proxy_cpus}{shared}, engine {engine_cpus}, load generator {generator_cpus}; "
                 f"{args.level_s:g} s a level, clients give up after {args.timeout_s:g} s; rates in requests/s; "
                 f"load average {load:.1f}\n{HEADER}"
             )
@@ -309,18 +408,29 @@ def main() -> None:
     report(args, plan, levels, {"load_average": load, "cores": cores})
 
 
+def _jsonable(value) -> list | str:
+    return str(value) if isinstance(value, Path) else sorted(value)  # the baseline's path, sets of cores
+
+
 def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) -> None:
-    """Each run's knee and its goodput at the highest rate; the JSON file."""
+    """Each run's knee and its goodput at multiples of it; the levels where the generator fell behind; the JSON
+    file."""
     results = {run.name: {"flags": run.flags, "levels": levels[run.name], **summary(levels[run.name])} for run in plan}
     for name, r in results.items():
-        print(
-            f"{name}: knee {r['knee_goodput_rps']:.0f}/s at {r['knee_offered_rps']} offered; at "
-            f"{r['top_offered_rps']} offered {r['top_goodput_rps']:.0f}/s "
-            f"({100 * r['top_over_knee']:.0f}% of the knee)"
+        where = "; ".join(
+            f"{a['offered_rps']} ({a['times_knee']:.1f}x) {a['goodput_rps']:.0f}/s, {100 * a['of_knee']:.0f}% "
+            f"(per core {100 * a['per_core_of_knee']:.0f}%)"
+            for a in r["beyond"]
         )
+        print(f"{name}: knee {r['knee_goodput_rps']:.0f}/s at {r['knee_offered_rps']} offered; {where}")
+    behind = sorted(
+        {f["offered_rps"] for r in results.values() for f in r["levels"] if f["sent_rps"] < 0.95 * f["offered_rps"]}
+    )
+    if behind:  # other work took the generator's core: those levels offered less than they say
+        print(f"the generator sent under 95% of the offered rate at {', '.join(map(str, behind))} requests/s")
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "json"} | machine
-        args.json.write_text(json.dumps({"config": config, "runs": results}, indent=2, default=sorted))
+        args.json.write_text(json.dumps({"config": config, "runs": results}, indent=2, default=_jsonable))
 
 
 if __name__ == "__main__":

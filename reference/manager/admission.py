@@ -1,10 +1,11 @@
 """Admission: what the manager refuses before it spends anything on a request.
 
 Overload is shed, not queued into collapse: agent requests beyond an in-flight limit get a 429 with
-Retry-After; the limit adapts to the event loop's lag (load.py: it falls while the loop lags more than
-`max_loop_lag_s`, the manager's own CPU being the bottleneck) up to `max_in_flight_requests`. Request bodies
-being read or tokenised are capped in bytes (`max_body_bytes_in_flight`), and a prompt that cannot fit the
-context is a 400 before it is tokenised (by its characters) and before it is generated (by its tokens).
+Retry-After (most of them as they arrive, from the connection: `connections.py`); the limit adapts to the event
+loop's lag (load.py: it falls while the loop lags more than `max_loop_lag_s`, the manager's own CPU being the
+bottleneck) up to `max_in_flight_requests`. Request bodies being read or tokenised are capped in bytes
+(`max_body_bytes_in_flight`), and a prompt that cannot fit the context is a 400 before it is tokenised (by its
+characters) and before it is generated (by its tokens).
 
 `Admission` is a base class of `TrajectoryManager`, so the server keeps calling these on the manager; it uses
 the manager's `config`, `tok`, `max_context`, counters (`in_flight`, `body_bytes`, `shed`) and `admission`.
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
     from reference.tokenizer import Tokenizer
 
 
+def overloaded(message: str) -> RequestError:
+    """The 429 of a request refused for overload: the agent should retry after a second (OpenAI clients do)."""
+    return RequestError(message, status=429, code="overloaded", headers={"Retry-After": "1"})
+
+
 class Admission:
     """The manager's checks before a request is let in (see the module docstring)."""
 
@@ -31,18 +37,31 @@ class Admission:
     tok: Tokenizer
     max_context: int | None
     in_flight: int  # agent requests under way
+    arriving: int  # agent requests parsed and queued on their connections, their handlers not yet started
     body_bytes: int  # request bodies being read, parsed or tokenised (max_body_bytes_in_flight)
     shed: int  # requests answered 429
+    shed_on_arrival: int  # of those, refused from the connection as they arrived (connections.py)
     admission: AdaptiveLimit
     loop_lag: LoopLag
 
+    @property
+    def saturated(self) -> bool:
+        """Whether agent requests are refused as they arrive: those in flight and those arriving (parsed, their
+        handlers not yet started) reach the in-flight limit."""
+        return self.in_flight + self.arriving >= self.admission.limit
+
+    def overload_message(self) -> str:
+        return (
+            f"the manager is at its limit of {self.admission.limit} requests in flight (event loop "
+            f"{self.loop_lag.lag_s * 1e3:.0f} ms behind); retry shortly"
+        )
+
     def check_admission(self) -> None:
-        """A 429 the agent should retry after a while when the in-flight cap is reached (nothing is held)."""
+        """A 429 the agent should retry after a while when the in-flight cap is reached (nothing is held). While
+        it is, most agent requests are refused as they arrive, before a request object exists
+        (`connections.py`); this catches the rest."""
         if self.in_flight >= self.admission.limit:
-            self._shed(
-                f"the manager is at its limit of {self.admission.limit} requests in flight (event loop "
-                f"{self.loop_lag.lag_s * 1e3:.0f} ms behind); retry shortly"
-            )
+            self._shed(self.overload_message())
 
     def hold_body(self, size: int) -> None:
         """Count `size` bytes of a request body about to be read; 429 when that would pass
@@ -70,7 +89,7 @@ class Admission:
 
     def _shed(self, message: str) -> None:
         self.shed += 1
-        raise RequestError(message, status=429, code="overloaded", headers={"Retry-After": "1"})
+        raise overloaded(message)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model_name:

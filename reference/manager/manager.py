@@ -141,8 +141,10 @@ class TrajectoryManager(Admission, Generation, FleetControl):
         self.recorder = Recorder(store, config.durable_within_s)
         self.max_context = max_context
         self.in_flight = 0
+        self.arriving = 0  # agent requests parsed, their handlers not yet started (the server's connections keep it)
         self.body_bytes = 0  # request bodies being read, parsed or tokenised (max_body_bytes_in_flight)
         self.shed = 0  # requests answered 429
+        self.shed_on_arrival = 0  # of those, refused from the connection before a request object existed
         # Bodies over a MiB are parsed and tokenised one at a time in a thread of their own, the rest over 64 KiB in
         # two more: neither holds the threads session reloads and the store use, nor do many huge ones share memory.
         self.body_threads = {
@@ -301,7 +303,9 @@ class TrajectoryManager(Admission, Generation, FleetControl):
             "max_context": self.max_context,
             "paused": self.paused,
             "in_flight": self.in_flight,
+            "arriving": self.arriving,
             "shed": self.shed,
+            "shed_on_arrival": self.shed_on_arrival,
             "admission_limit": self.admission.limit,
             "loop_lag_ms": round(self.loop_lag.lag_s * 1e3, 1),
             "max_loop_lag_ms": round(self.loop_lag.max_lag_s * 1e3, 1),

@@ -325,7 +325,7 @@ async def start_manager_server(
         keepalive_timeout=manager.config.idle_timeout_s,
     )
     # asyncio accepts as many connections in one go as its backlog, before any of them runs: a small batch lets
-    # `_JSONErrors` close idle connections between batches; the kernel's queue stays long for bursts.
+    # `_Protocol` close idle connections between batches; the kernel's queue stays long for bursts.
     runner = await serve_on(runner, sockets, ACCEPT_BATCH)
     for sock in sockets:
         sock.listen(LISTEN_BACKLOG)
