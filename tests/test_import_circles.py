@@ -21,11 +21,7 @@ PACKAGES = ("sim", "core", "reference", "swebench_env")
 # (agents edit and test them; their imports name their own packages).
 NOT_MODULES = (Path("swebench_env/suite/libs"),)
 # (importer, imported) -> why this import is still here. None in sim/ or core/.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("reference.manager.admission", "reference.manager.manager"): "to be removed: ManagerConfig, for type hints only",
-    ("reference.manager.generation", "reference.manager.manager"): "to be removed: ManagerConfig, for type hints only",
-    ("reference.manager.fleet", "reference.manager.manager"): "to be removed: ManagerConfig, for type hints only",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def module_files() -> dict[str, Path]:

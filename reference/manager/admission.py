@@ -21,7 +21,7 @@ from reference.manager.chat import RequestError, Sampling
 from reference.manager.load import AdaptiveLimit, LoopLag
 
 if TYPE_CHECKING:
-    from reference.manager.manager import ManagerConfig
+    from reference.manager.config import ManagerConfig
     from reference.tokenizer import Tokenizer
 
 

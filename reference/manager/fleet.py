@@ -23,8 +23,8 @@ from reference.engine.base import EngineError, abort_all
 from reference.manager.router import EngineSlot, Router
 
 if TYPE_CHECKING:
+    from reference.manager.config import ManagerConfig
     from reference.manager.generation import Progress
-    from reference.manager.manager import ManagerConfig
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from reference.manager.router import EngineSlot, NoEngineAvailable, Router
 from reference.manager.sessions import Session
 
 if TYPE_CHECKING:
-    from reference.manager.manager import ManagerConfig
+    from reference.manager.config import ManagerConfig
     from reference.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
