@@ -3,16 +3,7 @@
     POST /s/<session_id>/v1/chat/completions   (stream=true too)
     POST /s/<session_id>/v1/completions
     GET  /s/<session_id>/v1/models             (and /v1/models)
-    GET  /trajectories                         session ids
-    GET  /trajectories/<session_id>            the session's trajectory tree (prefix_tree.to_json), annotations
-    POST /trajectories/<session_id>            annotate it: {"reward", "branch_rewards", "task_id", "meta", "author"}
-    POST /admin/pause | /admin/resume          partial rollout: hold generation at a token boundary
-                                               {"engines": [names]} (optional; default: every engine)
-    POST /admin/update_weights                 {"version": int, "source": checkpoint dir | null, "engines"}
-    POST /admin/preempt                        {"engine": name}: its requests continue elsewhere, with
-                                               their tokens; it takes no new request
-    POST /admin/serve                          {"engine": name, "serving": bool}
-    GET  /health | /stats
+    /trajectories, /admin/*, /health, /stats   the control plane's endpoints: `admin.py`
 
 Sampling takes the OpenAI fields (`max_tokens`, `temperature`, `top_p`, `stop`, `seed`, `n`, `stream`,
 `logprobs`; a chat request's `seed` is mixed with the number of assistant messages before it, so one seed sent
