@@ -180,7 +180,7 @@ def _trainer_pid(out: Path) -> int:
     """The tag layout's trainer (T00) is the second worker: the parent of the engine started with seed 1."""
     for pid in _engine_pids(out):
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if cmd[cmd.index(b"--seed") + 1] == b"1":
+        if json.loads(cmd[cmd.index(b"--spec-json") + 1])["seed"] == 1:
             return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     raise AssertionError("no trainer worker found")
 
