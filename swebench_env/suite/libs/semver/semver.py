@@ -42,13 +42,8 @@ class Version:
         if found is None:
             raise ValueError(f"not a semantic version: {text!r}")
         major, minor, patch, pre, build = found.groups()
-        return cls(
-            int(major),
-            int(minor),
-            int(patch),
-            tuple(pre.split(".")) if pre else (),
-            tuple(build.split(".")) if build else (),
-        )
+        return cls(int(major), int(minor), int(patch), tuple(pre.split(".")) if pre else (),
+                   tuple(build.split(".")) if build else ())  # fmt: skip
 
     def __str__(self) -> str:
         text = f"{self.major}.{self.minor}.{self.patch}"

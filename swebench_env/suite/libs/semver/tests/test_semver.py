@@ -36,16 +36,8 @@ def test_prerelease_sorts_before_release():
 
 
 def test_prerelease_precedence_chain():
-    chain = [
-        "1.0.0-alpha",
-        "1.0.0-alpha.1",
-        "1.0.0-alpha.beta",
-        "1.0.0-beta",
-        "1.0.0-beta.2",
-        "1.0.0-beta.11",
-        "1.0.0-rc.1",
-        "1.0.0",
-    ]
+    chain = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2", "1.0.0-beta.11",
+             "1.0.0-rc.1", "1.0.0"]  # fmt: skip
     versions = [v(t) for t in chain]
     assert sorted(reversed(versions)) == versions
 
