@@ -32,6 +32,7 @@ from pathlib import Path
 
 import docker.errors
 import pytest
+import yaml
 
 from reference.consistency import check_store
 from reference.manager.store import TrajectoryStore
@@ -207,9 +208,12 @@ def _args(out: Path, sandbox: str, tmp_path: Path) -> list[str]:
 
 
 def _consistent(out: Path, version: int):
+    """The store checked at the run's sampling temperature (its engines store the sampled distribution's
+    log-probs)."""
     model, tokenizer = load_checkpoint(version_dir(out / "weights", version))
+    temperature = yaml.safe_load((out / "config.yaml").read_text())["rollout"]["temperature"]
     with TrajectoryStore(out / "trajectories.sqlite") as store:
-        return check_store(store, model, tokenizer, version=version)
+        return check_store(store, model, tokenizer, version=version, temperature=temperature)
 
 
 @dataclass(frozen=True)
