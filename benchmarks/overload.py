@@ -33,8 +33,8 @@ they arrived (from its /stats; "-" from a server that does not tell). Shedding: 
 The requests: by default short messages with 16 tokens out, the cheapest a manager serves (its knee is
 then thousands a second, and the generator on a shared core reaches only about 1.4 times it). Two ways go
 further. `--share-core N` pins N CPU-bound processes beside the servers, so that a busy server gets
-1/(N+1) of its core and its knee falls to what the generator can offer several times over (with 2, about
-500 a second); the ratio of a refusal's cost to a served request's, which decides how well shedding holds,
+1/(N+1) of its core and its knee falls to what the generator can offer several times over (with 2, 300-500
+a second); the ratio of a refusal's cost to a served request's, which decides how well shedding holds,
 stays that of small requests. `--output-words N` puts N words (a task's files, a tool's output) in every
 user message, as agents' requests carry: at 300, with `--turns 1` (each request a new session, tokenised
 whole), a request costs the manager about 5 ms, its knee is about 200 a second on a whole core, and the
