@@ -33,8 +33,8 @@ they arrived (from its /stats; "-" from a server that does not tell). Shedding: 
 The requests: by default short messages with 16 tokens out, the cheapest a manager serves (its knee is
 then thousands a second, and the generator on a shared core reaches only about 1.4 times it). Two ways go
 further. `--share-core N` pins N CPU-bound processes beside the servers, so that a busy server gets
-1/(N+1) of its core and its knee falls to what the generator can offer several times over (with 2, about
-500 a second); the ratio of a refusal's cost to a served request's, which decides how well shedding holds,
+1/(N+1) of its core and its knee falls to what the generator can offer several times over (with 2, 300-500
+a second); the ratio of a refusal's cost to a served request's, which decides how well shedding holds,
 stays that of small requests. `--output-words N` puts N words (a task's files, a tool's output) in every
 user message, as agents' requests carry: at 300, with `--turns 1` (each request a new session, tokenised
 whole), a request costs the manager about 5 ms, its knee is about 200 a second on a whole core, and the
@@ -294,7 +294,7 @@ def parse_args() -> argparse.Namespace:
         metavar="N",
         help="N CPU-bound processes pinned beside the servers, which then get 1/(N+1) of their core: with 2, the "
         "load generator offers the manager 4 times its knee and more (default 0: a whole core; rates default "
-        "to 250,500,750,1000,1500,2000,3000 with N > 0)",
+        "to 500,750,1000,1500,2000,3000 with N > 0)",
     )
     ap.add_argument(
         "--baseline",
@@ -315,7 +315,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="three short levels a run (under a minute in all)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
-    shared = "250,500,750,1000,1500,2000,3000"  # a share of a core: the knee about 500 with 2
+    shared = "500,750,1000,1500,2000,3000"  # a share of a core: the knee about 450 with 2
     full = (shared if args.share_core > 0 else ",".join(str(r) for r in range(400, 4001, 400)), 5.0, 2.0)
     defaults = ("800,2400,4000", 2.0, 1.0) if args.quick else full
     given = (args.rates, args.level_s, args.timeout_s)

@@ -81,17 +81,34 @@ class LoopLag:
 
 
 class AdaptiveLimit:
-    """How many agent requests may be in flight: between `floor` and `cap`, driven by the loop's lag."""
+    """How many agent requests may be in flight: between `floor` and `cap`, driven by the loop's lag.
 
-    def __init__(self, cap: int, target_lag_s: float, floor: int = 16) -> None:
-        if cap < 0 or target_lag_s < 0 or floor < 1:
-            raise ValueError(f"cap and target_lag_s must be >= 0 and floor >= 1, got {cap}, {target_lag_s}, {floor}")
+    A decrease cuts the limit to 70% of what is in flight (smoothed as the lag is: a lag that happens to be
+    sampled just after a batch of requests finished must not drop it to the floor) and is not repeated for the
+    next `hold` samples, while the requests it refuses drain: the lag is smoothed too, and cutting again on
+    every sample of one slow stretch sent the limit down to a third and idled the manager between climbs."""
+
+    def __init__(self, cap: int, target_lag_s: float, floor: int = 16, hold: int = 4) -> None:
+        if cap < 0 or target_lag_s < 0 or floor < 1 or hold < 0:
+            raise ValueError(
+                f"cap and target_lag_s must be >= 0, floor >= 1 and hold >= 0, got {cap}, {target_lag_s}, {floor}, "
+                f"{hold}"
+            )
         self.cap = cap or 2**31  # 0: no fixed cap
-        self.target_lag_s, self.floor = target_lag_s, min(floor, self.cap)
+        self.target_lag_s, self.floor, self.hold = target_lag_s, min(floor, self.cap), hold
         self.limit = self.cap
+        self.in_flight = 0.0  # smoothed over the samples
+        self._held = 0  # samples left before the limit may fall again
 
     def update(self, lag_s: float, in_flight: int) -> None:
+        self.in_flight += 0.5 * (in_flight - self.in_flight)
         if self.target_lag_s and lag_s > self.target_lag_s:
-            self.limit = max(self.floor, int(min(self.limit, in_flight) * 0.7))
-        elif in_flight >= 0.8 * self.limit:
-            self.limit = min(self.cap, self.limit + max(1, self.limit // 10))
+            if self._held:
+                self._held -= 1
+                return
+            self.limit = max(self.floor, int(min(self.limit, max(in_flight, self.in_flight)) * 0.7))
+            self._held = self.hold
+        else:
+            self._held = 0
+            if in_flight >= 0.8 * self.limit:
+                self.limit = min(self.cap, self.limit + max(1, self.limit // 10))

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from reference.manager.admin import dumps_in_slices
+from reference.manager.load import AdaptiveLimit
 from reference.manager.manager import ManagerConfig
 from reference.manager.store import TrajectoryStore
 
@@ -510,6 +511,22 @@ def test_a_lagging_event_loop_lowers_the_in_flight_limit(wait_for, fake_manager,
         admission.update(lag_s=0.0, in_flight=admission.limit)
     assert admission.limit == 4096
     assert http("POST", f"{m.base_url('new')}/chat/completions", say("hi"))[0] == 200
+
+
+def test_the_in_flight_limit_is_cut_once_per_slow_stretch_and_a_lull_does_not_drop_it_to_the_floor():
+    limit = AdaptiveLimit(cap=4096, target_lag_s=0.1, hold=4)
+    limit.update(lag_s=0.3, in_flight=1000)  # the loop lags with 1,000 in flight
+    assert limit.limit == 700
+    for _ in range(4):  # the same slow stretch (the lag is smoothed): held while the refused requests drain
+        limit.update(lag_s=0.3, in_flight=700)
+    assert limit.limit == 700
+    limit.update(lag_s=0.3, in_flight=700)  # still lagging after the hold: cut again
+    assert limit.limit == int(700 * 0.7)
+    steady = AdaptiveLimit(cap=4096, target_lag_s=0.1)
+    for _ in range(10):
+        steady.update(lag_s=0.05, in_flight=200)
+    steady.update(lag_s=0.2, in_flight=0)  # sampled just after a batch finished: 70% of the smoothed count
+    assert steady.limit == int(0.7 * steady.in_flight) and steady.limit > 60, steady.limit
 
 
 def test_loop_lag_is_measured():
