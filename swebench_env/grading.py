@@ -131,6 +131,20 @@ class DockerGraderConfig:
     disk_mb: int | None = 1024  # writable storage (SandboxConfig.disk_mb: tmpfs, charged on top of memory_mb)
     output_limit_bytes: int = 4 * 1024 * 1024  # log kept per run (first and last halves)
 
+    def sandbox(self, image: str, task: Instance, labels: dict[str, str]) -> SandboxConfig:
+        """The sandbox a grading of `task` runs in: these limits, in the task's repository (an official
+        instance's testbed, else the root)."""
+        return SandboxConfig(
+            image=image,
+            memory_mb=self.memory_mb,
+            cpus=self.cpus,
+            pids_limit=self.pids_limit,
+            workdir=TESTBED if is_official(task) else "/",
+            output_limit_bytes=self.output_limit_bytes,
+            disk_mb=self.disk_mb,
+            labels=labels,
+        )
+
     def __post_init__(self) -> None:
         if not self.test_timeout_s > 0:
             raise ValueError(f"test_timeout_s={self.test_timeout_s!r} must be positive")
@@ -297,18 +311,8 @@ class DockerGrader:
 
     @contextmanager
     def _sandbox(self, task: Instance) -> Iterator[Sandbox]:
-        c = self.config
         labels = {"seamlessflow.role": "grader", "seamlessflow.instance": task.instance_id}
-        config = SandboxConfig(
-            image=self._image(task),
-            memory_mb=c.memory_mb,
-            cpus=c.cpus,
-            pids_limit=c.pids_limit,
-            workdir=TESTBED if is_official(task) else "/",
-            output_limit_bytes=c.output_limit_bytes,
-            disk_mb=c.disk_mb,
-            labels=labels,
-        )
+        config = self.config.sandbox(self._image(task), task, labels)
         try:
             with Sandbox(config, self._client) as sandbox:
                 yield sandbox

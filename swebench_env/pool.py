@@ -438,17 +438,8 @@ class PooledGrader(DockerGrader):
 
     @contextmanager
     def _sandbox(self, task: Instance) -> Iterator[Sandbox]:
-        c = self.config  # the settings of DockerGrader._sandbox, but for the instance label (see the docstring)
-        config = SandboxConfig(
-            image=self._image(task),
-            memory_mb=c.memory_mb,
-            cpus=c.cpus,
-            pids_limit=c.pids_limit,
-            workdir=TESTBED if is_official(task) else "/",
-            output_limit_bytes=c.output_limit_bytes,
-            disk_mb=c.disk_mb,
-            labels=GRADER_ROLE,
-        )
+        # DockerGrader's sandbox, but for the instance label (see the docstring)
+        config = self.config.sandbox(self._image(task), task, GRADER_ROLE)
         lease = None
         try:
             with self._pool.lease(config, None, SandboxPhase.START) as lease:
