@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from benchmarks.harness import free_port
+from benchmarks.harness import free_port, run_benchmark
 
 
 def rss_mb(pid: int) -> float:
@@ -116,4 +116,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_benchmark(main)

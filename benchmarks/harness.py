@@ -17,10 +17,12 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
+
+from core.cli import run_main, stop_on_sigterm
 
 MODEL = "seamlessflow-tiny"
 ENGINE_TOKEN_ENV = "SEAMLESSFLOW_ENGINE_TOKEN"
@@ -148,6 +150,15 @@ def pinned(cpus: set[int] | None) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, saved)
+
+
+def run_benchmark(main: Callable[[], object]) -> None:
+    """A benchmark's entry point: SIGTERM (`kill`, `timeout`, a batch scheduler) and Ctrl-C stop it with one line
+    and exit code 143 or 130 once its `finally` blocks have run, so the servers and processes it started stop too
+    (SIGTERM's default ends the process at once and leaves them running)."""
+    with stop_on_sigterm():
+        code = run_main(lambda: main() or 0)
+    sys.exit(code)
 
 
 class ServerProcess:

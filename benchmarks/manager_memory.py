@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from benchmarks.harness import engine_token, start_manager
+from benchmarks.harness import engine_token, run_benchmark, start_manager
 from reference.engine.fake import FakeConfig
 from reference.engine.process import EngineProcess, EngineSpec
 
@@ -170,4 +170,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

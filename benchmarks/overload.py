@@ -71,6 +71,7 @@ from benchmarks.harness import (
     pct,
     pinned,
     raise_fd_limit,
+    run_benchmark,
     run_queue_wait_s,
     serve_has_flag,
     start_anchor,
@@ -434,4 +435,4 @@ def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) 
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

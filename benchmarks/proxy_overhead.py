@@ -42,6 +42,7 @@ from benchmarks.harness import (
     main_thread_cpu_s,
     pct,
     pinned,
+    run_benchmark,
     serve_has_flag,
     start_anchor,
     start_manager,
@@ -310,4 +311,4 @@ def profile_path(args, proxy: str) -> Path | None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

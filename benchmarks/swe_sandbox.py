@@ -25,6 +25,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from benchmarks.harness import run_benchmark
 from swebench_env.grading import DockerGrader, DockerGraderConfig
 from swebench_env.images import ensure_base_image
 from swebench_env.sandbox import Sandbox, SandboxConfig
@@ -185,4 +186,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

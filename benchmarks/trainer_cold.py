@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks.harness import run_benchmark
+
 OTHERS = {
     "engine": "import torch, time\n"
     "torch.set_num_threads(1); w = [torch.randn(1024, 1024) for _ in range(10)]; x = torch.randn(64, 1024)\n"
@@ -120,4 +122,4 @@ def _time_conditions(args, own: int, other: int) -> dict[str, list[float]]:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -35,6 +35,7 @@ from pathlib import Path
 import ray
 from ray.cluster_utils import Cluster
 
+from benchmarks.harness import run_benchmark
 from reference.control.transport import DirectoryTransport, ObjectStoreTransport
 from reference.control.worker import ResourceWorker, WorkerSpec
 from reference.model import build_model, tiny_config
@@ -171,4 +172,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

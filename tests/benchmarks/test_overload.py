@@ -1,12 +1,16 @@
 """The overload benchmark: its summary finds the knee and every level beyond it (as multiples of it); it refuses a
 baseline that is not a checkout; end to end (slow), a manager beside a CPU-bound process and the same manager run
-from another checkout both take every level, and the 429s the manager counts as refused on arrival are reported."""
+from another checkout both take every level, and the 429s the manager counts as refused on arrival are reported;
+SIGTERM stops it with every process it started."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,3 +67,56 @@ def test_a_small_run_beside_a_cpu_bound_process_and_a_baseline(tmp_path):
         assert all(sum(f["statuses"].values()) > 0 for f in run["levels"])
     # at a cap of one in flight, 200 requests a second get 429s, and this manager refuses them as they arrive
     assert any(f["on_arrival"] for f in runs["cap 1"]["levels"]), runs["cap 1"]["levels"]
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below `pid` (from /proc's parent links)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_benchmark_and_every_server_it_started():
+    args = ["--caps", "1,default", "--rates", "20,20,20,20", "--level-s", "5", "--share-core", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.overload", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        # the servers are up once the table's header is printed: engine, two managers and the CPU-bound process
+        header = proc.stdout.readline()
+        assert header.startswith("cores:"), header + proc.stderr.read()
+        children = _descendants(proc.pid)
+        assert len(children) >= 4, children
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1] == "stopped (SIGTERM)", err[-2000:]
+    deadline = time.monotonic() + 30
+    while (left := {pid for pid in children if _alive(pid)}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"still running after the benchmark ended: {left}"
