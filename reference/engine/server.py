@@ -4,7 +4,7 @@ The trajectory manager never runs a model in its own event loop: it reaches engi
 `HTTPEngine` (reference/engine/client.py), which speaks the small protocol served here (its wire format,
 request bodies and stream lines, is reference/engine/wire.py; the listening sockets, sockets.py).
 
-    POST /generate        {"request_id", "prompt_token_ids", "params": {...}} -> NDJSON stream:
+    POST /generate        {"request_id", "prompt_token_ids" or "prompt_ids_b64", "params": {...}} -> NDJSON:
                           {"t": [ids], "l": [logprobs], "v": [versions]} per batch of tokens (those
                           waiting when the line is written), then {"finish": reason};
                           {"hb": 1} while quiet; {"error": message, "kind": "bad_request" | "engine"}

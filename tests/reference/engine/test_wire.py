@@ -19,6 +19,8 @@ from reference.engine.wire import (
     HEARTBEAT_LINE,
     error_line,
     finish_line,
+    ids_from_wire,
+    ids_to_wire,
     loads_strict,
     parse_generate,
     parse_line,
@@ -38,10 +40,26 @@ def test_a_generate_call_reads_back_as_written():
     assert parse_generate(loads_strict(json.dumps(request_to_wire(request)))) == request
 
 
+def test_the_prompt_travels_packed_and_an_id_no_vocabulary_has_travels_as_a_list_for_the_engine_to_refuse():
+    ids = (0, 1, 151_643, 2**32 - 1)
+    assert ids_from_wire(ids_to_wire(ids)) == ids
+    wire = request_to_wire(GenerateRequest("r", ids, SamplingParams(max_tokens=4)))
+    assert "prompt_token_ids" not in wire and parse_generate(wire).prompt_token_ids == ids
+    for bad in ((-1, 5), (2**32, 5)):
+        wire = request_to_wire(GenerateRequest("r", bad, SamplingParams(max_tokens=4)))
+        assert wire["prompt_token_ids"] == list(bad) and parse_generate(wire).prompt_token_ids == bad
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
         ({"request_id": "", "prompt_token_ids": [1]}, "request_id must be a non-empty string"),
+        ({"request_id": "r", "prompt_token_ids": [1.0]}, "prompt_token_ids must be a list of integers"),
+        ({"request_id": "r"}, "exactly one of prompt_token_ids"),
+        ({"request_id": "r", "prompt_token_ids": [1], "prompt_ids_b64": "AQAAAA=="}, "exactly one of"),
+        ({"request_id": "r", "prompt_ids_b64": [1]}, "prompt_ids_b64 must be a base64 string, got \\[1\\]"),
+        ({"request_id": "r", "prompt_ids_b64": "AQAA!A=="}, "prompt_ids_b64 is not valid base64"),
+        ({"request_id": "r", "prompt_ids_b64": "AQAA"}, "4 bytes an id, got 3 bytes"),
         ({"request_id": "r", "prompt_token_ids": [1, True]}, "prompt_token_ids must be a list of integers"),
         ({"request_id": "r", "prompt_token_ids": [1], "params": {"top_k": 3}}, "unknown sampling param 'top_k'"),
         ({"request_id": "r", "prompt_token_ids": [1], "params": {"temperature": "1"}}, "must be a number, got '1'"),
