@@ -62,6 +62,12 @@ class FakeEngine:
         self._unpaused.set()
         self._kick = asyncio.Event()  # set by abort: wakes paused streams to look at `_aborted`
 
+    def running_contexts(self) -> dict[str, tuple[int, ...]]:
+        """A snapshot of the requests under way: request id -> its context so far (prompt + tokens). Safe from
+        another thread (a test's, while the engine's loop generates): each copy is made without releasing
+        the GIL."""
+        return {rid: tuple(ctx) for rid, ctx in list(self._running.items())}
+
     @staticmethod
     def next_token(context: list[int] | tuple[int, ...], version: int, vocab_size: int) -> int:
         """The token this engine samples after `context` under policy `version`."""

@@ -209,7 +209,7 @@ def test_partial_rollout_across_a_weight_update(fake_manager, openai_client, htt
     t.start()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:  # wait for a few tokens under version 0
-        running = dict(engine._running)
+        running = engine.running_contexts()
         if any(len(ctx) >= len(engine.consumed.get(rid, ctx)) + 3 for rid, ctx in running.items()):
             break
         time.sleep(0.005)
@@ -297,9 +297,9 @@ def test_disconnect_frees_slot_and_keeps_session(fake_manager, openai_client, ht
         chat(client, [{"role": "user", "content": "second"}], max_tokens=400)
     client.close()
     deadline = time.monotonic() + 10
-    while (engine._running or m.manager.router.slots[0].in_flight) and time.monotonic() < deadline:
+    while (engine.running_contexts() or m.manager.router.slots[0].in_flight) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not engine._running and m.manager.router.slots[0].in_flight == 0
+    assert not engine.running_contexts() and m.manager.router.slots[0].in_flight == 0
     _, after = http("GET", f"{m.url}/trajectories/dc")
     assert after == before
 
@@ -350,9 +350,9 @@ def test_streaming_client_that_disconnects_frees_its_slot(fake_manager, http):
     assert response.status == 200 and response.readline().startswith(b"data: ")
     conn.close()  # walk away mid-stream
     deadline = time.monotonic() + 10
-    while (engine._running or m.manager.router.slots[0].in_flight) and time.monotonic() < deadline:
+    while (engine.running_contexts() or m.manager.router.slots[0].in_flight) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not engine._running and m.manager.router.slots[0].in_flight == 0
+    assert not engine.running_contexts() and m.manager.router.slots[0].in_flight == 0
     status, body = http("GET", f"{m.url}/trajectories/sdc")
     assert status == 404, body  # nothing recorded for an abandoned request: no session either
 
