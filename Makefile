@@ -119,12 +119,13 @@ bench: bench-sim bench-runtime bench-train bench-swe  ## every benchmark (prints
 bench-sim: $(SIM_STAMP)  ## speed of the simulator
 	$(PY) -m benchmarks.sim_speed
 
-bench-runtime: $(FULL_STAMP)  ## trajectory manager overhead (against an anchor proxy), overload, memory budget, big bodies' memory, prefix-tree append cost, built-in engine throughput
+bench-runtime: $(FULL_STAMP)  ## trajectory manager overhead (against an anchor proxy), overload, memory budget, big bodies' memory, prefix-tree append cost, an engine call's prompt on the wire, built-in engine throughput
 	$(PY) -m benchmarks.proxy_overhead
 	$(PY) -m benchmarks.overload
 	$(PY) -m benchmarks.manager_memory
 	$(PY) -m benchmarks.big_bodies
 	$(PY) -m benchmarks.prefix_tree
+	$(PY) -m benchmarks.engine_wire
 	$(PY) -m benchmarks.engine_throughput
 
 bench-swe: $(FULL_STAMP)  ## SWE sandboxes: start, exec and removal latency, 8 at once; a 2-step SWE training run: episodes/min, shares of generating, sandboxes and training (needs a Docker daemon: .ci/docker-setup)
