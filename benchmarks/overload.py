@@ -208,7 +208,7 @@ async def run_levels(servers: dict[str, ServerProcess], args, engine_pid: int) -
                 pids = {"proxy": servers[name].pid, "engine": engine_pid}
                 for attempt in range(args.redo + 1):
                     await wait_idle(clients[name], servers)
-                    tag = f"ol-{re.sub(r'[^A-Za-z0-9]', '', name)}-{rate}-{attempt}"
+                    tag = f"ol-{re.sub(r'[^A-Za-z0-9]', '', name)}-{k}-{rate}-{attempt}"  # new sessions every level
                     figures = (await offer(clients[name], rate, args, tag, pids)).figures()
                     if figures["sent_rps"] >= 0.95 * rate or attempt == args.redo:
                         break
