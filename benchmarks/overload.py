@@ -2,7 +2,7 @@
 
     python -m benchmarks.overload [--rates 400,800,...,4000] [--level-s 5] [--timeout-s 2] [--caps 0,32,default]
                                   [--turns 4] [--output-words 0] [--share-core N] [--baseline DIR] [--redo N]
-                                  [--anchor] [--quick] [--json FILE]
+                                  [--repeats N] [--anchor] [--quick] [--json FILE]
 
 A fake engine that answers at once (`token_delay_s=0`) and the trajectory manager each get one core
 (on a 2-core machine the engine shares its core with the load generator). The load generator is open
@@ -50,6 +50,7 @@ import asyncio
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -203,7 +204,7 @@ async def run_levels(servers: dict[str, ServerProcess], args, engine_pid: int) -
     clients = {name: LeanClient("127.0.0.1", server.port) for name, server in servers.items()}
     levels: dict[str, list[dict]] = {name: [] for name in servers}
     try:
-        for k, rate in enumerate(args.rates):
+        for k, rate in enumerate(args.rates * args.repeats):  # each round of rates in turn
             for name in list(servers) if k % 2 == 0 else list(reversed(servers)):
                 pids = {"proxy": servers[name].pid, "engine": engine_pid}
                 for attempt in range(args.redo + 1):
@@ -246,22 +247,44 @@ def per_core(f: dict) -> float:
 
 
 def summary(levels: list[dict]) -> dict:
-    """The knee (the level of most goodput) and every level offering more than it: its offered rate as a multiple
-    of the knee's goodput, and its goodput as a share of the knee's, raw and per core of the server's CPU."""
-    knee = max(levels, key=lambda f: f["goodput_rps"])
-    out = {"knee_offered_rps": knee["offered_rps"], "knee_goodput_rps": knee["goodput_rps"], "beyond": []}
+    """The knee (the offered rate of most goodput) and every rate offered beyond it: its offered rate as a multiple
+    of the knee's goodput, and its goodput as a share of the knee's, raw and per core of the server's CPU. A rate
+    offered several times (`--repeats`) counts by its median level and gives the range: one level's goodput
+    moves by a fifth from repeat to repeat on this machine, and the best of several single levels, taken as the
+    knee, would make every other level look worse than it is."""
+    by_rate: dict[int, list[dict]] = {}
+    for f in levels:
+        by_rate.setdefault(f["offered_rps"], []).append(f)
+    rates = {
+        rate: {
+            "goodput_rps": statistics.median(f["goodput_rps"] for f in group),
+            "per_core": statistics.median(per_core(f) for f in group),
+            "range_rps": [min(f["goodput_rps"] for f in group), max(f["goodput_rps"] for f in group)],
+            "levels": len(group),
+        }
+        for rate, group in by_rate.items()
+    }
+    knee_rate = max(rates, key=lambda r: rates[r]["goodput_rps"])
+    knee = rates[knee_rate]
+    out = {
+        "knee_offered_rps": knee_rate,
+        "knee_goodput_rps": knee["goodput_rps"],
+        "knee_range_rps": knee["range_rps"],
+        "knee_levels": knee["levels"],
+        "beyond": [],
+    }
     if not knee["goodput_rps"]:
         return out
-    for f in levels:
-        if f["offered_rps"] > knee["offered_rps"]:
-            share = per_core(f) / per_core(knee) if per_core(knee) else 0.0
+    for rate, r in sorted(rates.items()):
+        if rate > knee_rate:
             out["beyond"].append(
                 {
-                    "offered_rps": f["offered_rps"],
-                    "times_knee": f["offered_rps"] / knee["goodput_rps"],
-                    "goodput_rps": f["goodput_rps"],
-                    "of_knee": f["goodput_rps"] / knee["goodput_rps"],
-                    "per_core_of_knee": share,
+                    "offered_rps": rate,
+                    "times_knee": rate / knee["goodput_rps"],
+                    "goodput_rps": r["goodput_rps"],
+                    "range_rps": r["range_rps"],
+                    "of_knee": r["goodput_rps"] / knee["goodput_rps"],
+                    "per_core_of_knee": r["per_core"] / knee["per_core"] if knee["per_core"] else 0.0,
                 }
             )
     return out
@@ -312,6 +335,14 @@ def parse_args() -> argparse.Namespace:
         help="run a level again, up to N times, when the generator sent under 95%% of its rate (other work on the "
         "machine took its core; default 0)",
     )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="offer the whole list of rates N times, round after round, and count each rate by its median level "
+        "(default 1)",
+    )
     ap.add_argument("--anchor", action="store_true", help="also a run of the anchor proxy (no cap), for reference")
     ap.add_argument("--quick", action="store_true", help="three short levels a run (under a minute in all)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -322,10 +353,10 @@ def parse_args() -> argparse.Namespace:
     given = (args.rates, args.level_s, args.timeout_s)
     rates, args.level_s, args.timeout_s = (d if g is None else g for g, d in zip(given, defaults, strict=True))
     args.rates = [int(r) for r in rates.split(",")]
-    if min(args.output_words, args.share_core, args.redo) < 0 or args.turns < 1:
+    if min(args.output_words, args.share_core, args.redo) < 0 or min(args.turns, args.repeats) < 1:
         ap.error(
-            f"--output-words, --share-core and --redo must be >= 0 and --turns >= 1, got {args.output_words}, "
-            f"{args.share_core}, {args.redo} and {args.turns}"
+            f"--output-words, --share-core and --redo must be >= 0 and --turns and --repeats >= 1, got "
+            f"{args.output_words}, {args.share_core}, {args.redo}, {args.turns} and {args.repeats}"
         )
     if args.baseline is not None and not (args.baseline / "reference" / "__main__.py").is_file():
         ap.error(f"--baseline {args.baseline} is not a checkout of this project (no reference/__main__.py)")
@@ -413,17 +444,25 @@ def _jsonable(value) -> list | str:
     return str(value) if isinstance(value, Path) else sorted(value)  # the baseline's path, sets of cores
 
 
+def spread(bounds: list[float]) -> str:
+    """' (low-high)' of a rate offered more than once, else nothing."""
+    low, high = bounds
+    return f" ({low:.0f}-{high:.0f})" if high > low else ""
+
+
 def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) -> None:
     """Each run's knee and its goodput at multiples of it; the levels where the generator fell behind; the JSON
     file."""
     results = {run.name: {"flags": run.flags, "levels": levels[run.name], **summary(levels[run.name])} for run in plan}
     for name, r in results.items():
         where = "; ".join(
-            f"{a['offered_rps']} ({a['times_knee']:.1f}x) {a['goodput_rps']:.0f}/s, {100 * a['of_knee']:.0f}% "
-            f"(per core {100 * a['per_core_of_knee']:.0f}%)"
+            f"{a['offered_rps']} ({a['times_knee']:.1f}x) {a['goodput_rps']:.0f}/s{spread(a['range_rps'])}, "
+            f"{100 * a['of_knee']:.0f}% (per core {100 * a['per_core_of_knee']:.0f}%)"
             for a in r["beyond"]
         )
-        print(f"{name}: knee {r['knee_goodput_rps']:.0f}/s at {r['knee_offered_rps']} offered; {where}")
+        knee = f"{r['knee_goodput_rps']:.0f}/s{spread(r['knee_range_rps'])}"
+        median = f" (medians of {args.repeats} levels)" if args.repeats > 1 else ""
+        print(f"{name}: knee {knee} at {r['knee_offered_rps']} offered{median}; {where}")
     behind = sorted(
         {f["offered_rps"] for r in results.values() for f in r["levels"] if f["sent_rps"] < 0.95 * f["offered_rps"]}
     )

@@ -120,3 +120,25 @@ def test_sigterm_stops_the_benchmark_and_every_server_it_started():
     while (left := {pid for pid in children if _alive(pid)}) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"still running after the benchmark ended: {left}"
+
+
+def test_a_rate_offered_several_times_counts_by_its_median_level():
+    levels = [
+        _level(200, 300, 1.0),
+        _level(800, 250, 1.0),
+        _level(200, 240, 1.0),
+        _level(800, 200, 1.0),
+        _level(200, 270, 1.0),
+        _level(800, 290, 1.0),
+    ]
+    s = summary(levels)
+    # the single best level (300) is not the knee: the median of its rate's three levels is
+    assert (s["knee_offered_rps"], s["knee_goodput_rps"], s["knee_range_rps"], s["knee_levels"]) == (
+        200,
+        270,
+        [240, 300],
+        3,
+    )
+    (beyond,) = s["beyond"]
+    assert beyond["goodput_rps"] == 250 and beyond["range_rps"] == [200, 290]
+    assert beyond["of_knee"] == pytest.approx(250 / 270)
