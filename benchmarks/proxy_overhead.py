@@ -1,7 +1,7 @@
 """What does the trajectory manager add to an engine call, and how much of it is recording? (proxy overhead)
 
-    python -m benchmarks.proxy_overhead [--levels 1,64,256] [--turns 4] [--reply-tokens 16] [--rounds 2]
-                                        [--quick] [--json FILE] [--no-pin] [--profile DIR]
+    python -m benchmarks.proxy_overhead [--levels 1,64,256] [--turns 4] [--reply-tokens 16] [--output-words 0]
+                                        [--rounds 2] [--quick] [--json FILE] [--no-pin] [--profile DIR]
 
 Starts a fast fake engine in its own process, and in two more the trajectory manager (`python -m
 reference serve --engine-url ...`) and the anchor (`benchmarks/anchor_proxy.py`: a minimal OpenAI proxy
@@ -64,7 +64,7 @@ def no_shedding() -> tuple[str, ...]:
     return ("--max-in-flight", "0", "--max-loop-lag-s", "0") if serve_has_flag("--max-loop-lag-s") else ()
 
 
-def direct_request(port: int, token: str | None, tok, reply: int):
+def direct_request(port: int, token: str | None, tok, reply: int, words: int = 0):
     """Turn `turn` of session `session` as an engine call, rendered here as the proxies render it."""
     headers = "".join(f"{k}: {v}\r\n" for k, v in engine_headers(token).items())
     stop = [tok.im_end_id, tok.eos_token_id]
@@ -72,7 +72,7 @@ def direct_request(port: int, token: str | None, tok, reply: int):
     def build(session: int, turn: int) -> bytes:
         body = {
             "request_id": f"d{session}.{turn}.{time.monotonic_ns()}",
-            "prompt_token_ids": ChatRenderer(tok).render(conversation(session, turn)),
+            "prompt_token_ids": ChatRenderer(tok).render(conversation(session, turn, words)),
             "params": {"max_tokens": reply, "stop_token_ids": stop},
         }
         return request_bytes("POST", "127.0.0.1", port, "/generate", json.dumps(body).encode(), headers)
@@ -80,11 +80,11 @@ def direct_request(port: int, token: str | None, tok, reply: int):
     return build
 
 
-def proxy_request(port: int, reply: int):
+def proxy_request(port: int, reply: int, words: int = 0):
     """Turn `turn` of session `session` as an OpenAI chat request."""
 
     def build(session: int, turn: int) -> bytes:
-        body = {"model": MODEL, "messages": conversation(session, turn), "max_tokens": reply}
+        body = {"model": MODEL, "messages": conversation(session, turn, words), "max_tokens": reply}
         return request_bytes(
             "POST", "127.0.0.1", port, f"/s/bench-{session}/v1/chat/completions", json.dumps(body).encode()
         )
@@ -175,9 +175,12 @@ def measure_level(args, tok, engine, servers: dict[str, ServerProcess], n: int, 
     for k, path in enumerate(order):
         server = servers.get(path)
         if server is None:
-            port, build = engine.port, direct_request(engine.port, engine_token(engine), tok, args.reply_tokens)
+            port, build = (
+                engine.port,
+                direct_request(engine.port, engine_token(engine), tok, args.reply_tokens, args.output_words),
+            )
         else:
-            port, build = server.port, proxy_request(server.port, args.reply_tokens)
+            port, build = server.port, proxy_request(server.port, args.reply_tokens, args.output_words)
         first_session = (level_index * 100 + k) * 1_000_000  # unique sessions per run
         before = cpu_now(server, engine)
         lat, wall = asyncio.run(
@@ -237,6 +240,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--levels", default="1,64,256", help="concurrent sessions per level (comma-separated)")
     ap.add_argument("--turns", type=int, default=4, help="requests per session")
     ap.add_argument("--reply-tokens", type=int, default=16)
+    ap.add_argument(
+        "--output-words",
+        type=int,
+        default=0,
+        help="words of a task's files or a tool's output in every user message, as agents send (default 0)",
+    )
     ap.add_argument("--min-requests", type=int, help="requests per level and path, at least (3000; quick: 200)")
     ap.add_argument("--rounds", type=int, help="turns each proxy takes per level, alternating (4; quick: 1)")
     ap.add_argument("--quick", action="store_true", help="fewer requests and one round (well under a minute)")
@@ -244,6 +253,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     ap.add_argument("--profile", type=Path, help="run both proxies under cProfile; DIR/manager.prof, DIR/anchor.prof")
     args = ap.parse_args()
+    if args.output_words < 0 or args.turns < 1:
+        ap.error(f"--output-words must be >= 0 and --turns >= 1, got {args.output_words} and {args.turns}")
     args.min_requests = args.min_requests or (200 if args.quick else 3000)
     args.rounds = args.rounds or (1 if args.quick else 4)
     return args
