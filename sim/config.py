@@ -331,6 +331,26 @@ class SimConfig:
                 raise UserError(f"costs.{key} must be a finite number of seconds >= 0, got {value}")
         self._check_expert_parallel(model)
         self._check_profile(model, dev)
+        self._check_context(model)
+
+    def _check_context(self, model: specs.ModelSpec) -> None:
+        """The longest request the workload can make fits the model's context (its max_position_embeddings): an
+        engine refuses a longer one, so simulating it would describe a run that cannot happen."""
+        w = self.workload
+        if w.kind == "math":
+            longest = int(w.prompt_tokens.max + w.response_tokens.max)
+            what = (
+                f"workload.prompt_tokens.max + workload.response_tokens.max ({w.prompt_tokens.max:g} + "
+                f"{w.response_tokens.max:g})"
+            )
+            fix = "lower workload.response_tokens.max"
+        else:
+            longest, what, fix = w.max_context_tokens, "workload.max_context_tokens", "lower it"
+        if longest > model.max_context:
+            raise UserError(
+                f"{what} is {longest:,} tokens, more than the {model.max_context:,}-token context of the model "
+                f"{self.model!r}: {fix}, or choose a model with a longer context"
+            )
 
     def _check_expert_parallel(self, model: specs.ModelSpec) -> None:
         """Expert parallelism needs routed experts, whole ones on each GPU, and (rollout) one engine's GPUs."""

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from core.errors import UserError
 from sim.config import Dist, load_config
 from sim.workload import Sample, Turn, Workload, draw, draw_int
 
@@ -141,3 +142,26 @@ def test_sample_bookkeeping_through_turns_versions_and_restart():
     fresh = (Turn(100, 7, 0.0),)
     assert s.restart(fresh) == 15  # every generated token is lost
     assert (s.turns, s.turn, s.context, s.version_tokens, s.restarts, s.engine) == (fresh, 0, 0, {}, 1, None)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["workload.response_tokens.max=65536"],
+            r"workload.prompt_tokens.max \+ workload.response_tokens.max \(2048 \+ 65536\) is 67,584 tokens, more "
+            r"than the 40,960-token context of the model 'qwen3-32b'",
+        ),
+        (
+            ["workload.kind=swe", "workload.max_context_tokens=65536"],
+            "workload.max_context_tokens is 65,536 tokens, more than the 40,960-token context",
+        ),
+    ],
+)
+def test_a_request_longer_than_the_models_context_is_refused(overrides, message):
+    with pytest.raises(UserError, match=message):
+        load_config(overrides=overrides)
+
+
+def test_a_request_that_just_fits_the_models_context_is_allowed():
+    load_config(overrides=["workload.prompt_tokens.max=4096", "workload.response_tokens.max=36864"])
