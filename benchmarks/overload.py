@@ -37,10 +37,14 @@ further. `--share-core N` pins N CPU-bound processes beside the servers, so that
 a second); the ratio of a refusal's cost to a served request's, which decides how well shedding holds,
 stays that of small requests. `--output-words N` puts N words (a task's files, a tool's output) in every
 user message, as agents' requests carry: at 300, with `--turns 1` (each request a new session, tokenised
-whole), a request costs the manager about 5 ms, its knee is about 200 a second on a whole core, and the
+whole), a request costs the manager 2.5-5 ms, its knee is 250-350 a second on a whole core, and the
 rates can go many times past it. A 429 costs the manager about 25 us when it is refused as it arrives (0.1
 ms through aiohttp's request handling, as a manager before that did: `--baseline` loads one beside this
 one).
+
+One level's goodput moves by a fifth to a third from repeat to repeat at the same rate on a shared machine,
+and the knee is the best level: `--repeats N` offers the whole list of rates N times, round after round, and
+counts each rate by its median level, with the range beside it. Every level opens sessions of its own.
 """
 
 from __future__ import annotations
