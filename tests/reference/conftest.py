@@ -58,10 +58,10 @@ def _http(method: str, url: str, body: bytes | dict | None = None, timeout_s: fl
 
 
 @contextmanager
-def _openai_client(base_url: str):
+def _openai_client(base_url: str, timeout_s: float = 60.0):
     import openai
 
-    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=60)
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=timeout_s)
     try:
         yield client
     finally:
@@ -76,7 +76,8 @@ def http():
 
 @pytest.fixture(scope="session")
 def openai_client():
-    """`with openai_client(base_url) as client:` the official client, no retries."""
+    """`with openai_client(base_url[, timeout_s]) as client:` the official client, no retries, 60 s a request by
+    default."""
     return _openai_client
 
 

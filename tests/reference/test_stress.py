@@ -28,7 +28,10 @@ def test_agents_survive_weight_update_storm(tok, tmp_path, openai_client, http):
     def agent(name: str, m: ManagerThread) -> None:
         messages = [{"role": "user", "content": f"{name}: start"}]
         try:
-            with openai_client(m.base_url(name)) as client:
+            # A request lives through many pause / update / resume cycles, each re-prefilling it: on a machine
+            # busy with other work one took over a minute. A hung request still fails the test: its client
+            # gives up after 600 s, within the suite's per-test limit of 900 s.
+            with openai_client(m.base_url(name), timeout_s=600) as client:
                 for turn in range(turns):
                     if turn == 1 and int(name[1:]) in walkers:
                         impatient = openai.OpenAI(base_url=m.base_url(name), api_key="x", max_retries=0, timeout=0.2)
