@@ -117,6 +117,9 @@ async def resumed(manager, step: int, weights: str | dict[str, str]) -> list[Gro
 
 
 def worker_specs(cfg: TrainConfig, policy: BasePolicy, model_dir: str) -> list[WorkerSpec]:
+    """One worker a resource. On a local Ray each is pinned to its own `cores_per_resource` cores of this process's;
+    on a cluster it joined (`run.ray_address`) the cores are the nodes', so each asks Ray for that many CPUs and
+    runs as many threads, unpinned."""
     cores = sorted(os.sched_getaffinity(0)) if cfg.run.ray_address is None else []
     c = cfg.resources.cores_per_resource
     specs = []
@@ -134,6 +137,7 @@ def worker_specs(cfg: TrainConfig, policy: BasePolicy, model_dir: str) -> list[W
                 cfg.engine.backend,
                 cfg.engine.coalesce_s,
                 cfg.engine.weights_local_root,
+                num_threads=0 if cores else c,
             )
         )
     return specs

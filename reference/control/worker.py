@@ -55,10 +55,12 @@ class WorkerSpec:
     coalesce_s: float = 0.0  # engine: how long a stream waits after a token for more to send in one line
     weights_local_root: str | None = None  # where this worker writes the weights it is handed (a directory of its
     # own is made in it); None: this node's temporary directory (`ResourceWorker.node_temp_dir`)
+    num_threads: int = 0  # torch threads (and the CPUs it asks Ray for) when it owns no cores of its own (on a
+    # Ray cluster that it joined, where the cores are Ray's to hand out); 0: one per core in `cores`, at least 1
 
     @property
     def threads(self) -> int:
-        return max(1, len(self.cores))
+        return self.num_threads or max(1, len(self.cores))
 
     @property
     def can_roll_out(self) -> bool:

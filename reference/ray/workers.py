@@ -38,6 +38,41 @@ from reference.control.worker import ResourceWorker, WorkerSpec
 from reference.ray.address import check_no_running_cluster
 from reference.trainer.handoff import read_files
 
+log = logging.getLogger(__name__)
+SHOWN = ("CPU", "rollout", "train")  # a node's resources that a placement problem names
+
+
+def demand(spec: WorkerSpec) -> dict[str, float]:
+    """What a worker's actor asks Ray for: its CPUs (one per thread) and one unit of each capability tag."""
+    return {"CPU": float(spec.threads), **{tag: 1.0 for tag in spec.capabilities}}
+
+
+def placement_problem(specs: Sequence[WorkerSpec], nodes: Sequence[dict]) -> str | None:
+    """Why a cluster's alive nodes (`ray.nodes()`) cannot hold the workers, by their total resources (not what is
+    free now), as one line; None when they can as far as these checks see: some node holds each worker alone, and
+    the cluster's totals hold them all."""
+    offers = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    kinds = Counter(
+        ", ".join(f"{k} {o[k]:g}" for k in SHOWN if k in o) or "none of CPU, rollout, train" for o in offers
+    )
+    shown = "; ".join(f"{n} x ({kind})" for kind, n in kinds.items())
+    for spec in specs:
+        need = demand(spec)
+        if not any(all(o.get(k, 0.0) >= v for k, v in need.items()) for o in offers):
+            wanted = ", ".join(f"{k} {v:g}" for k, v in need.items())
+            return (
+                f"no node of the Ray cluster offers what worker {spec.name} asks for ({wanted}; CPUs are "
+                f"resources.cores_per_resource); its nodes offer: {shown or 'none alive'}"
+            )
+    total = Counter()
+    for spec in specs:
+        total.update(demand(spec))
+    for key, need in total.items():
+        have = sum(o.get(key, 0.0) for o in offers)
+        if have < need:
+            return f"the run's workers ask the Ray cluster for {key} {need:g} in all; its nodes offer {have:g}: {shown}"
+    return None
+
 
 class _RayResourceWorker(ResourceWorker):
     """A resource worker whose node-local files go under its Ray node's temporary directory."""
@@ -107,13 +142,16 @@ class RayWorkers(ActorWorkers):
                 if sigterm is not None:
                     signal.signal(signal.SIGTERM, sigterm)
             self._started_ray = True
+        problem = None if self._local else placement_problem(specs, ray.nodes())
+        if problem:  # a cluster with an autoscaler may still add such nodes: say so now, give up at the deadline
+            log.warning("%s; waiting up to %.0f s for it to start the workers", problem, start_timeout_s)
         actor = ray.remote(_RayResourceWorker)
         super().__init__({})
         try:
             initial = ray.put(read_files(initial_weights)) if initial_weights is not None else None
             self.actors = {
                 s.name: actor.options(
-                    num_cpus=len(s.cores) or 1,
+                    num_cpus=s.threads,
                     resources={t: 1 for t in s.capabilities},
                     name=f"seamlessflow-{s.name}-{os.getpid()}",
                     max_restarts=0,
@@ -122,6 +160,11 @@ class RayWorkers(ActorWorkers):
             }
             del initial  # each actor holds its own copy once constructed: the object is released then
             ray.get([a.ping.remote() for a in self.actors.values()], timeout=start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.close()
+            where = "a local Ray" if self._local else f"the Ray cluster at {address!r}"
+            why = f": {problem}" if problem else ""
+            raise UserError(f"{where} did not start the run's workers within {start_timeout_s:.0f} s{why}") from None
         except BaseException:
             self.close()
             raise

@@ -99,3 +99,23 @@ def test_engines_on_another_node_get_every_version_through_the_object_store(clus
     counters = timeline.counters
     assert counters["syncs"] >= 1 and counters["weights_copy_s_mean"] > 0
     assert summary["token_throughput"] > 0
+
+
+def test_workers_the_cluster_cannot_hold_are_named_at_once_and_refused_at_the_start_timeout(cluster, caplog):
+    """A worker asking for two CPUs (`resources.cores_per_resource: 2`) on nodes of one each: a warning names the
+    problem before the wait (an autoscaler may still add such a node), and the start timeout ends in one line
+    naming it too, not Ray's GetTimeoutError."""
+    from core.errors import UserError
+    from reference.control.worker import WorkerSpec
+    from reference.ray.workers import RayWorkers
+
+    c, _ = cluster
+    spec = WorkerSpec("R00", ("rollout",), (), "unused", num_threads=2)
+    problem = "no node of the Ray cluster offers what worker R00 asks for (CPU 2, rollout 1;"
+    with caplog.at_level(logging.WARNING, logger="reference.ray.workers"), pytest.raises(UserError) as e:
+        RayWorkers([spec], c.address, start_timeout_s=3)
+    assert str(e.value).startswith(f"the Ray cluster at {c.address!r} did not start the run's workers within 3 s: ")
+    assert problem in str(e.value) and "2 x (CPU 1" not in str(e.value), str(e.value)
+    assert "1 x (CPU 1, train 1); 1 x (CPU 1, rollout 1)" in str(e.value), str(e.value)
+    assert any(problem in r.getMessage() and "waiting up to 3 s" in r.getMessage() for r in caplog.records)
+    assert not [a for a in ray.util.list_named_actors() if a.startswith("seamlessflow-R00")]  # nothing left behind
