@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -149,3 +150,42 @@ def test_the_task_cli_prints_the_random_policy_reward(capsys):
     out = capsys.readouterr().out
     assert "random-policy reward 0.0" in out
     assert "held-out evaluation problems: 128" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["nosuch"], "error: unknown task 'nosuch'; choose one of ['math', 'swe', 'throughput']"),
+        (["no_such_module:Task"], "error: task 'no_such_module:Task': cannot import 'no_such_module'"),
+        (["math", "--samples", "0"], "error: --samples must be >= 1, got 0"),
+    ],
+)
+def test_the_task_cli_refuses_a_mistake_in_one_line_and_exit_2(argv, needle, capsys):
+    from reference.tasks.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err and "Traceback" not in err, err
+
+
+def test_the_task_cli_describes_a_task_that_grades_whole_episodes_without_a_random_policy(capsys):
+    """A task without grade(problem, completion) (an agent task: SWE's episodes are graded in sandboxes) is
+    described, and says why it has no random-policy reward here, rather than failing with an AttributeError."""
+    from reference.tasks.__main__ import describe
+
+    class EpisodeOnly:
+        def __init__(self):
+            self.math = MathTask()
+            self.tokenizer, self.max_tokens = self.math.tokenizer, self.math.max_tokens
+
+        def sample_train(self, rng, n):
+            return [dataclasses.replace(p, prompt="") for p in self.math.sample_train(rng, n)]
+
+        def held_out(self):
+            return self.math.held_out()[:5]
+
+    assert describe(EpisodeOnly(), 10, 0) == 0
+    out = capsys.readouterr().out
+    assert "held-out evaluation problems: 5" in out and "(the agent writes the prompt)" in out
+    assert "random-policy reward: not measured here: EpisodeOnly grades whole episodes where they run" in out
