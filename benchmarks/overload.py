@@ -44,7 +44,9 @@ one).
 
 One level's goodput moves by a fifth to a third from repeat to repeat at the same rate on a shared machine,
 and the knee is the best level: `--repeats N` offers the whole list of rates N times, round after round, and
-counts each rate by its median level, with the range beside it. Every level opens sessions of its own.
+counts each rate by its median level, with the range beside it; and, since the machine's speed also drifts
+over minutes, each rate's levels divided by the same round's level at the knee's rate, seconds apart ("paired
+by round": the median of those ratios and their range). Every level opens sessions of its own.
 """
 
 from __future__ import annotations
@@ -218,7 +220,7 @@ async def run_levels(servers: dict[str, ServerProcess], args, engine_pid: int) -
                     if figures["sent_rps"] >= 0.95 * rate or attempt == args.redo:
                         break
                     print(f"{row(name, figures)}  (the generator fell behind: again)", flush=True)
-                levels[name].append(figures)
+                levels[name].append(figures | {"round": k // len(args.rates)})
                 print(row(name, figures), flush=True)
     finally:
         for client in clients.values():
@@ -255,7 +257,13 @@ def summary(levels: list[dict]) -> dict:
     of the knee's goodput, and its goodput as a share of the knee's, raw and per core of the server's CPU. A rate
     offered several times (`--repeats`) counts by its median level and gives the range: one level's goodput
     moves by a fifth from repeat to repeat on this machine, and the best of several single levels, taken as the
-    knee, would make every other level look worse than it is."""
+    knee, would make every other level look worse than it is.
+
+    Paired by round as well: the machine's speed drifts over minutes (the manager's CPU for the same request moved
+    between 2.5 and 5 ms from level to level), so each round's level at a rate is divided by the same round's level
+    at the knee's rate, seconds apart, and the median of those ratios (with their range) is `of_knee_paired`, a
+    ratio measured in one stretch rather than across the run (None unless both were offered in two rounds or
+    more)."""
     by_rate: dict[int, list[dict]] = {}
     for f in levels:
         by_rate.setdefault(f["offered_rps"], []).append(f)
@@ -289,9 +297,28 @@ def summary(levels: list[dict]) -> dict:
                     "range_rps": r["range_rps"],
                     "of_knee": r["goodput_rps"] / knee["goodput_rps"],
                     "per_core_of_knee": r["per_core"] / knee["per_core"] if knee["per_core"] else 0.0,
+                    **paired(by_rate[rate], by_rate[knee_rate]),
                 }
             )
     return out
+
+
+def paired(levels: list[dict], knees: list[dict]) -> dict:
+    """`of_knee_paired`: the median over rounds of a level's goodput over the same round's level at the knee's rate
+    (`paired_range`: their lowest and highest); None where fewer than two rounds have both. A level's round is its
+    `round` (without one, its place among the rate's levels); a rate listed twice in a round counts by its median."""
+
+    def medians_by_round(group: list[dict]) -> dict[int, float]:
+        rounds: dict[int, list[float]] = {}
+        for i, f in enumerate(group):
+            rounds.setdefault(f.get("round", i), []).append(f["goodput_rps"])
+        return {r: statistics.median(g) for r, g in rounds.items()}
+
+    mine, knee = medians_by_round(levels), medians_by_round(knees)
+    ratios = [mine[r] / knee[r] for r in sorted(mine.keys() & knee.keys()) if knee[r]]
+    if len(ratios) < 2:
+        return {"of_knee_paired": None, "paired_range": None}
+    return {"of_knee_paired": statistics.median(ratios), "paired_range": [min(ratios), max(ratios)]}
 
 
 def parse_args() -> argparse.Namespace:
@@ -454,6 +481,14 @@ def spread(bounds: list[float]) -> str:
     return f" ({low:.0f}-{high:.0f})" if high > low else ""
 
 
+def by_round(a: dict) -> str:
+    """'; paired by round M% (low-high%)' where the rate was paired with the knee's over rounds, else nothing."""
+    if a["of_knee_paired"] is None:
+        return ""
+    low, high = a["paired_range"]
+    return f"; paired by round {100 * a['of_knee_paired']:.0f}%, {100 * low:.0f}-{100 * high:.0f}%"
+
+
 def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) -> None:
     """Each run's knee and its goodput at multiples of it; the levels where the generator fell behind; the JSON
     file."""
@@ -461,7 +496,7 @@ def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) 
     for name, r in results.items():
         where = "; ".join(
             f"{a['offered_rps']} ({a['times_knee']:.1f}x) {a['goodput_rps']:.0f}/s{spread(a['range_rps'])}, "
-            f"{100 * a['of_knee']:.0f}% (per core {100 * a['per_core_of_knee']:.0f}%)"
+            f"{100 * a['of_knee']:.0f}% (per core {100 * a['per_core_of_knee']:.0f}%{by_round(a)})"
             for a in r["beyond"]
         )
         knee = f"{r['knee_goodput_rps']:.0f}/s{spread(r['knee_range_rps'])}"

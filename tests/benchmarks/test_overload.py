@@ -142,3 +142,25 @@ def test_a_rate_offered_several_times_counts_by_its_median_level():
     (beyond,) = s["beyond"]
     assert beyond["goodput_rps"] == 250 and beyond["range_rps"] == [200, 290]
     assert beyond["of_knee"] == pytest.approx(250 / 270)
+    # paired by round: 250/300, 200/240, 290/270
+    assert beyond["of_knee_paired"] == pytest.approx(200 / 240)
+    assert beyond["paired_range"] == pytest.approx([250 / 300, 290 / 270])
+
+
+def test_paired_by_round_compares_levels_of_one_stretch_where_the_medians_mix_fast_and_slow_rounds():
+    """The machine is fast in rounds 0, 2 and 4 and slow in 1 and 3 (300 against 200 at the knee's rate); each round
+    at 4x keeps 90-95% of its own knee but round 2's (65%). The medians compare round 2's slow 4x with a fast
+    knee (200 of 300: 67%); paired by round, the rounds' ratios say 90%, with round 2's in the range."""
+    knee, four = [300, 200, 310, 210, 305], [279, 180, 201, 189, 290]
+    levels = []
+    for r, (k, f) in enumerate(zip(knee, four, strict=True)):
+        levels += [_level(400, k, 1.0) | {"round": r}, _level(1200, f, 1.0) | {"round": r}]
+    (beyond,) = summary(levels)["beyond"]
+    assert beyond["of_knee"] == pytest.approx(201 / 300)
+    assert beyond["of_knee_paired"] == pytest.approx(0.9)
+    assert beyond["paired_range"] == pytest.approx([201 / 310, 290 / 305])
+
+
+def test_a_rate_offered_once_has_no_paired_figure():
+    (beyond,) = summary([_level(400, 300, 1.0), _level(1200, 270, 1.0)])["beyond"]
+    assert beyond["of_knee_paired"] is None and beyond["paired_range"] is None
