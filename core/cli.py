@@ -5,13 +5,16 @@
 `core.outputs.prepare_out`) and `--overwrite`. `run_main` runs a command's body and turns how it ended into an
 exit code: a user's mistake is one `error:` line on stderr and 2 (as argparse's own), a failure the command
 names (not the user's typing: a task that cannot be built) one line and 1, Ctrl-C one line and 130, SIGTERM
-under `stop_on_sigterm` one line and 143. Any other exception is a bug and keeps its traceback.
+under `stop_on_sigterm` one line and 143, and a reader of stdout that went away (`| head`) nothing and 141, as a
+shell tool ends. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import select
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -21,6 +24,7 @@ from core.errors import UserError
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # 128 + the signal's number, as a shell reports a killed command
+EXIT_PIPE = 141  # 128 + SIGPIPE: stdout's reader went away
 CTRL_C, SIGTERM = "interrupted (Ctrl-C)", "stopped (SIGTERM)"  # how a stopped run's line begins
 
 Errors = tuple[type[BaseException], ...]
@@ -94,6 +98,26 @@ def run_main(
         how = SIGTERM if isinstance(e, Terminated) else CTRL_C
         print(how if on_interrupt is None else on_interrupt(how), file=sys.stderr)
         return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise  # a socket's or another pipe's: a failure of the command's own
+        return EXIT_PIPE
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout's reader went away (its pipe or socket reports an error or a hang-up); if so, stdout is pointed
+    at /dev/null, so that the interpreter's own flush at exit does not complain about it again."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        gone = any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no file behind stdout, or no poll here
+        return False
+    if gone:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return gone
 
 
 @contextlib.contextmanager

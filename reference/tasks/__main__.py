@@ -16,6 +16,7 @@ import argparse
 import random
 import sys
 
+from core.cli import run_main
 from reference.tasks import TASKS, make_task
 
 
@@ -76,4 +77,4 @@ def describe(task, samples: int, seed: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

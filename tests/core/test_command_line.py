@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,8 @@ from core.cli import (
     stop_on_sigterm,
 )
 from core.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def raising(exc: BaseException):
@@ -143,3 +147,38 @@ def test_out_without_a_default_is_required(capsys):
         p.parse_args([])
     assert exit_.value.code == 2
     assert "the following arguments are required: --out" in capsys.readouterr().err
+
+
+def _run_until_the_reader_goes(code: str) -> tuple[int, str]:
+    """Runs `code` in a Python process whose stdout's reader reads one line and goes away (`| head -1`)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def test_a_reader_of_stdout_that_goes_away_ends_the_command_quietly_with_141():
+    """`python -m sim ... | head -1`: no BrokenPipeError traceback, no 'Exception ignored' at exit; 141, as a shell
+    tool killed by SIGPIPE reports."""
+    code = (
+        "import sys; from core.cli import run_main\n"
+        "sys.exit(run_main(lambda: [print('x' * 99) for _ in range(10**6)] and 0))"
+    )
+    assert _run_until_the_reader_goes(code) == (141, "")
+
+
+def test_a_broken_pipe_that_is_not_stdout_keeps_its_traceback():
+    """A pipe of the command's own (its reader gone) while stdout's reader is still there: a bug's traceback."""
+    code = (
+        "import os, sys; from core.cli import run_main\n"
+        "def body():\n"
+        "    print('started', flush=True)\n"
+        "    r, w = os.pipe(); os.close(r); os.write(w, b'x')\n"
+        "sys.exit(run_main(body))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 1 and done.stdout == "started\n", done
+    assert "Traceback" in done.stderr and "BrokenPipeError" in done.stderr, done.stderr
