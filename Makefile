@@ -106,9 +106,10 @@ bench-trainer-gpu: $(GPU_STAMP)  ## on a GPU machine: a bf16 FSDP trainer step (
 	for m in qwen3-1.7b qwen3-8b; do for n in 8192 32768; do \
 	  $(PY) -m benchmarks.trainer_memory --device cuda --ranks 1 --steps 2 --model $$m --tokens $$n || echo "$$m at $$n tokens: did not complete (above)"; done; done
 
-calibrate-gpu: $(GPU_STAMP)  ## make calibrate-gpu [MODELS=qwen3-8b,qwen3-32b] [OUT=file.yaml]: measure this GPU into a profile for costs.profile
+calibrate-gpu: $(GPU_STAMP)  ## make calibrate-gpu [MODELS=qwen3-8b,qwen3-32b] [OUT=file.yaml] [PROCESSES=3]: measure this GPU into a profile for costs.profile (PROCESSES: each point the median of that many runs)
 	@$(PY) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "calibrate-gpu: torch sees no CUDA GPU")'
-	$(PY) -m benchmarks.gpu_calibration --cuda-graphs $(if $(MODELS),--models $(MODELS),) $(if $(OUT),--out $(OUT),)
+	$(PY) -m benchmarks.gpu_calibration --cuda-graphs $(if $(MODELS),--models $(MODELS),) $(if $(OUT),--out $(OUT),) \
+		$(if $(PROCESSES),--processes $(PROCESSES),)
 
 lint: $(FULL_STAMP)  ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check .

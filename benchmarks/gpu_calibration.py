@@ -36,7 +36,11 @@ too); the predictions and the tables are benchmarks/calibration_roofline.py's.
 
     python -m benchmarks.gpu_calibration [--models qwen3-0.6b,qwen3-1.7b,qwen3-8b] [--device cuda]
         [--device-spec h100] [--parts decode,prefill,train,logprob] [--cuda-graphs]
-        [--out FILE.yaml] [--overwrite] [--quick]
+        [--out FILE.yaml] [--overwrite] [--quick] [--processes N]
+
+`--processes N` measures everything N times, each run in a process of its own, and writes each point's median
+(each run's profile kept beside it): where the host's launches bind a point (short prefills, eager passes), one
+process measured it 1.5-1.7x slower than another on the same H200.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import datetime
 import platform
 import random
 import shlex
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -69,6 +74,7 @@ from reference.model import TINY_DEFAULTS, tiny_config
 from reference.tokenizer import default_tokenizer
 from sim import train_layout
 from sim.profile import (
+    POINT_FIELDS,
     DecodePoint,
     DeviceInfo,
     LogprobPoint,
@@ -76,6 +82,8 @@ from sim.profile import (
     PrefillPoint,
     Profile,
     TrainPoint,
+    load_profile,
+    median_profile,
     write_profile,
 )
 
@@ -486,6 +494,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a few small points (a CPU, a test)")
     p.add_argument("--parts", help=f"comma-separated, of {', '.join(PARTS)} (default: all)")
     p.add_argument("--cuda-graphs", action="store_true", help="decode by replaying a captured CUDA graph a step")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="measure everything this many times, each in a process of its own, and write each point's median "
+        "(each run's own profile is kept beside --out as NAME-run<i>.yaml; default 1)",
+    )
     for flag in ("--batches", "--contexts", "--prefill-tokens", "--train-lens"):
         p.add_argument(flag, help="comma-separated integers, replacing the grid's")
     return p.parse_args(argv)
@@ -498,12 +513,84 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.processes < 1:
+        raise UserError(f"--processes must be >= 1, got {args.processes}")
     resolved = make_plan(args, argv)
     resolved.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.processes > 1:
+        runs = [run_path(resolved.out, i) for i in range(1, args.processes + 1)]
+        if not args.overwrite and (there := next((r for r in runs if r.exists()), None)):
+            raise UserError(f"{str(there)!r} (a run's own profile beside --out) exists; pass --overwrite to replace it")
+        return calibrate_in_processes(args.processes, resolved, argv)
     profile = run(resolved)
     write_profile(profile, resolved.out)
     print(f"profile: {resolved.out}")
     return 0
+
+
+def calibrate_in_processes(n: int, plan: Plan, argv: list[str]) -> int:
+    """The same measurement `n` times, each in a fresh process (its own CUDA context, allocator and clocks), then
+    each point's median (`sim.profile.median_profile`). One process's short prefills and eager passes, which the
+    host's launches bind, measured 1.5-1.7x apart between runs on one H200; the median of several is the point."""
+    own = _without(argv, ("--processes", "--out"), ("--overwrite",))
+    runs = []
+    for i in range(1, n + 1):
+        out = run_path(plan.out, i)
+        print(f"run {i} of {n}: {out}", flush=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.gpu_calibration", *own, "--out", str(out), "--overwrite"]
+        )
+        if done.returncode:
+            raise UserError(f"run {i} of {n} failed (exit code {done.returncode}); its output is above")
+        runs.append(load_profile(out))
+    merged = median_profile(runs, command=plan.command)
+    write_profile(merged, plan.out)
+    print("\n".join(spread_lines(runs, merged)))
+    print(f"profile: {plan.out} (each point the median of {n} runs)")
+    return 0
+
+
+def run_path(out: Path, i: int) -> Path:
+    """Where run `i` of `--processes` keeps its own profile: beside `out`, as NAME-run<i>.yaml."""
+    return out.with_name(f"{out.stem}-run{i}{out.suffix}")
+
+
+def _without(argv: list[str], with_value: tuple[str, ...], alone: tuple[str, ...]) -> list[str]:
+    """`argv` less the flags `with_value` (and their values, as `--flag V` or `--flag=V`) and the flags `alone`."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in with_value:
+            skip = True
+        elif arg in alone or arg.split("=", 1)[0] in with_value:
+            continue
+        else:
+            out.append(arg)
+    return out
+
+
+def spread_lines(runs: list[Profile], merged: Profile) -> list[str]:
+    """Per model and kind of point: how far the runs lay apart (the largest of a point's highest over its lowest)."""
+    lines = ["spread between runs (a point's highest measurement over its lowest; the largest of each kind):"]
+    for m, entry in enumerate(merged.models):
+        parts = []
+        for kind, (keys, (value, *_)) in POINT_FIELDS.items():
+            worst, where = 1.0, ""
+            for point in getattr(entry, kind):
+                name = tuple(getattr(point, k) for k in keys)
+                seen = [
+                    getattr(q, value)
+                    for run in runs
+                    for q in getattr(run.models[m], kind)
+                    if tuple(getattr(q, k) for k in keys) == name
+                ]
+                if len(seen) > 1 and min(seen) > 0 and max(seen) / min(seen) > worst:
+                    worst, where = max(seen) / min(seen), " ".join(f"{k}={v}" for k, v in zip(keys, name, strict=True))
+            if getattr(entry, kind):
+                parts.append(f"{kind} {worst:.2f}x" + (f" ({where})" if where else ""))
+        lines.append(f"  {entry.model}: " + "; ".join(parts))
+    return lines
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
@@ -182,6 +184,70 @@ def write_profile(profile: Profile, path: str | Path) -> Path:
     text = json.dumps(data, indent=1) if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
     path.write_text(text)
     return path
+
+
+# Per kind of point: the fields that name it and the fields that are measured (a median across runs).
+POINT_FIELDS = {
+    "decode": (("batch", "context"), ("step_s",)),
+    "prefill": (("tokens",), ("seconds",)),
+    "train": (("seq_len",), ("tokens_per_s", "mfu")),
+    "logprob": (("seq_len",), ("tokens_per_s", "mfu")),
+}
+DEVICE_MEASURED = ("matmul_tflops", "copy_gb_s", "host_to_device_gb_s", "device_to_host_gb_s")
+
+
+def median_profile(profiles: list[Profile], command: str | None = None) -> Profile:
+    """One profile from several measurements of the same device and models (each in a process of its own): each
+    point's median over the runs that measured it, kept where most runs did (else listed in `skipped` with how many
+    did); the device's measured peaks likewise. A `UserError` when the runs are not of one device, dtype, decode
+    mode and list of models. The median, not the mean: one run's point can be 1.5x another's where the host's
+    launches bind (short prefills, eager passes), and a slow outlier should not move it."""
+    if not profiles:
+        raise UserError("no profiles to take the median of")
+    first = profiles[0]
+    for i, other in enumerate(profiles[1:], start=2):
+        for key in ("name", "dtype", "decode_mode", "torch_device"):
+            if getattr(other.device, key) != getattr(first.device, key):
+                raise UserError(
+                    f"profile {i} was measured with device {key} {getattr(other.device, key)!r}, profile 1 with "
+                    f"{getattr(first.device, key)!r}: only runs of one setup have a median"
+                )
+        if [m.model for m in other.models] != [m.model for m in first.models]:
+            raise UserError(
+                f"profile {i} measured models {[m.model for m in other.models]}, profile 1 "
+                f"{[m.model for m in first.models]}: only runs of one setup have a median"
+            )
+    device_values = {key: _median_or_none([getattr(p.device, key) for p in profiles]) for key in DEVICE_MEASURED}
+    device = DeviceInfo(**{**asdict(first.device), **device_values})
+    models = tuple(_median_model([p.models[i] for p in profiles]) for i in range(len(first.models)))
+    return Profile(first.version, device, models, created=first.created, command=command or first.command)
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _median_model(runs: list[ModelProfile]) -> ModelProfile:
+    kinds = {}
+    said = Counter(text for run in runs for text in set(run.skipped))
+    skipped = {text if n == len(runs) else f"{text} ({n} of {len(runs)} runs)" for text, n in said.items()}
+    for kind, (keys, measured) in POINT_FIELDS.items():
+        cls = {"decode": DecodePoint, "prefill": PrefillPoint, "train": TrainPoint, "logprob": LogprobPoint}[kind]
+        by_key: dict[tuple, list] = {}
+        for run in runs:
+            for point in getattr(run, kind):
+                by_key.setdefault(tuple(getattr(point, k) for k in keys), []).append(point)
+        points = []
+        for key, group in by_key.items():  # in the order first measured
+            if 2 * len(group) <= len(runs):
+                named = " ".join(f"{k}={v}" for k, v in zip(keys, key, strict=True))
+                skipped.add(f"{kind} {named}: measured in {len(group)} of {len(runs)} runs; not kept")
+                continue
+            values = {m: _median_or_none([getattr(p, m) for p in group]) for m in measured}
+            points.append(cls(**dict(zip(keys, key, strict=True)), **values))
+        kinds[kind] = tuple(points)
+    return ModelProfile(runs[0].model, **kinds, skipped=tuple(sorted(skipped)))
 
 
 def load_profile(path: str | Path) -> Profile:

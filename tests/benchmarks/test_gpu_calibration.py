@@ -250,3 +250,57 @@ def test_cuda_graph_decode_writes_a_profile(tmp_path):
     profile = load_profile(out)
     assert profile.device.decode_mode == "cuda-graphs" and profile.device.host_to_device_gb_s > 0
     assert len(profile.model("tiny").decode) == len(QUICK.batches) * len(QUICK.contexts)
+
+
+def _profile(step_s: float, prefill_s: float, *, extra_prefill: bool = False, name: str = "NVIDIA H200", **device):
+    from sim.profile import DecodePoint, DeviceInfo, ModelProfile, PrefillPoint, Profile
+
+    prefill = [PrefillPoint(512, prefill_s), *([PrefillPoint(8192, 1.0)] if extra_prefill else [])]
+    info = DeviceInfo(name=name, dtype="bfloat16", spec="h200", matmul_tflops=device.get("tflops", 780.0))
+    model = ModelProfile("qwen3-8b", decode=(DecodePoint(8, 2048, step_s),), prefill=tuple(prefill), skipped=("x",))
+    return Profile(PROFILE_VERSION, info, (model,))
+
+
+def test_the_median_of_several_runs_takes_each_point_by_itself():
+    from sim.profile import median_profile
+
+    runs = [
+        _profile(0.010, 0.0232, tflops=780),
+        _profile(0.011, 0.0360, tflops=791, extra_prefill=True),
+        _profile(0.012, 0.0290, tflops=785),
+    ]
+    merged = median_profile(runs, command="python -m benchmarks.gpu_calibration --processes 3")
+    (entry,) = merged.models
+    assert [p.step_s for p in entry.decode] == [0.011]
+    assert [(p.tokens, p.seconds) for p in entry.prefill] == [(512, 0.029)]  # the 8192 point: one run of three
+    assert "prefill tokens=8192: measured in 1 of 3 runs; not kept" in entry.skipped and "x" in entry.skipped
+    assert merged.device.matmul_tflops == 785 and merged.command.endswith("--processes 3")
+    assert profile_from_dict(merged.to_dict()) == merged  # an ordinary profile: it round-trips
+
+
+def test_runs_of_different_devices_have_no_median():
+    from sim.profile import median_profile
+
+    with pytest.raises(UserError, match=r"^profile 2 was measured with device name 'NVIDIA H100'.*one setup"):
+        median_profile([_profile(0.01, 0.02), _profile(0.01, 0.02, name="NVIDIA H100")])
+
+
+def test_processes_measures_in_separate_processes_and_writes_the_median(tmp_path, capsys):
+    out = tmp_path / "median.yaml"
+    argv = [*QUICK_ARGS, "--parts", "prefill", "--prefill-tokens", "8,16", "--processes", "2", "--out", str(out)]
+    assert main(argv) == 0
+    runs = [load_profile(tmp_path / f"median-run{i}.yaml") for i in (1, 2)]
+    merged = load_profile(out)
+    for tokens in (8, 16):
+        seconds = [p.seconds for run in runs for p in run.model("tiny").prefill if p.tokens == tokens]
+        (kept,) = [p.seconds for p in merged.model("tiny").prefill if p.tokens == tokens]
+        assert len(seconds) == 2 and kept == pytest.approx(sum(seconds) / 2)  # the median of two
+    printed = capsys.readouterr().out
+    assert "spread between runs" in printed and f"profile: {out} (each point the median of 2 runs)" in printed
+    assert merged.command.endswith("--processes 2 --out " + str(out))
+    # again without --overwrite: refused in one line before anything is measured
+    assert main(argv) == 2
+    assert f"--out {str(out)!r} exists" in capsys.readouterr().err
+    out.unlink()
+    assert main(argv) == 2
+    assert "median-run1.yaml' (a run's own profile beside --out) exists" in capsys.readouterr().err
