@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from core.cli import at_least
 from core.fake import FakeExecutor
 from core.policies import POLICIES, PolicyConfig, make_policy
 
@@ -37,8 +38,8 @@ def measure(name: str, steps: int, batch: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--batch", type=int, default=16, help="prompt groups per step")
+    ap.add_argument("--steps", type=at_least(1), default=2000)
+    ap.add_argument("--batch", type=at_least(1), default=16, help="prompt groups per step")
     args = ap.parse_args()
     print(f"{'policy':>13} | {'steps':>6} | {'decisions':>9} | {'us / decision':>13} | {'ms / step':>9}")
     for name in POLICIES:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from core.cli import at_least
 from reference.engine.base import GenerateRequest, SamplingParams, generate
 from reference.engine.builtin import BuiltinEngine
 from reference.model import default_model
@@ -104,7 +105,7 @@ def run_static(model, jobs: list[Job], batch: int, pad_id: int) -> tuple[int, fl
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=40, help="requests per measurement (default 40)")
+    p.add_argument("--requests", type=at_least(1), default=40, help="requests per measurement (default 40)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="16 requests of at most 64 new tokens (smoke test)")
     args = p.parse_args()

@@ -24,6 +24,7 @@ from pathlib import Path
 import aiohttp
 
 from benchmarks.harness import engine_token, run_benchmark, start_manager
+from core.cli import at_least, list_of
 from reference.engine.fake import FakeConfig
 from reference.engine.process import EngineProcess, EngineSpec
 
@@ -133,15 +134,20 @@ def run_budget(engine_url: str, token, budget: int, args, workdir: Path) -> dict
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sessions", type=int, default=None, help="agent sessions per budget (600; quick: 150)")
-    p.add_argument("--turns", type=int, default=6, help="turns per session")
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--budgets", default="0,2000000,500000", help="tokens held in memory (0: unbounded)")
+    p.add_argument("--sessions", type=at_least(1), default=None, help="agent sessions per budget (600; quick: 150)")
+    p.add_argument("--turns", type=at_least(1), default=6, help="turns per session")
+    p.add_argument("--concurrency", type=at_least(1), default=32)
+    p.add_argument(
+        "--budgets",
+        type=list_of(at_least(0)),
+        default=[0, 2000000, 500000],
+        help="tokens held in memory, one run each (0: unbounded)",
+    )
     p.add_argument("--quick", action="store_true", help="fewer sessions (well under a minute per budget)")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args()
     args.sessions = args.sessions or (150 if args.quick else 600)
-    budgets = [int(b) for b in args.budgets.split(",")]
+    budgets = args.budgets
     rows = []
     with (
         EngineProcess(EngineSpec(backend="fake", options=FakeConfig(reply_tokens=16))) as engine,

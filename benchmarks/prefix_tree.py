@@ -22,6 +22,7 @@ from array import array
 from collections.abc import Callable
 from pathlib import Path
 
+from core.cli import at_least
 from reference.manager.prefix_tree import PrefixTree
 from reference.manager.store import TrajectoryStore
 
@@ -113,7 +114,7 @@ def report(label: str, small: list[float], large: list[float]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=1000, help="repetitions per tree case (store: a third)")
+    p.add_argument("--reps", type=at_least(3), default=1000, help="repetitions per tree case (store: a third)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     rng = random.Random(args.seed)

@@ -26,6 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.harness import run_benchmark
+from core.cli import at_least
 from swebench_env.grading import DockerGrader, DockerGraderConfig
 from swebench_env.images import ensure_base_image
 from swebench_env.sandbox import Sandbox, SandboxConfig
@@ -149,11 +150,11 @@ def grading(image: str, n: int, jobs: int) -> tuple[float, list[float], int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=10, help="sandboxes started one after another")
-    parser.add_argument("--execs", type=int, default=20, help="`true` commands per sandbox")
-    parser.add_argument("--concurrent", type=int, default=8, help="sandboxes at once")
-    parser.add_argument("--grade", type=int, default=24, help="shipped tasks graded (gold patches)")
-    parser.add_argument("--grade-jobs", type=int, default=2, help="gradings at once")
+    parser.add_argument("--n", type=at_least(1), default=10, help="sandboxes started one after another")
+    parser.add_argument("--execs", type=at_least(1), default=20, help="`true` commands per sandbox")
+    parser.add_argument("--concurrent", type=at_least(1), default=8, help="sandboxes at once")
+    parser.add_argument("--grade", type=at_least(0), default=24, help="shipped tasks graded (gold patches)")
+    parser.add_argument("--grade-jobs", type=at_least(1), default=2, help="gradings at once")
     args = parser.parse_args()
 
     dt, image = timed(ensure_base_image)

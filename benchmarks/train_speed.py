@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from core.cli import at_least
 from reference.engine.base import GenerateRequest, SamplingParams, generate
 from reference.engine.builtin import BuiltinEngine
 from reference.model import build_model, tiny_config
@@ -184,7 +185,7 @@ def time_handoff(w: Workload, repeats: int = 5) -> tuple[float, int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=5, help="timed steps per measurement (median reported)")
+    p.add_argument("--steps", type=at_least(1), default=5, help="timed steps per measurement (median reported)")
     p.add_argument("--quick", action="store_true", help="2 steps (smoke test)")
     args = p.parse_args()
     steps = 2 if args.quick else args.steps

@@ -36,6 +36,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from benchmarks.harness import run_benchmark
+from core.cli import at_least
 from reference.control.transport import DirectoryTransport, ObjectStoreTransport
 from reference.control.worker import ResourceWorker, WorkerSpec
 from reference.model import build_model, tiny_config
@@ -122,7 +123,7 @@ def measure(name: str, config, tokenizer, versions: int, work: Path) -> list[tup
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="math,tiny,100m", help="comma-separated: math, tiny, 100m")
-    p.add_argument("--versions", type=int, default=5, help="versions timed per transport (median reported)")
+    p.add_argument("--versions", type=at_least(1), default=5, help="versions timed per transport (median reported)")
     args = p.parse_args()
     configs = model_configs()
     names = [n for n in args.models.split(",") if n]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import select
 import signal
@@ -61,6 +62,42 @@ def add_config_args(
         metavar="KEY=VALUE",
         help=f"override {what}, e.g. --set {example} (repeatable)",
     )
+
+
+def at_least(low: float, kind: type = int, below: float | None = None) -> Callable[[str], int | float]:
+    """An argparse `type=` for a number of `kind` (int or float) >= `low` (and < `below` where given; floats finite):
+    a value out of range is argparse's one-line error and exit code 2, naming the value and what is allowed."""
+    what = "an integer" if kind is int else "a number"
+    allowed = f">= {low}" if below is None else f"in [{low}, {below})"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what} {allowed}, got {text!r}") from None
+        if not (low <= value < (math.inf if below is None else below)):  # NaN fails here too
+            raise argparse.ArgumentTypeError(f"must be {what} {allowed}, got {text!r}")
+        return value
+
+    parse.__name__ = f"{kind.__name__} {allowed}"  # what argparse names in its own messages
+    return parse
+
+
+def list_of(item: Callable[[str], int | float]) -> Callable[[str], list]:
+    """An argparse `type=` for a comma-separated list, each entry parsed by `item` (e.g. `at_least(0)`): a bad entry
+    is argparse's one-line error, naming it."""
+
+    def parse(text: str) -> list:
+        entries = [part.strip() for part in text.split(",")]
+        if not all(entries):
+            raise argparse.ArgumentTypeError(f"expected comma-separated values, got {text!r}")
+        try:
+            return [item(part) for part in entries]
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"each entry {e}") from None
+
+    parse.__name__ = "list"
+    return parse
 
 
 def add_out_args(parser: argparse.ArgumentParser, *, default: str | None, what: str = "output folder") -> None:

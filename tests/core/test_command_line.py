@@ -182,3 +182,29 @@ def test_a_broken_pipe_that_is_not_stdout_keeps_its_traceback():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 1 and done.stdout == "started\n", done
     assert "Traceback" in done.stderr and "BrokenPipeError" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "message"),
+    [
+        (int, "0", "must be an integer >= 1, got '0'"),
+        (int, "1.5", "must be an integer >= 1, got '1.5'"),
+        (float, "nan", "must be a number >= 1, got 'nan'"),
+        (float, "inf", "must be a number >= 1, got 'inf'"),
+        (float, "0.99", "must be a number >= 1, got '0.99'"),
+    ],
+)
+def test_at_least_refuses_what_is_out_of_range_naming_the_value(kind, text, message):
+    from core.cli import at_least
+
+    with pytest.raises(argparse.ArgumentTypeError, match=f"^{message}$"):
+        at_least(1, kind)(text)
+
+
+def test_at_least_and_list_of_take_what_is_in_range():
+    from core.cli import at_least, list_of
+
+    assert at_least(1)("3") == 3 and at_least(0.0, float, below=1.0)("0.25") == 0.25
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^must be a number in \[0.0, 1.0\), got '1'$"):
+        at_least(0.0, float, below=1.0)("1")
+    assert list_of(at_least(0))("0, 5,7") == [0, 5, 7]

@@ -1,0 +1,35 @@
+"""A benchmark's bad number is argparse's one line and exit code 2, before anything starts: a zero or negative
+count used to end in a traceback (an empty median, a division by zero) or run until stopped."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+CASES = [
+    ("driver_overhead", ["--steps", "0"], "argument --steps: must be an integer >= 1, got '0'"),
+    ("driver_overhead", ["--batch", "-1"], "argument --batch: must be an integer >= 1, got '-1'"),
+    ("engine_throughput", ["--requests", "0"], "argument --requests: must be an integer >= 1, got '0'"),
+    ("engine_wire", ["--reps", "0"], "argument --reps: must be an integer >= 1, got '0'"),
+    ("manager_memory", ["--turns", "0"], "argument --turns: must be an integer >= 1, got '0'"),
+    ("manager_memory", ["--concurrency", "-1"], "argument --concurrency: must be an integer >= 1, got '-1'"),
+    ("manager_memory", ["--budgets", "0,x"], "argument --budgets: each entry must be an integer >= 0, got 'x'"),
+    ("manager_memory", ["--budgets", "0,,5"], "argument --budgets: expected comma-separated values, got '0,,5'"),
+    ("prefix_tree", ["--reps", "2"], "argument --reps: must be an integer >= 3, got '2'"),
+    ("swe_sandbox", ["--n", "0"], "argument --n: must be an integer >= 1, got '0'"),
+    ("swe_sandbox", ["--grade-jobs", "0"], "argument --grade-jobs: must be an integer >= 1, got '0'"),
+    ("train_speed", ["--steps", "-1"], "argument --steps: must be an integer >= 1, got '-1'"),
+    ("weight_handoff", ["--versions", "0"], "argument --versions: must be an integer >= 1, got '0'"),
+]
+
+
+@pytest.mark.parametrize(("module", "argv", "message"), CASES, ids=[f"{m}{a[0]}{a[1]}" for m, a, _ in CASES])
+def test_a_bad_count_is_one_line_and_exit_2(module, argv, message, monkeypatch, capsys):
+    main = importlib.import_module(f"benchmarks.{module}").main
+    monkeypatch.setattr(sys, "argv", [f"{module}.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.splitlines()[-1] == f"{module}.py: error: {message}", err
