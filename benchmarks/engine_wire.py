@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 
 from benchmarks.harness import run_benchmark
-from core.cli import at_least
 from reference.engine.base import GenerateRequest, SamplingParams
 from reference.engine.wire import parse_generate, request_to_wire
 
@@ -60,7 +59,7 @@ def figures(request: GenerateRequest, reps: int) -> tuple[float, float, float, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=at_least(1), default=50, help="timed calls per figure (default 50)")
+    parser.add_argument("--reps", type=int, default=50, help="timed calls per figure (default 50)")
     args = parser.parse_args()
     if args.reps < 1:
         parser.error(f"--reps must be >= 1, got {args.reps}")

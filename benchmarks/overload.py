@@ -86,6 +86,7 @@ from benchmarks.harness import (
     stderr_to,
 )
 from benchmarks.lean_http import LeanClient, request_bytes
+from core.cli import at_least, greater_than, list_of
 from reference.engine.fake import FakeConfig
 from reference.engine.process import EngineProcess, EngineSpec
 
@@ -324,10 +325,14 @@ def paired(levels: list[dict], knees: list[dict]) -> dict:
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
-        "--rates", help="offered requests per second, one level each (default 400,800,...,4000; quick: 800,2400,4000)"
+        "--rates",
+        type=list_of(at_least(1)),
+        help="offered requests per second, one level each (default 400,800,...,4000; quick: 800,2400,4000)",
     )
-    ap.add_argument("--level-s", type=float, help="seconds each level offers load (default 5; quick: 2)")
-    ap.add_argument("--timeout-s", type=float, help="a client gives up after this long (default 2 s; quick: 1)")
+    ap.add_argument("--level-s", type=greater_than(0), help="seconds each level offers load (default 5; quick: 2)")
+    ap.add_argument(
+        "--timeout-s", type=greater_than(0), help="a client gives up after this long (default 2 s; quick: 1)"
+    )
     ap.add_argument(
         "--caps",
         default="0,32,default",
@@ -378,12 +383,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="three short levels a run (under a minute in all)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
-    shared = "500,750,1000,1500,2000,3000"  # a share of a core: the knee about 450 with 2
-    full = (shared if args.share_core > 0 else ",".join(str(r) for r in range(400, 4001, 400)), 5.0, 2.0)
-    defaults = ("800,2400,4000", 2.0, 1.0) if args.quick else full
+    shared = [500, 750, 1000, 1500, 2000, 3000]  # a share of a core: the knee about 450 with 2
+    full = (shared if args.share_core > 0 else list(range(400, 4001, 400)), 5.0, 2.0)
+    defaults = ([800, 2400, 4000], 2.0, 1.0) if args.quick else full
     given = (args.rates, args.level_s, args.timeout_s)
-    rates, args.level_s, args.timeout_s = (d if g is None else g for g, d in zip(given, defaults, strict=True))
-    args.rates = [int(r) for r in rates.split(",")]
+    args.rates, args.level_s, args.timeout_s = (d if g is None else g for g, d in zip(given, defaults, strict=True))
     if min(args.output_words, args.share_core, args.redo) < 0 or min(args.turns, args.repeats) < 1:
         ap.error(
             f"--output-words, --share-core and --redo must be >= 0 and --turns and --repeats >= 1, got "

@@ -49,6 +49,7 @@ from benchmarks.harness import (
     stderr_to,
 )
 from benchmarks.lean_http import LeanClient, request_bytes
+from core.cli import at_least, list_of
 from reference.engine.fake import FakeConfig
 from reference.engine.process import EngineProcess, EngineSpec
 from reference.manager.chat import ChatRenderer
@@ -237,17 +238,22 @@ def cpu_plan(pin: bool) -> tuple[set[int] | None, set[int] | None]:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--levels", default="1,64,256", help="concurrent sessions per level (comma-separated)")
+    ap.add_argument(
+        "--levels",
+        type=list_of(at_least(1)),
+        default=[1, 64, 256],
+        help="concurrent sessions per level (comma-separated)",
+    )
     ap.add_argument("--turns", type=int, default=4, help="requests per session")
-    ap.add_argument("--reply-tokens", type=int, default=16)
+    ap.add_argument("--reply-tokens", type=at_least(1), default=16)
     ap.add_argument(
         "--output-words",
         type=int,
         default=0,
         help="words of a task's files or a tool's output in every user message, as agents send (default 0)",
     )
-    ap.add_argument("--min-requests", type=int, help="requests per level and path, at least (3000; quick: 200)")
-    ap.add_argument("--rounds", type=int, help="turns each proxy takes per level, alternating (4; quick: 1)")
+    ap.add_argument("--min-requests", type=at_least(1), help="requests per level and path, at least (3000; quick: 200)")
+    ap.add_argument("--rounds", type=at_least(1), help="turns each proxy takes per level, alternating (4; quick: 1)")
     ap.add_argument("--quick", action="store_true", help="fewer requests and one round (well under a minute)")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="do not give the proxy a core of its own")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -263,7 +269,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     tok = default_tokenizer()
-    levels = [int(x) for x in args.levels.split(",")]
+    levels = args.levels
     proxy_cpus, other_cpus = cpu_plan(args.pin)
     load = os.getloadavg()[0]  # other work on the machine at the start
     results = []

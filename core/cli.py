@@ -64,23 +64,42 @@ def add_config_args(
     )
 
 
-def at_least(low: float, kind: type = int, below: float | None = None) -> Callable[[str], int | float]:
-    """An argparse `type=` for a number of `kind` (int or float) >= `low` (and < `below` where given; floats finite):
-    a value out of range is argparse's one-line error and exit code 2, naming the value and what is allowed."""
+def in_range(
+    kind: type, low: float, high: float | None = None, *, low_open: bool = False, high_open: bool = False
+) -> Callable[[str], int | float]:
+    """An argparse `type=` for a number of `kind` (int or float; floats finite) between `low` and `high` (None: no
+    upper bound), each bound included unless open: a value out of range is argparse's one-line error and exit code
+    2, naming the value and what is allowed."""
     what = "an integer" if kind is int else "a number"
-    allowed = f">= {low}" if below is None else f"in [{low}, {below})"
+    if high is None:
+        allowed = f"{'>' if low_open else '>='} {low}"
+    else:
+        allowed = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
 
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {what} {allowed}, got {text!r}") from None
-        if not (low <= value < (math.inf if below is None else below)):  # NaN fails here too
+        top = math.inf if high is None else high
+        above = value > low if low_open else value >= low
+        below = value < top if high_open or high is None else value <= top  # inf and NaN fail here
+        if not (above and below):
             raise argparse.ArgumentTypeError(f"must be {what} {allowed}, got {text!r}")
         return value
 
     parse.__name__ = f"{kind.__name__} {allowed}"  # what argparse names in its own messages
     return parse
+
+
+def at_least(low: float, kind: type = int, below: float | None = None) -> Callable[[str], int | float]:
+    """`in_range`: a number of `kind` >= `low` (and < `below` where given)."""
+    return in_range(kind, low, below, high_open=True)
+
+
+def greater_than(low: float, kind: type = float) -> Callable[[str], int | float]:
+    """`in_range`: a number of `kind` > `low`, e.g. a positive number of seconds."""
+    return in_range(kind, low, low_open=True)
 
 
 def list_of(item: Callable[[str], int | float]) -> Callable[[str], list]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from core.cli import at_least, greater_than, in_range
 from reference.model import build_model
 from reference.tasks import Problem, Task, make_task
 from reference.trainer.batch import Trajectory
@@ -201,12 +202,17 @@ def _field(parser: argparse.ArgumentParser, item: str) -> tuple[str, object]:
 def main(argv: Sequence[str] | None = None) -> ProbeResult:
     parser = argparse.ArgumentParser(description="GRPO learnability probe (one process, random init)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-seconds", type=float, default=300.0)
-    parser.add_argument("--max-steps", type=int, default=10_000)
-    parser.add_argument("--target", type=float, default=0.8, help="mean training reward over the last steps")
-    parser.add_argument("--eval-every", type=int, default=20, help="steps between held-out evaluations")
+    parser.add_argument("--max-seconds", type=greater_than(0), default=300.0)
+    parser.add_argument("--max-steps", type=at_least(1), default=10_000)
+    parser.add_argument(
+        "--target",
+        type=in_range(float, 0, 1, low_open=True),
+        default=0.8,
+        help="mean training reward over the last steps",
+    )
+    parser.add_argument("--eval-every", type=at_least(0), default=20, help="steps between held-out evaluations")
     parser.add_argument("--keep-going", action="store_true", help="train on after the target until the limits")
-    parser.add_argument("--lag", type=int, default=0, help="sample from the weights of this many steps before")
+    parser.add_argument("--lag", type=at_least(0), default=0, help="sample from the weights of this many steps before")
     parser.add_argument("--init-seed", type=int, default=None, help="seed of the random init (default: --seed)")
     parser.add_argument(
         "--set",
@@ -216,8 +222,6 @@ def main(argv: Sequence[str] | None = None) -> ProbeResult:
         help="a TrainerConfig field, e.g. --set lr=6e-4 (repeatable)",
     )
     args = parser.parse_args(argv)
-    if args.lag < 0:
-        parser.error(f"--lag must be >= 0, got {args.lag}")
     recipe = MathRecipe()
     if args.set:
         fields = dict(_field(parser, item) for item in args.set)
