@@ -210,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> ProbeResult:
         default=0.8,
         help="mean training reward over the last steps",
     )
-    parser.add_argument("--eval-every", type=at_least(0), default=20, help="steps between held-out evaluations")
+    parser.add_argument("--eval-every", type=at_least(1), default=20, help="steps between held-out evaluations")
     parser.add_argument("--keep-going", action="store_true", help="train on after the target until the limits")
     parser.add_argument("--lag", type=at_least(0), default=0, help="sample from the weights of this many steps before")
     parser.add_argument("--init-seed", type=int, default=None, help="seed of the random init (default: --seed)")

@@ -46,6 +46,7 @@ def test_a_bad_count_is_one_line_and_exit_2(module, argv, message, monkeypatch, 
         (["--max-seconds", "nan"], "argument --max-seconds: must be a number > 0, got 'nan'"),
         (["--max-steps", "0"], "argument --max-steps: must be an integer >= 1, got '0'"),
         (["--lag", "-1"], "argument --lag: must be an integer >= 0, got '-1'"),
+        (["--eval-every", "0"], "argument --eval-every: must be an integer >= 1, got '0'"),
     ],
 )
 def test_the_learnability_probe_refuses_a_bad_number_in_one_line(argv, message, capsys):
