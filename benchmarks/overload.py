@@ -254,8 +254,10 @@ def per_core(f: dict) -> float:
 
 
 def summary(levels: list[dict]) -> dict:
-    """The knee (the offered rate of most goodput) and every rate offered beyond it: its offered rate as a multiple
-    of the knee's goodput, and its goodput as a share of the knee's, raw and per core of the server's CPU. A rate
+    """The knee (the offered rate of most goodput, `knee_times` its offered rate over its goodput) and every rate
+    offered beyond it (`beyond`) and short of it (`below`): its offered rate as a multiple of the knee's goodput,
+    and its goodput as a share of the knee's, raw and per core of the server's CPU. The knee may be the highest
+    rate offered (`beyond` empty): goodput had not fallen yet, at `knee_times` its own goodput. A rate
     offered several times (`--repeats`) counts by its median level and gives the range: one level's goodput
     moves by a fifth from repeat to repeat on this machine, and the best of several single levels, taken as the
     knee, would make every other level look worse than it is.
@@ -282,15 +284,17 @@ def summary(levels: list[dict]) -> dict:
     out = {
         "knee_offered_rps": knee_rate,
         "knee_goodput_rps": knee["goodput_rps"],
+        "knee_times": knee_rate / knee["goodput_rps"] if knee["goodput_rps"] else 0.0,
         "knee_range_rps": knee["range_rps"],
         "knee_levels": knee["levels"],
         "beyond": [],
+        "below": [],
     }
     if not knee["goodput_rps"]:
         return out
     for rate, r in sorted(rates.items()):
-        if rate > knee_rate:
-            out["beyond"].append(
+        if rate != knee_rate:
+            out["beyond" if rate > knee_rate else "below"].append(
                 {
                     "offered_rps": rate,
                     "times_knee": rate / knee["goodput_rps"],
@@ -501,11 +505,13 @@ def report(args, plan: list[Run], levels: dict[str, list[dict]], machine: dict) 
         where = "; ".join(
             f"{a['offered_rps']} ({a['times_knee']:.1f}x) {a['goodput_rps']:.0f}/s{spread(a['range_rps'])}, "
             f"{100 * a['of_knee']:.0f}% (per core {100 * a['per_core_of_knee']:.0f}%{by_round(a)})"
-            for a in r["beyond"]
+            for a in (*r["below"], *r["beyond"])
         )
         knee = f"{r['knee_goodput_rps']:.0f}/s{spread(r['knee_range_rps'])}"
-        median = f" (medians of {args.repeats} levels)" if args.repeats > 1 else ""
-        print(f"{name}: knee {knee} at {r['knee_offered_rps']} offered{median}; {where}")
+        median = f"medians of {args.repeats} levels; " if args.repeats > 1 else ""
+        top = "" if r["beyond"] else ", the highest rate offered"
+        at = f"{r['knee_offered_rps']} offered ({median}{r['knee_times']:.1f}x its goodput{top})"
+        print(f"{name}: knee {knee} at {at}; {where}")
     behind = sorted(
         {f["offered_rps"] for r in results.values() for f in r["levels"] if f["sent_rps"] < 0.95 * f["offered_rps"]}
     )

@@ -164,3 +164,17 @@ def test_paired_by_round_compares_levels_of_one_stretch_where_the_medians_mix_fa
 def test_a_rate_offered_once_has_no_paired_figure():
     (beyond,) = summary([_level(400, 300, 1.0), _level(1200, 270, 1.0)])["beyond"]
     assert beyond["of_knee_paired"] is None and beyond["paired_range"] is None
+
+
+def test_a_knee_at_the_highest_rate_offered_says_so_and_shows_the_rates_below_it():
+    """At four times its goodput the manager still answers its best: the knee is the highest rate offered, at
+    `knee_times` its own goodput, and the lower rate is shown as a share of it (`below`)."""
+    levels = []
+    for r, (low, high) in enumerate([(250, 280), (240, 290), (260, 250)]):
+        levels += [_level(400, low, 1.0) | {"round": r}, _level(1200, high, 1.0) | {"round": r}]
+    s = summary(levels)
+    assert (s["knee_offered_rps"], s["knee_goodput_rps"], s["beyond"]) == (1200, 280, [])
+    assert s["knee_times"] == pytest.approx(1200 / 280)
+    (below,) = s["below"]
+    assert below["offered_rps"] == 400 and below["of_knee"] == pytest.approx(250 / 280)
+    assert below["of_knee_paired"] == pytest.approx(250 / 280)  # 250/280, 240/290, 260/250
