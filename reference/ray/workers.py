@@ -55,7 +55,7 @@ def placement_problem(specs: Sequence[WorkerSpec], nodes: Sequence[dict]) -> str
     kinds = Counter(
         ", ".join(f"{k} {o[k]:g}" for k in SHOWN if k in o) or "none of CPU, rollout, train" for o in offers
     )
-    shown = "; ".join(f"{n} x ({kind})" for kind, n in kinds.items())
+    shown = "; ".join(f"{n} x ({kind})" for kind, n in sorted(kinds.items()))  # ray.nodes()'s order varies
     for spec in specs:
         need = demand(spec)
         if not any(all(o.get(k, 0.0) >= v for k, v in need.items()) for o in offers):
@@ -159,8 +159,14 @@ class RayWorkers(ActorWorkers):
                 for s in specs
             }
             del initial  # each actor holds its own copy once constructed: the object is released then
-            ray.get([a.ping.remote() for a in self.actors.values()], timeout=start_timeout_s)
+            pings = {name: a.ping.remote() for name, a in self.actors.items()}
+            ray.get(list(pings.values()), timeout=start_timeout_s)
         except ray.exceptions.GetTimeoutError:
+            # a worker Ray never placed has nothing to close: killed at once (closing it would wait out close's
+            # whole timeout for a call that cannot run); the ones that started close as usual
+            ready = set(ray.wait(list(pings.values()), num_returns=len(pings), timeout=0)[0])
+            for name in [n for n, ref in pings.items() if ref not in ready]:
+                ray.kill(self.actors.pop(name), no_restart=True)
             self.close()
             where = "a local Ray" if self._local else f"the Ray cluster at {address!r}"
             why = f": {problem}" if problem else ""
