@@ -64,7 +64,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from benchmarks.calibration_roofline import peak_lines, table
 from core import specs
-from core.cli import run_main
+from core.cli import at_least, run_main
 from core.errors import UserError, unknown_name
 from core.specs import DeviceSpec, ModelSpec
 from reference.engine.kv_cache import KVCache
@@ -74,7 +74,7 @@ from reference.model import TINY_DEFAULTS, tiny_config
 from reference.tokenizer import default_tokenizer
 from sim import train_layout
 from sim.profile import (
-    POINT_FIELDS,
+    POINT_KINDS,
     DecodePoint,
     DeviceInfo,
     LogprobPoint,
@@ -83,7 +83,9 @@ from sim.profile import (
     Profile,
     TrainPoint,
     load_profile,
+    measured_fields,
     median_profile,
+    points_by_key,
     write_profile,
 )
 
@@ -496,7 +498,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cuda-graphs", action="store_true", help="decode by replaying a captured CUDA graph a step")
     p.add_argument(
         "--processes",
-        type=int,
+        type=at_least(1),
         default=1,
         help="measure everything this many times, each in a process of its own, and write each point's median "
         "(each run's own profile is kept beside --out as NAME-run<i>.yaml; default 1)",
@@ -513,8 +515,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def calibrate(args: argparse.Namespace, argv: list[str]) -> int:
-    if args.processes < 1:
-        raise UserError(f"--processes must be >= 1, got {args.processes}")
     resolved = make_plan(args, argv)
     resolved.out.parent.mkdir(parents=True, exist_ok=True)
     if args.processes > 1:
@@ -575,20 +575,16 @@ def spread_lines(runs: list[Profile], merged: Profile) -> list[str]:
     lines = ["spread between runs (a point's highest measurement over its lowest; the largest of each kind):"]
     for m, entry in enumerate(merged.models):
         parts = []
-        for kind, (keys, (value, *_)) in POINT_FIELDS.items():
+        for kind, (_, keys) in POINT_KINDS.items():
+            if not getattr(entry, kind):
+                continue
+            value = measured_fields(kind)[0]
             worst, where = 1.0, ""
-            for point in getattr(entry, kind):
-                name = tuple(getattr(point, k) for k in keys)
-                seen = [
-                    getattr(q, value)
-                    for run in runs
-                    for q in getattr(run.models[m], kind)
-                    if tuple(getattr(q, k) for k in keys) == name
-                ]
+            for key, group in points_by_key([run.models[m] for run in runs], kind).items():
+                seen = [getattr(p, value) for p in group]
                 if len(seen) > 1 and min(seen) > 0 and max(seen) / min(seen) > worst:
-                    worst, where = max(seen) / min(seen), " ".join(f"{k}={v}" for k, v in zip(keys, name, strict=True))
-            if getattr(entry, kind):
-                parts.append(f"{kind} {worst:.2f}x" + (f" ({where})" if where else ""))
+                    worst, where = max(seen) / min(seen), " ".join(f"{k}={v}" for k, v in zip(keys, key, strict=True))
+            parts.append(f"{kind} {worst:.2f}x" + (f" ({where})" if where else ""))
         lines.append(f"  {entry.model}: " + "; ".join(parts))
     return lines
 

@@ -186,13 +186,31 @@ def write_profile(profile: Profile, path: str | Path) -> Path:
     return path
 
 
-# Per kind of point: the fields that name it and the fields that are measured (a median across runs).
-POINT_FIELDS = {
-    "decode": (("batch", "context"), ("step_s",)),
-    "prefill": (("tokens",), ("seconds",)),
-    "train": (("seq_len",), ("tokens_per_s", "mfu")),
-    "logprob": (("seq_len",), ("tokens_per_s", "mfu")),
+# Per kind of point: its record and the fields that name a point (unique within a model); the others are measured.
+POINT_KINDS = {
+    "decode": (DecodePoint, ("batch", "context")),
+    "prefill": (PrefillPoint, ("tokens",)),
+    "train": (TrainPoint, ("seq_len",)),
+    "logprob": (LogprobPoint, ("seq_len",)),
 }
+
+
+def measured_fields(kind: str) -> tuple[str, ...]:
+    """The fields of a point of `kind` that were measured (the first: what a point takes, seconds or a rate)."""
+    cls, keys = POINT_KINDS[kind]
+    return tuple(f.name for f in fields(cls) if f.name not in keys)
+
+
+def points_by_key(runs: list[ModelProfile], kind: str) -> dict[tuple, list]:
+    """Every point of `kind` in `runs`, grouped by the fields that name it, in the order first measured."""
+    keys = POINT_KINDS[kind][1]
+    grouped: dict[tuple, list] = {}
+    for run in runs:
+        for point in getattr(run, kind):
+            grouped.setdefault(tuple(getattr(point, k) for k in keys), []).append(point)
+    return grouped
+
+
 DEVICE_MEASURED = ("matmul_tflops", "copy_gb_s", "host_to_device_gb_s", "device_to_host_gb_s")
 
 
@@ -232,20 +250,16 @@ def _median_model(runs: list[ModelProfile]) -> ModelProfile:
     kinds = {}
     said = Counter(text for run in runs for text in set(run.skipped))
     skipped = {text if n == len(runs) else f"{text} ({n} of {len(runs)} runs)" for text, n in said.items()}
-    for kind, (keys, measured) in POINT_FIELDS.items():
-        cls = {"decode": DecodePoint, "prefill": PrefillPoint, "train": TrainPoint, "logprob": LogprobPoint}[kind]
-        by_key: dict[tuple, list] = {}
-        for run in runs:
-            for point in getattr(run, kind):
-                by_key.setdefault(tuple(getattr(point, k) for k in keys), []).append(point)
+    for kind, (cls, keys) in POINT_KINDS.items():
         points = []
-        for key, group in by_key.items():  # in the order first measured
+        for key, group in points_by_key(runs, kind).items():
+            named = dict(zip(keys, key, strict=True))
             if 2 * len(group) <= len(runs):
-                named = " ".join(f"{k}={v}" for k, v in zip(keys, key, strict=True))
-                skipped.add(f"{kind} {named}: measured in {len(group)} of {len(runs)} runs; not kept")
+                where = " ".join(f"{k}={v}" for k, v in named.items())
+                skipped.add(f"{kind} {where}: measured in {len(group)} of {len(runs)} runs; not kept")
                 continue
-            values = {m: _median_or_none([getattr(p, m) for p in group]) for m in measured}
-            points.append(cls(**dict(zip(keys, key, strict=True)), **values))
+            medians = {m: _median_or_none([getattr(p, m) for p in group]) for m in measured_fields(kind)}
+            points.append(cls(**named, **medians))
         kinds[kind] = tuple(points)
     return ModelProfile(runs[0].model, **kinds, skipped=tuple(sorted(skipped)))
 
@@ -290,11 +304,9 @@ def _model(data: object, where: str, key: str) -> ModelProfile:
     model = entry.get("model")
     if not isinstance(model, str) or not model:
         raise UserError(f"{where}: {key}.model must be a model name, got {model!r}")
-    points = {}
-    for name, cls, unique in (("decode", DecodePoint, ("batch", "context")), ("prefill", PrefillPoint, ("tokens",))):
-        points[name] = _points(cls, entry.get(name), where, f"{key}.{name}", unique)
-    for name, cls in (("train", TrainPoint), ("logprob", LogprobPoint)):
-        points[name] = _points(cls, entry.get(name), where, f"{key}.{name}", ("seq_len",))
+    points = {
+        name: _points(cls, entry.get(name), where, f"{key}.{name}", keys) for name, (cls, keys) in POINT_KINDS.items()
+    }
     skipped = _list(entry.get("skipped"), where, f"{key}.skipped")
     for i, reason in enumerate(skipped):
         if not isinstance(reason, str):
