@@ -207,6 +207,7 @@ def _host_feeding_an_engine(
                     max_batch=rt_cfg.engine.max_batch,
                     torch_threads=1,
                     coalesce_s=rt_cfg.engine.coalesce_s,
+                    logprobs_mode=rt_cfg.engine.logprobs_mode,
                 )
             )
         finally:

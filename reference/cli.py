@@ -56,12 +56,12 @@ SERVE_FLAG_RANGES = {
     "--idle-timeout-s": (0.001, 86400),
 }
 CHECK_FLAG_RANGES = {"--seed": (0, MAX_SEED), "--version": (0, None), "--temperature": (0, 2)}
-SPEC_FLAGS = ("backend", "model", "seed", "max_batch", "heartbeat_s", "coalesce_s")  # EngineSpec fields, as flags
+SPEC_FLAGS = ("backend", "model", "seed", "max_batch", "heartbeat_s", "coalesce_s", "logprobs_mode")  # EngineSpec's
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     """The flags of one engine's spec (reference/engine/backends.py), each backend's options among them."""
-    from reference.engine.backends import BACKENDS, option_flags
+    from reference.engine.backends import BACKENDS, LOGPROBS_MODES, option_flags
 
     p.add_argument("--backend", default="builtin", help=f"engine backend: {', '.join(BACKENDS)} (default builtin)")
     p.add_argument("--model", default="default", help="'default' (tiny Qwen3) or a local checkpoint directory")
@@ -79,6 +79,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         help="wait this long after a token for more to send in one line (default 0)",
+    )
+    p.add_argument(
+        "--logprobs-mode",
+        choices=LOGPROBS_MODES,
+        default="processed",
+        help="each token's log-prob: of the distribution it was drawn from (processed, the default) or of the "
+        "model at temperature 1 (raw)",
     )
     for flag, option in option_flags().items():
         p.add_argument(flag, type=option.kind, default=None, help=option.help)

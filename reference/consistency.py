@@ -10,7 +10,8 @@ whose text would *not* re-tokenise to the same ids: what a text-level proxy woul
 A training run's own store (`python -m reference train` writes OUT/trajectories.sqlite) is checked with the run's
 tokenizer and, token by token, the weights of the version that sampled it (`RunWeights`, `run_of_store`), not a
 serving model whose vocabulary is another; and at the run's rollout.temperature (`scoring_temperature`): the engines
-record the log-probs of what they sampled from, softmax(logits / T) (`reference.engine.sampling`).
+record the log-probs of what they sampled from, softmax(logits / T) (`reference.engine.sampling`), or at temperature 1
+where the run's engine.logprobs_mode is raw.
 """
 
 from __future__ import annotations
@@ -213,12 +214,15 @@ def run_of_store(store: Path) -> Path | None:
 
 def scoring_temperature(given: float | None, run: Path | None) -> float:
     """The temperature to re-score at: `given` (check's --temperature), else a training run's rollout.temperature
-    (its saved config), else 1. Greedy (0) is 1: a greedy token's log-prob is recorded at temperature 1."""
+    (its saved config) where its engines recorded processed log-probs, else 1 (raw log-probs, or no run). Greedy (0)
+    is 1: a greedy token's log-prob is recorded at temperature 1."""
     if given is None and run is not None:
         from core.config import load_yaml
 
-        rollout = load_yaml(Path(run) / "config.yaml").get("rollout")
-        given = rollout.get("temperature") if isinstance(rollout, dict) else None
+        saved = load_yaml(Path(run) / "config.yaml")
+        rollout, engine = saved.get("rollout"), saved.get("engine")
+        raw = isinstance(engine, dict) and engine.get("logprobs_mode") == "raw"
+        given = rollout.get("temperature") if isinstance(rollout, dict) and not raw else None
     return float(given) if isinstance(given, int | float) and given > 0 else 1.0
 
 

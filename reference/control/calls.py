@@ -63,9 +63,9 @@ class TrainerHandle:
         """One optimiser step; the figures are global over the ranks."""
         return await self.group.call(self.resource, ResourceWorker.train_step, shard)
 
-    async def evaluate(self, task_name: str, options: dict, seed: int) -> Evaluation:
-        """A held-out evaluation of the shard's current weights, drawn in-process."""
-        return await self.group.call(self.resource, ResourceWorker.evaluate, task_name, options, seed)
+    async def evaluate(self, task_name: str, options: dict, seed: int, temperature: float) -> Evaluation:
+        """A held-out evaluation of the shard's current weights, drawn in-process at `temperature`."""
+        return await self.group.call(self.resource, ResourceWorker.evaluate, task_name, options, seed, temperature)
 
     async def publish(self, root: str) -> WeightsCopy | None:
         """The current weights as a version directory under `root` (rank 0 says where; the others None)."""

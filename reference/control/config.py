@@ -15,7 +15,7 @@ from pathlib import Path
 from core.config import apply_overrides, from_dict, load_yaml, merge
 from core.errors import UserError
 from core.policies import POLICIES, PolicyConfig, PolicySettings
-from reference.engine.backends import training_backends
+from reference.engine.backends import LOGPROBS_MODES, training_backends
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "train.yaml"
 # A task named on the command line brings its recipe (merged over train.yaml before the user's files).
@@ -77,6 +77,8 @@ class EngineSection:
     weights_transport: str = "directory"  # how each new version reaches the engines (control/transport.py):
     # directory (OUT/weights/, which every worker must see) | object_store (Ray's, to a copy on each engine's node)
     weights_local_root: str | None = None  # object_store: where a worker keeps its copies (null: its node's temp dir)
+    logprobs_mode: str = "processed"  # the behaviour log-probs the engines record and the trainer scores at:
+    # processed (of the distribution sampled from, at rollout.temperature) | raw (of the model at temperature 1)
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,10 @@ class TrainConfig:
                 f"unknown engine.weights_transport {self.engine.weights_transport!r}; choose one of "
                 f"{', '.join(WEIGHT_TRANSPORTS)}"
             )
+        if self.engine.logprobs_mode not in LOGPROBS_MODES:
+            raise UserError(
+                f"unknown engine.logprobs_mode {self.engine.logprobs_mode!r}; choose one of {', '.join(LOGPROBS_MODES)}"
+            )
         if not 0 <= self.engine.coalesce_s <= 1:  # also refuses NaN
             raise UserError(f"engine.coalesce_s must be in [0, 1] seconds, got {self.engine.coalesce_s}")
         if self.model.dir is not None and not Path(self.model.dir).is_dir():
@@ -168,11 +174,11 @@ class TrainConfig:
         if not self.run.time_limit_s > 0:
             raise UserError(f"run.time_limit_s must be > 0, got {self.run.time_limit_s}")
         _check_gpus(self.resources)
-        _check_temperature(self.rollout.temperature, self.trainer)
+        _check_temperature(self.rollout.temperature, self.trainer, scoring_temperature(self))
         from reference.trainer.config import TrainerConfig
 
         try:  # the trainers build it inside their workers: a bad value must stop the run before they start
-            TrainerConfig.from_dict({**self.trainer, "temperature": self.rollout.temperature})
+            TrainerConfig.from_dict({**self.trainer, "temperature": scoring_temperature(self)})
         except (ValueError, TypeError) as e:
             raise _section_error(
                 "trainer", str(e).replace("TrainerConfig.", "trainer.").replace("__init__() ", "")
@@ -193,20 +199,27 @@ def policy_config(cfg: TrainConfig, num_steps: int | None = None) -> PolicyConfi
     return PolicyConfig.of(p, batch_groups=cfg.rollout.prompts_per_step, num_steps=steps)
 
 
+def scoring_temperature(cfg: TrainConfig) -> float:
+    """The temperature the trainer scores tokens at: the rollouts' where the engines record processed log-probs
+    (of softmax(logits / rollout.temperature), what was sampled from), 1 where they record raw ones."""
+    return cfg.rollout.temperature if cfg.engine.logprobs_mode == "processed" else 1.0
+
+
 def trainer_settings(cfg: TrainConfig) -> dict:
-    """The TrainerConfig fields the run's trainers get: the `trainer` section, with the rollouts' temperature (the
-    engines store log-probs of softmax(logits / rollout.temperature), and the trainer must score the same
-    distribution), the run's seed and its checkpoint cadence."""
+    """The TrainerConfig fields the run's trainers get: the `trainer` section, with the temperature of the engines'
+    log-probs (`scoring_temperature`: the trainer must score the distribution they are of), the run's seed and its
+    checkpoint cadence."""
     return {
         **cfg.trainer,
-        "temperature": cfg.rollout.temperature,
+        "temperature": scoring_temperature(cfg),
         "seed": cfg.run.seed,
         "checkpoint_every_steps": cfg.run.checkpoint_every_steps,
     }
 
 
-def _check_temperature(temperature: float, trainer: dict) -> None:
-    """rollout.temperature trains (in (0, 2]) and trainer.temperature, where set, is the same."""
+def _check_temperature(temperature: float, trainer: dict, scoring: float) -> None:
+    """rollout.temperature trains (in (0, 2]) and trainer.temperature, where set, is the one the engines' log-probs
+    are at (`scoring`)."""
     if temperature == 0:
         raise UserError(
             "rollout.temperature 0 (greedy) cannot train: PPO's ratios need the probabilities the engines sampled "
@@ -214,11 +227,12 @@ def _check_temperature(temperature: float, trainer: dict) -> None:
         )
     if not 0 < temperature <= 2:  # also refuses NaN
         raise UserError(f"rollout.temperature must be in (0, 2], got {temperature}")
-    if "temperature" in trainer and trainer["temperature"] != temperature:
+    if "temperature" in trainer and trainer["temperature"] != scoring:
+        source = "rollout.temperature" if scoring == temperature else "engine.logprobs_mode raw's temperature"
         raise UserError(
-            f"trainer.temperature {trainer['temperature']!r} differs from rollout.temperature {temperature!r}: the "
-            "trainer scores tokens at the temperature the engines sampled them, set from rollout.temperature "
-            "(leave trainer.temperature out)"
+            f"trainer.temperature {trainer['temperature']!r} differs from {source} {scoring!r}: the trainer scores "
+            "tokens at the temperature of the engines' log-probs, set from rollout.temperature and "
+            "engine.logprobs_mode (leave trainer.temperature out)"
         )
 
 

@@ -138,6 +138,7 @@ def worker_specs(cfg: TrainConfig, policy: BasePolicy, model_dir: str) -> list[W
                 cfg.engine.coalesce_s,
                 cfg.engine.weights_local_root,
                 num_threads=0 if cores else c,
+                logprobs_mode=cfg.engine.logprobs_mode,
             )
         )
     return specs

@@ -236,7 +236,10 @@ class Evaluations:
             seed = self.cfg.run.seed * 1_000_003 + version
             options = self.cfg.task.options
             results = await asyncio.gather(
-                *(self.workers.trainer(t).evaluate(self.cfg.task.name, options, seed) for t in self.trainers)
+                *(
+                    self.workers.trainer(t).evaluate(self.cfg.task.name, options, seed, self.cfg.rollout.temperature)
+                    for t in self.trainers
+                )
             )
             return results[0].to_metrics()
         task = asyncio.get_running_loop().create_task(self._in_background(version))

@@ -99,6 +99,7 @@ def evaluate_weights(cfg, task, model_dir: str, store: Path, label: str) -> dict
         seed=cfg.run.seed,
         max_batch=cfg.engine.max_batch,
         coalesce_s=cfg.engine.coalesce_s,
+        logprobs_mode=cfg.engine.logprobs_mode,
     )
     rollout_config = RolloutConfig(cfg.rollout.group_size, cfg.rollout.max_concurrency, cfg.rollout.temperature)
     config = ManagerConfig(

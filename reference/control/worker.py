@@ -57,6 +57,7 @@ class WorkerSpec:
     # own is made in it); None: this node's temporary directory (`ResourceWorker.node_temp_dir`)
     num_threads: int = 0  # torch threads (and the CPUs it asks Ray for) when it owns no cores of its own (on a
     # Ray cluster that it joined, where the cores are Ray's to hand out); 0: one per core in `cores`, at least 1
+    logprobs_mode: str = "processed"  # engine: what each token's log-prob is of (reference/engine/backends.py)
 
     @property
     def threads(self) -> int:
@@ -114,6 +115,7 @@ class ResourceWorker:
                         max_batch=spec.max_batch,
                         torch_threads=spec.threads,
                         coalesce_s=spec.coalesce_s,
+                        logprobs_mode=spec.logprobs_mode,
                     )
                 )
         except BaseException:  # nothing of a worker that never started stays on its node
@@ -193,16 +195,15 @@ class ResourceWorker:
         """One optimiser step on this shard (every shard of the group calls it together)."""
         return self._trainer().train_step(trajectories)
 
-    def evaluate(self, task_name: str, options: dict, seed: int) -> Evaluation:
-        """Held-out reward of the current weights: one sample per held-out problem at the trainer's temperature (the
-        rollouts'), drawn by this shard's trainer model in-process (so it never competes with rollout for an engine)."""
+    def evaluate(self, task_name: str, options: dict, seed: int, temperature: float) -> Evaluation:
+        """Held-out reward of the current weights: one sample per held-out problem at `temperature` (the rollouts'),
+        drawn by this shard's trainer model in-process (so it never competes with rollout for an engine)."""
         from reference.tasks import make_task
         from reference.trainer.probe import evaluate
 
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(seed)
-        trainer = self._trainer()
-        reward, exact = evaluate(trainer.model, make_task(task_name, **options), generator, trainer.config.temperature)
+        reward, exact = evaluate(self._trainer().model, make_task(task_name, **options), generator, temperature)
         return Evaluation(reward_mean=reward, exact_match=exact, eval_s=time.perf_counter() - start)
 
     def publish(self, root: str) -> WeightsCopy | None:

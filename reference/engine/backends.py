@@ -151,7 +151,26 @@ def option_flags() -> dict[str, OptionFlag]:
     return flags
 
 
-SPEC_FIELDS = ("backend", "model", "seed", "max_batch", "heartbeat_s", "coalesce_s", "torch_threads", "options")
+SPEC_FIELDS = (
+    "backend",
+    "model",
+    "seed",
+    "max_batch",
+    "heartbeat_s",
+    "coalesce_s",
+    "torch_threads",
+    "logprobs_mode",
+    "options",
+)
+LOGPROBS_MODES = ("processed", "raw")  # each token's log-prob: of the distribution it was drawn from (after
+# temperature and top-p; vLLM's "processed_logprobs") | of the model at temperature 1 (vLLM's "raw_logprobs")
+
+
+def check_logprobs_mode(mode: Any) -> str:
+    """`mode` when it is one of LOGPROBS_MODES; ValueError naming it and the choices otherwise."""
+    if mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {mode!r}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -166,6 +185,7 @@ class EngineSpec:
     coalesce_s: float = 0.0  # > 0: wait this long after a token for more to send in the same line
     torch_threads: int = 0  # CPU threads for torch in the engine process (0: torch's default, every core): the
     # cores the resource grants its engine, set by whoever places it; backends that compute elsewhere ignore it
+    logprobs_mode: str = "processed"  # LOGPROBS_MODES: what each token's log-prob is of (the trainer scores the same)
     options: Any = None  # the backend's config: an instance of its class, a mapping of its fields, None: defaults
 
     def __post_init__(self) -> None:
@@ -175,6 +195,7 @@ class EngineSpec:
         _check_int("seed", self.seed, 0, MAX_SEED)
         _check_int("max_batch", self.max_batch, 1)
         _check_int("torch_threads", self.torch_threads, 0)
+        check_logprobs_mode(self.logprobs_mode)
         if not (_is_number(self.heartbeat_s) and self.heartbeat_s > 0):
             raise ValueError(f"heartbeat_s must be > 0 seconds, got {self.heartbeat_s!r}")
         if not (_is_number(self.coalesce_s) and 0 <= self.coalesce_s < math.inf):

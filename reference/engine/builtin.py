@@ -14,7 +14,8 @@ weights), `sampling.sample`, `prefix_cache.PrefixCache` (finished requests' KV, 
 their prefix; emptied on every weight update) and `activity.ActivityLog` (what the engine did, as timeline intervals).
 
 Logprobs: each TokenEvent carries the log-probability of the sampled token under the distribution it was drawn from
-(temperature-scaled, after top-p: vLLM's "processed_logprobs"; see `sampling`), what a trainer at that T scores.
+(temperature-scaled, after top-p: vLLM's "processed_logprobs"; see `sampling`), what a trainer at that T scores;
+with `logprobs_mode="raw"`, the model's at temperature 1 (vLLM's "raw_logprobs").
 
 Stop tokens are only those in `SamplingParams.stop_token_ids` (pass the tokenizer's `stop_token_ids` for chat); the
 sampled stop token is included in the output. `resume()` re-prefills every running request even when the weights did
@@ -45,7 +46,7 @@ from transformers import Qwen3ForCausalLM
 
 from core.tags import Phase
 from reference.engine.activity import ActivityLog
-from reference.engine.backends import EngineSpec
+from reference.engine.backends import EngineSpec, check_logprobs_mode
 from reference.engine.base import (
     EngineError,
     EngineStats,
@@ -122,9 +123,12 @@ class BuiltinEngine:
         tokenizer: Tokenizer | None = None,
         command_timeout_s: float = 600.0,
         prefix_cache_mb: float = 256.0,
+        logprobs_mode: str = "processed",
     ) -> None:
         """`prefix_cache_mb`: KV of finished requests kept for reuse by requests that share their prefix (an agent's
-        next turn); 0 turns prefix caching off."""
+        next turn); 0 turns prefix caching off. `logprobs_mode`: "processed" (each token's log-prob under the
+        distribution it was drawn from) or "raw" (the model's at temperature 1; see `sampling`)."""
+        self.logprobs_mode = check_logprobs_mode(logprobs_mode)
         config = model.config
         self._runner = Qwen3Runner(model)  # refuses a model it cannot run, first
         self.max_context = _checked_max_context(config, max_batch, max_context, vocab_limit)
@@ -447,6 +451,7 @@ class BuiltinEngine:
             [p.top_p for p in params],
             [s.generator for s in running],
             self.vocab_limit,
+            self.logprobs_mode,
         )
         self._counters.steps += 1
         self._counters.tokens_generated += len(tokens)
@@ -578,7 +583,7 @@ def from_spec(spec: EngineSpec) -> BuiltinEngine:
     # The worker thread and the process's HTTP loop share one interpreter (and one core, as the runtime places
     # them): at Python's default 5 ms, the loop holding it made 128-sequence decode steps 11.5-12.5 ms, not 7.5-8.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    kw = {"seed": spec.seed, "max_batch": spec.max_batch}
+    kw = {"seed": spec.seed, "max_batch": spec.max_batch, "logprobs_mode": spec.logprobs_mode}
     return BuiltinEngine.default(**kw) if spec.model == "default" else BuiltinEngine.from_checkpoint(spec.model, **kw)
 
 

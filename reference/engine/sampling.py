@@ -10,6 +10,10 @@ Greedy rows (T = 0) report log_softmax(logits) at temperature 1, over the allowe
 for a greedy request (`Sampler.sample` takes the argmax and computes the processed log-probs before any temperature
 or top-p is applied). The sampled distribution itself is a point mass (log-prob 0), which says nothing; the
 temperature-1 value is the model's own confidence, and a greedy run does not train (PPO needs T > 0).
+
+`logprobs_mode="raw"` (vLLM's "raw_logprobs") reports every row's log_softmax(logits) at temperature 1 over the
+allowed ids instead, before temperature and top-p: what a trainer scoring at temperature 1 computes, whatever the
+sampling temperature. Temperature, top-p and `vocab_limit` then shape only which token is drawn.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ def sample(
     top_ps: Sequence[float],
     generators: Sequence[torch.Generator],
     vocab_limit: int | None = None,
+    logprobs_mode: str = "processed",
 ) -> tuple[list[int], list[float]]:
     """One token per row of `logits` [B, V], and its log-probability under the distribution it was drawn from
-    (see the module docstring).
+    ("processed") or under the model at temperature 1 ("raw"; see the module docstring).
 
     Temperature 0 is greedy; otherwise inverse-CDF sampling from softmax(logits / T) after top-p, with
     one uniform draw from the row's generator. Ids >= `vocab_limit` are never drawn."""
@@ -58,5 +63,6 @@ def sample(
         u = torch.stack([torch.rand((), generator=generators[i], dtype=cdf.dtype) for i in rows])
         picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
         chosen[rows] = picked.clamp(max=logits.shape[-1] - 1)
-        logprobs[rows] = processed
+        if logprobs_mode == "processed":
+            logprobs[rows] = processed
     return chosen.tolist(), logprobs.gather(-1, chosen[:, None])[:, 0].tolist()

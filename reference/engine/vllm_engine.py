@@ -25,12 +25,14 @@ not a `ValueError`) raises `ValueError` before any token; everything else (`Engi
 `EngineGenerateError`, a full queue, finish reason "error") raises `EngineError`, which the manager
 retries elsewhere. Seeds reach vLLM in [0, 2**63 - 1]: vLLM reads -1 as "unseeded" and keeps seeds in
 an int64 array. A request without a seed gets one from the engine's seeded RNG, so a run replays.
-Logprobs are pinned to `logprobs_mode="processed_logprobs"`: the log-prob of each sampled token under the
-distribution vLLM drew it from (after temperature and top-k/top-p; a greedy request's at temperature 1), as the
-built-in engine reports and as the trainer scores at the rollouts' temperature (`TrainerConfig.temperature`).
-vLLM's default, "raw_logprobs", is the temperature-1 model's, which at the SWE recipe's 0.7 is far from what
-was sampled. The engine argument appeared in vLLM 0.10.0 (PR #21398), but its processed log-probs were taken
-before temperature and top-k/top-p until 0.10.2 (PR #22387): an older vLLM is refused (`check_vllm_version`)
+Logprobs are vLLM's `logprobs_mode="processed_logprobs"` (the project's "processed", the default): the log-prob
+of each sampled token under the distribution vLLM drew it from (after temperature and top-k/top-p; a greedy
+request's at temperature 1), as the built-in engine reports and as the trainer scores at the rollouts' temperature
+(`TrainerConfig.temperature`). vLLM's own default, "raw_logprobs" (the project's "raw"), is the temperature-1
+model's, which at the SWE recipe's 0.7 is far from what was sampled; a run asks for it by name
+(`engine.logprobs_mode: raw`) and its trainer then scores at temperature 1. The logits modes are refused. The
+engine argument appeared in vLLM 0.10.0 (PR #21398), but its processed log-probs were taken before temperature and
+top-k/top-p until 0.10.2 (PR #22387): an older vLLM is refused (`check_vllm_version`)
 rather than run with a warning, since it would hand the trainer wrong behaviour log-probs without a sign. A greedy
 request's processed log-probs are the log-softmax of its logits at temperature 1 (vLLM's public source:
 `Sampler.sample` of vllm/v1/sample/sampler.py returns them before temperature for an all-greedy batch and scales a
@@ -78,6 +80,7 @@ log = logging.getLogger(__name__)
 
 PAUSE_MODES = ("auto", "keep", "resubmit")
 LOGPROBS_MODE = "processed_logprobs"  # of the distribution sampled from, as the built-in engine reports (sampling.py)
+VLLM_LOGPROBS_MODES = {"processed": LOGPROBS_MODE, "raw": "raw_logprobs"}  # the project's mode -> vLLM's name
 MIN_VLLM = (0, 10, 2)  # the first vLLM whose processed log-probs are taken after temperature and top-k/top-p
 GPU_EXTRA_HINT = "the vLLM backend needs the `gpu` extra (and an NVIDIA GPU): pip install -e '.[gpu]'"
 _LOAD_METHOD = "seamlessflow_load_weights"  # WeightLoaderExtension's RPC, named to avoid Worker attributes
@@ -104,7 +107,11 @@ def from_spec(spec: EngineSpec) -> VLLMEngine:
         raise ValueError("the vllm backend needs a local checkpoint directory: --model PATH")
     options: VLLMConfig = spec.options
     return VLLMEngine(
-        spec.model, tensor_parallel_size=options.tensor_parallel, seed=spec.seed, dtype=spec.weights_dtype
+        spec.model,
+        tensor_parallel_size=options.tensor_parallel,
+        seed=spec.seed,
+        dtype=spec.weights_dtype,
+        logprobs_mode=spec.logprobs_mode,
     )
 
 
@@ -174,14 +181,17 @@ def engine_args(
     enforce_eager: bool = False,
     **engine_kwargs: Any,
 ) -> dict[str, Any]:
-    """vLLM's `AsyncEngineArgs` for a `VLLMEngine`: `engine_kwargs` over these defaults, with the logprobs
-    mode pinned. The tokenizer is skipped (only token ids cross this seam) and `WeightLoaderExtension`
-    installed; a caller passing its own `worker_extension_cls` should inherit that class."""
-    mode = engine_kwargs.pop("logprobs_mode", LOGPROBS_MODE)
-    if mode != LOGPROBS_MODE:
+    """vLLM's `AsyncEngineArgs` for a `VLLMEngine`: `engine_kwargs` over these defaults, with a logprobs mode
+    of log-probs (the project's "processed" or "raw", or vLLM's name for either; default processed). The tokenizer
+    is skipped (only token ids cross this seam) and `WeightLoaderExtension` installed; a caller passing its own
+    `worker_extension_cls` should inherit that class."""
+    given = engine_kwargs.pop("logprobs_mode", "processed")
+    mode = VLLM_LOGPROBS_MODES.get(given, given) if isinstance(given, str) else given
+    if mode not in VLLM_LOGPROBS_MODES.values():
+        names = [n for pair in VLLM_LOGPROBS_MODES.items() for n in pair]
         raise ValueError(
-            f"logprobs_mode is pinned to {LOGPROBS_MODE!r} (the log-probs of what was sampled, which the trainer "
-            f"takes as behaviour log-probs and scores at the same temperature), got {mode!r}"
+            f"logprobs_mode must be one of {', '.join(names)} (log-probs, which the trainer takes as behaviour "
+            f"log-probs), got {given!r}"
         )
     args: dict[str, Any] = {
         "model": model_path,
@@ -194,7 +204,7 @@ def engine_args(
         "disable_log_stats": True,
         "worker_extension_cls": f"{__name__}.{WeightLoaderExtension.__name__}",
     }
-    return args | engine_kwargs | {"logprobs_mode": LOGPROBS_MODE}
+    return args | engine_kwargs | {"logprobs_mode": mode}
 
 
 @dataclass(eq=False)

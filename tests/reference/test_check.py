@@ -189,3 +189,16 @@ def test_batched_scoring_is_each_sequence_alone():
     sequences = [tokenizer.encode(text) for text in ("a", "hello there", "12 + 34 = 46", "x" * 40, "")]
     for got, seq in zip(score_batch(model, sequences), sequences, strict=True):
         assert got == pytest.approx(score_logprobs(model, seq), abs=1e-5)
+
+
+def test_a_run_whose_engines_recorded_raw_logprobs_is_rescored_at_temperature_1(tmp_path):
+    """engine.logprobs_mode raw: its log-probs are the temperature-1 model's whatever rollout.temperature was."""
+    from reference.consistency import scoring_temperature
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("rollout: {temperature: 0.7}\nengine: {logprobs_mode: raw}\n")
+    assert scoring_temperature(None, run) == 1.0
+    (run / "config.yaml").write_text("rollout: {temperature: 0.7}\nengine: {logprobs_mode: processed}\n")
+    assert scoring_temperature(None, run) == 0.7
+    assert scoring_temperature(0.5, run) == 0.5  # --temperature, said outright, wins

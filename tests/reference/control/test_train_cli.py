@@ -165,6 +165,26 @@ def test_the_trainer_gets_the_rollouts_temperature():
     assert "temperature" not in load_train_config(None).trainer  # the saved config does not repeat it
 
 
+def test_raw_logprobs_make_the_trainer_score_at_temperature_1():
+    """engine.logprobs_mode raw: the engines record the temperature-1 model's log-probs, the trainers score at 1,
+    the engines get the mode; the rollouts still sample at rollout.temperature."""
+    from core.errors import UserError
+    from core.policies import make_policy
+    from reference.control.config import load_train_config, policy_config, trainer_settings
+    from reference.control.layout import worker_specs
+
+    raw = load_train_config(None, ["task.name=swe", "engine.logprobs_mode=raw"])
+    assert (trainer_settings(raw)["temperature"], raw.rollout.temperature) == (1.0, 0.7)
+    policy = make_policy(raw.policy.name, policy_config(raw), raw.resources.count, raw.resources.train_fraction, 1)
+    specs = worker_specs(raw, policy, "/m")
+    assert {s.logprobs_mode for s in specs} == {"raw"}
+    assert load_train_config(None, ["engine.logprobs_mode=raw", "trainer.temperature=1"]).engine.logprobs_mode == "raw"
+    with pytest.raises(UserError, match=r"trainer.temperature 0.7 differs from engine.logprobs_mode raw's temperature"):
+        load_train_config(None, ["task.name=swe", "engine.logprobs_mode=raw", "trainer.temperature=0.7"])
+    with pytest.raises(UserError, match=r"unknown engine.logprobs_mode 'raw_logits'; choose one of processed, raw"):
+        load_train_config(None, ["engine.logprobs_mode=raw_logits"])
+
+
 def test_a_task_named_on_the_command_line_brings_its_recipe(tmp_path):
     from reference.control.config import DEFAULT_CONFIG, TASK_DEFAULTS, config_files, load_train_config
 

@@ -87,6 +87,7 @@ def test_options_given_as_a_mapping_become_the_backends_config():
         (lambda: EngineSpec(backend="fake", options=VLLMConfig()), r"must be a FakeConfig or a mapping"),
         (lambda: EngineSpec(max_batch=0), r"^max_batch must be an integer >= 1, got 0$"),
         (lambda: EngineSpec(heartbeat_s=0), r"^heartbeat_s must be > 0 seconds, got 0$"),
+        (lambda: EngineSpec(logprobs_mode="raw_logits"), r"^logprobs_mode must be one of processed, raw, got 'raw_"),
     ],
 )
 def test_bad_settings_name_the_value_and_what_is_allowed(make, message):
@@ -137,6 +138,17 @@ def test_the_engine_flags_build_the_spec():
     args = parser().parse_args(["engine", "--backend", "fake", "--reply-tokens", "3", "--torch-threads", "1"])
     _check_engine_flags(args)
     assert _spec(args) == EngineSpec(backend="fake", torch_threads=1, options=FakeConfig(reply_tokens=3))
+
+
+def test_the_logprobs_mode_is_a_flag_of_the_spec(capsys):
+    args = parser().parse_args(["engine", "--logprobs-mode", "raw", "--torch-threads", "1"])
+    assert _spec(args) == EngineSpec(logprobs_mode="raw", torch_threads=1)
+    assert EngineSpec().logprobs_mode == "processed"
+    assert EngineSpec.from_json(EngineSpec(logprobs_mode="raw").to_json()).logprobs_mode == "raw"
+    with pytest.raises(SystemExit) as ended:
+        main(["engine", "--logprobs-mode", "raw_logits"])
+    assert ended.value.code == 2
+    assert "invalid choice: 'raw_logits' (choose from 'processed', 'raw')" in capsys.readouterr().err
 
 
 def test_spec_json_on_the_command_line_is_the_whole_spec(capsys):

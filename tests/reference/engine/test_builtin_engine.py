@@ -617,6 +617,32 @@ def test_sampler_temperature_top_p_and_processed_logprobs():
         assert token in range(3) and lp == pytest.approx(torch.log_softmax(logits[0, :3], -1)[token].item(), abs=1e-6)
 
 
+def test_raw_logprobs_are_the_temperature_1_models_whatever_was_sampled(model):
+    """logprobs_mode="raw" (vLLM's raw_logprobs): the sampler still draws at T and top-p, and reports each token's
+    log_softmax(logits) over the ids it may draw; an engine in that mode stores what a plain scorer says."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])
+    raw = torch.log_softmax(logits, -1)[0]
+    gens = [torch.Generator().manual_seed(0)]
+    drawn = set()
+    for _ in range(200):
+        (token,), (lp,) = sample(logits, [0.5], [0.7], gens, logprobs_mode="raw")
+        drawn.add(token)
+        assert lp == pytest.approx(raw[token].item(), abs=1e-6)
+    assert drawn == {0}  # at 0.5, p(0) = .84 already reaches top-p 0.7: the draw still follows T and top-p
+    (token,), (lp,) = sample(logits, [1.3], [1.0], gens, vocab_limit=3, logprobs_mode="raw")
+    assert token in range(3) and lp == pytest.approx(torch.log_softmax(logits[0, :3], -1)[token].item(), abs=1e-6)
+
+    async def run():
+        with BuiltinEngine(model, max_batch=2, seed=3, logprobs_mode="raw") as engine:
+            return await generate(engine, req("hot", prompt(9, 9), 16, temperature=0.7, top_p=0.9))
+
+    r = asyncio.run(run())
+    full = list(r.prompt_token_ids) + list(r.token_ids)
+    assert list(r.logprobs) == pytest.approx(score_logprobs(model, full)[len(r.prompt_token_ids) - 1 :], abs=1e-4)
+    with pytest.raises(ValueError, match="logprobs_mode must be one of processed, raw, got 'processed_logprobs'"):
+        BuiltinEngine(model, logprobs_mode="processed_logprobs")
+
+
 def test_decode_seconds_count_decode_steps_only(model):
     """`decode_s` grows with decode steps and stays within the calls that made them: the idle time between
     two requests (and the engine's waiting before the first) is not in it."""

@@ -461,15 +461,25 @@ def test_weights_load_through_vllms_reload_where_it_exists(reload_weights, metho
     assert llm.label == "1" and stats.version == 1
 
 
-def test_logprobs_mode_is_pinned_to_processed():
-    """vLLM reports the log-probs of what it sampled from (after temperature and top-p), as the trainer scores."""
+def test_logprobs_mode_is_processed_unless_raw_is_asked_for():
+    """vLLM reports the log-probs of what it sampled from (after temperature and top-p) by default, as the trainer
+    scores; "raw" (temperature 1) by name; the logits modes are refused."""
     args = engine_args("/models/qwen3", max_model_len=1024, dtype="bfloat16")
     assert args["logprobs_mode"] == LOGPROBS_MODE == "processed_logprobs" and args["dtype"] == "bfloat16"
-    assert engine_args("/m", logprobs_mode="processed_logprobs")["logprobs_mode"] == "processed_logprobs"
-    for other in ("raw_logprobs", "raw_logits", "processed_logits"):
-        with pytest.raises(ValueError, match="logprobs_mode is pinned to 'processed_logprobs'"):
+    for given, vllm_name in [
+        ("processed", "processed_logprobs"),
+        ("processed_logprobs", "processed_logprobs"),
+        ("raw", "raw_logprobs"),
+        ("raw_logprobs", "raw_logprobs"),
+    ]:
+        assert engine_args("/m", logprobs_mode=given)["logprobs_mode"] == vllm_name
+    for other in ("raw_logits", "processed_logits", "processed_logprob", None):
+        with pytest.raises(
+            ValueError,
+            match=f"logprobs_mode must be one of processed, processed_logprobs, raw, raw_logprobs .*got {other!r}",
+        ):
             engine_args("/m", logprobs_mode=other)
-        with pytest.raises(ValueError, match="pinned"):  # before vLLM is imported: runs without it
+        with pytest.raises(ValueError, match="logprobs_mode must be one of"):  # before vLLM is imported
             VLLMEngine("/no/such/model", logprobs_mode=other)
 
 

@@ -136,3 +136,27 @@ def test_the_trainer_scores_what_the_engine_sampled_at_its_temperature():
     assert max(abs(a - b) for a, b in zip(flat(batch, raw), stored, strict=True)) > 0.05
     metrics = Trainer(copy.deepcopy(policy), TrainerConfig(temperature=T), pad_id=0).train_step(trajs)
     assert (metrics.ratio_min, metrics.ratio_max) == (pytest.approx(1.0, abs=1e-4), pytest.approx(1.0, abs=1e-4))
+
+
+def test_a_trainer_at_temperature_1_scores_what_a_raw_mode_engine_stored():
+    """engine.logprobs_mode raw: the engine samples at 0.7 but stores the temperature-1 model's log-probs, which the
+    trainer (at temperature 1, as the runtime sets it for that mode) reproduces: a step's ratios are 1."""
+    policy = model(0).eval()
+
+    async def run():
+        with BuiltinEngine(copy.deepcopy(policy), max_batch=4, seed=0, logprobs_mode="raw") as engine:
+            requests = [
+                GenerateRequest(f"r{i}", (5, 9, 13 + i), SamplingParams(max_tokens=10 + 3 * i, temperature=T, seed=i))
+                for i in range(4)
+            ]
+            return await asyncio.gather(*(generate(engine, r) for r in requests))
+
+    trajs = []
+    for i, r in enumerate(asyncio.run(run())):
+        mask = (0,) * len(r.prompt_token_ids) + (1,) * len(r.token_ids)
+        trajs.append(Trajectory((*r.prompt_token_ids, *r.token_ids), mask, r.logprobs, r.versions, i % 2, float(i)))
+    batch = collate(trajs, [0.0] * len(trajs), pad_id=0)
+    logp, _ = token_logprobs(policy, batch, 7, entropy=False)
+    assert flat(batch, logp) == pytest.approx([lp for t in trajs for lp in t.logprobs], abs=1e-5)
+    metrics = Trainer(copy.deepcopy(policy), TrainerConfig(temperature=1.0), pad_id=0).train_step(trajs)
+    assert (metrics.ratio_min, metrics.ratio_max) == (pytest.approx(1.0, abs=1e-4), pytest.approx(1.0, abs=1e-4))
