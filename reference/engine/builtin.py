@@ -13,9 +13,8 @@ doubles up to `max_context`), `qwen3_forward.Qwen3Runner` (prefill and batched d
 weights), `sampling.sample`, `prefix_cache.PrefixCache` (finished requests' KV, copied into a new request that shares
 their prefix; emptied on every weight update) and `activity.ActivityLog` (what the engine did, as timeline intervals).
 
-Logprobs: each TokenEvent carries the log-probability of the sampled token under the distribution it was drawn from
-(temperature-scaled, after top-p: vLLM's "processed_logprobs"; see `sampling`), what a trainer at that T scores;
-with `logprobs_mode="raw"`, the model's at temperature 1 (vLLM's "raw_logprobs").
+Logprobs: each TokenEvent carries the sampled token's log-probability under the distribution it was drawn from (after
+temperature and top-p: vLLM's "processed_logprobs"), or the model's at T = 1 with `logprobs_mode="raw"` (`sampling`).
 
 Stop tokens are only those in `SamplingParams.stop_token_ids` (pass the tokenizer's `stop_token_ids` for chat); the
 sampled stop token is included in the output. `resume()` re-prefills every running request even when the weights did
@@ -126,8 +125,7 @@ class BuiltinEngine:
         logprobs_mode: str = "processed",
     ) -> None:
         """`prefix_cache_mb`: KV of finished requests kept for reuse by requests that share their prefix (an agent's
-        next turn); 0 turns prefix caching off. `logprobs_mode`: "processed" (each token's log-prob under the
-        distribution it was drawn from) or "raw" (the model's at temperature 1; see `sampling`)."""
+        next turn); 0 turns prefix caching off. `logprobs_mode`: "processed" or "raw" (`sampling`)."""
         self.logprobs_mode = check_logprobs_mode(logprobs_mode)
         config = model.config
         self._runner = Qwen3Runner(model)  # refuses a model it cannot run, first
@@ -445,13 +443,9 @@ class BuiltinEngine:
         running = self._running
         logits = self._runner.decode(self._cache, [s.tokens[-1] for s in running], [len(s.tokens) - 1 for s in running])
         params = [s.request.params for s in running]
+        temperatures, top_ps = [p.temperature for p in params], [p.top_p for p in params]
         tokens, logprobs = sample(
-            logits,
-            [p.temperature for p in params],
-            [p.top_p for p in params],
-            [s.generator for s in running],
-            self.vocab_limit,
-            self.logprobs_mode,
+            logits, temperatures, top_ps, [s.generator for s in running], self.vocab_limit, self.logprobs_mode
         )
         self._counters.steps += 1
         self._counters.tokens_generated += len(tokens)
