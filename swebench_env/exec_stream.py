@@ -1,8 +1,12 @@
 """A `docker exec`'s streams, as a sandbox reads and writes them: Docker multiplexes an exec's stdout and stderr
 as frames (`_unframe`); the payload is kept bounded (`Output`: the first and last halves, with a count of what
 was dropped), read until the stream ends or, when something the command started holds it open, until the
-daemon says the command has ended (`pump`, asking every `POLL_S` of silence), and in any case no longer than
-the client's deadline. `send` writes a tar to an exec's stdin (`Sandbox.put_archive`).
+daemon says the command has ended (`pump`, asking every `POLL_S` of silence) and what it still copies has arrived
+(`DRAIN_QUIET_S` of silence, at most `DRAIN_MAX_S`), and in any case no longer than the client's deadline. The
+daemon reports the command ended before it has copied the last of its output: on a busy host that copy was seen
+to lag by more than a second, and a grader that stopped reading 50 ms after the end lost the tail of a test log
+(its end marker: "no test output"; the daemon logged the write it could not make as a broken pipe). `send` writes
+a tar to an exec's stdin (`Sandbox.put_archive`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import socket
 import time
 
 POLL_S = 1.0  # with no output for this long, ask the daemon whether the command has ended
+DRAIN_QUIET_S = 2.0  # once it has ended: read on until the stream ends or is silent this long (see above)
+DRAIN_MAX_S = 10.0  # and no longer than this (something the command started keeps writing)
 PUT_TIMEOUT_S = 600.0  # copying files in (`put_archive`) gives up after this long
 
 
@@ -76,7 +82,11 @@ def send(sock, stream, out: Output) -> None:
 
 
 def _drain(sock, poller, frames: bytearray, out: Output) -> None:
-    while poller.poll(50) and (data := _recv(sock)):
+    """After the command ended: what the daemon still copies, until the stream ends or falls silent."""
+    give_up = time.monotonic() + DRAIN_MAX_S
+    while (left := give_up - time.monotonic()) > 0 and poller.poll(min(DRAIN_QUIET_S, left) * 1000):
+        if not (data := _recv(sock)):
+            return
         frames += data
         _unframe(frames, out)
 

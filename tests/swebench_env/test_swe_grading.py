@@ -171,7 +171,8 @@ def test_every_shipped_task_resolves_with_its_gold_patch_and_not_with_the_empty_
     wrong = []
     for (t, patch), e in zip(jobs, evaluations, strict=True):
         if e.resolved != bool(patch) or e.problem is not None:
-            wrong.append(f"{t.instance_id} {'gold' if patch else 'empty'}: {e.grade} {e.problem}")
+            which = f"{t.instance_id} {'gold' if patch else 'empty'}"
+            wrong.append(f"{which}: {e.grade} {e.problem}; the log ends {e.log[-600:]!r}")
         if swebench_resolved(t, e.log, patch) != e.resolved:
             wrong.append(f"{t.instance_id}: the swebench package disagrees")
     assert wrong == [], "\n".join(wrong)
