@@ -3,10 +3,10 @@ as frames (`_unframe`); the payload is kept bounded (`Output`: the first and las
 was dropped), read until the stream ends or, when something the command started holds it open, until the
 daemon says the command has ended (`pump`, asking every `POLL_S` of silence) and what it still copies has arrived
 (`DRAIN_QUIET_S` of silence, at most `DRAIN_MAX_S`), and in any case no longer than the client's deadline. The
-daemon reports the command ended before it has copied the last of its output: on a busy host that copy was seen
-to lag by more than a second, and a grader that stopped reading 50 ms after the end lost the tail of a test log
-(its end marker: "no test output"; the daemon logged the write it could not make as a broken pipe). `send` writes
-a tar to an exec's stdin (`Sandbox.put_archive`).
+daemon can report the command ended before it has copied the last of its output; when the reader stopped 50 ms
+after the end, a graded run beside a CPU hog once came back without its test log's end marker ("no test output"),
+and the daemon's log showed writes to exec streams the client had closed ("broken pipe"). `send` writes a tar to
+an exec's stdin (`Sandbox.put_archive`).
 """
 
 from __future__ import annotations

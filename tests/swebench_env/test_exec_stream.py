@@ -22,8 +22,8 @@ def fast_poll(monkeypatch):
 
 
 def test_output_the_daemon_copies_after_the_command_ended_is_kept(fast_poll, monkeypatch):
-    """The daemon says the command ended before it has copied the last of its output (seen lagging by over a
-    second on a busy host): what arrives after that, until the stream ends, is read, not cut off."""
+    """The daemon says the command ended before it has copied the last of its output: what arrives after that,
+    until the stream ends, is read, not cut off."""
     monkeypatch.setattr(exec_stream, "DRAIN_QUIET_S", 30.0)  # the stream's end, not a timer, ends the read
     ours, daemon = socket.socketpair()
     asked = threading.Event()
