@@ -54,8 +54,12 @@ from reference.cli import main
         (["--set", "rollout.temperature=2.5"], "error: rollout.temperature must be in (0, 2], got 2.5"),
         (["--set", "rollout.temperature=.nan"], "error: rollout.temperature must be in (0, 2], got nan"),
         (
-            ["--task", "swe", "--set", "trainer.temperature=1.0"],
+            ["--task", "swe", "--set", "trainer.temperature=1.0", "--set", "engine.logprobs_mode=processed"],
             "error: trainer.temperature 1.0 differs from rollout.temperature 0.7: the trainer scores tokens at the",
+        ),
+        (
+            ["--task", "swe", "--set", "trainer.temperature=0.7"],
+            "error: trainer.temperature 0.7 differs from engine.logprobs_mode raw's temperature 1.0: the trainer",
         ),
     ],
 )
@@ -156,7 +160,7 @@ def test_the_trainer_gets_the_rollouts_temperature():
     from reference.control.config import load_train_config, trainer_settings
     from reference.trainer.config import TrainerConfig
 
-    swe = load_train_config(None, ["task.name=swe", "run.seed=5"])
+    swe = load_train_config(None, ["task.name=swe", "run.seed=5", "engine.logprobs_mode=processed"])
     settings = trainer_settings(swe)
     assert (settings["temperature"], settings["seed"], settings["lr"]) == (0.7, 5, swe.trainer["lr"])
     assert TrainerConfig.from_dict(settings).temperature == 0.7
@@ -173,7 +177,7 @@ def test_raw_logprobs_make_the_trainer_score_at_temperature_1():
     from reference.control.config import load_train_config, policy_config, trainer_settings
     from reference.control.layout import worker_specs
 
-    raw = load_train_config(None, ["task.name=swe", "engine.logprobs_mode=raw"])
+    raw = load_train_config(None, ["task.name=swe"])  # the SWE recipe's mode
     assert (trainer_settings(raw)["temperature"], raw.rollout.temperature) == (1.0, 0.7)
     policy = make_policy(raw.policy.name, policy_config(raw), raw.resources.count, raw.resources.train_fraction, 1)
     specs = worker_specs(raw, policy, "/m")
