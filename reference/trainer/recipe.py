@@ -25,7 +25,10 @@ supervised warm start on the 32 train demonstrations (4 episodes a step at lr 3e
 last 20 steps reaches 0.02: about 250 steps), then 12 steps of GRPO on groups
 of 4 episodes of a task, 8 tasks a step (the split in shuffled passes), at temperature 0.7, AdamW 3e-4 after 2
 warm-up steps, two optimiser steps on each step's data (`epochs` 2), advantages of the better-than-mean
-episodes only (`negative_weight` 0), no entropy bonus, no std division.
+episodes only (`negative_weight` 0), no entropy bonus, no std division; the engines record the temperature-1
+model's log-probs and the trainer scores at temperature 1 (`engine.logprobs_mode: raw`): every run measured for
+this recipe did, and scoring at the rollouts' 0.7 instead (`processed`, the runtime's default) gave -0.109 and
++0.156 on two seeds (docs/swe.md).
 
 Why temperature 0.7 (rollouts and evaluations alike): the warm start memorises the demonstrations, and what
 fails a sampled episode is its tails, spread thinly over the ~730 tokens it generates. At temperature 1 a
