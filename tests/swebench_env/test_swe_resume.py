@@ -32,9 +32,8 @@ from pathlib import Path
 
 import docker.errors
 import pytest
-import yaml
 
-from reference.consistency import check_store
+from reference.consistency import check_store, scoring_temperature
 from reference.manager.store import TrajectoryStore
 from reference.model import load_checkpoint
 from reference.rollout.groups import untrained_groups
@@ -208,10 +207,10 @@ def _args(out: Path, sandbox: str, tmp_path: Path) -> list[str]:
 
 
 def _consistent(out: Path, version: int):
-    """The store checked at the run's sampling temperature (its engines store the sampled distribution's
-    log-probs)."""
+    """The store checked at the temperature of the log-probs the run's engines recorded (`scoring_temperature`:
+    the SWE recipe's engine.logprobs_mode raw records the temperature-1 model's, processed the sampled one's)."""
     model, tokenizer = load_checkpoint(version_dir(out / "weights", version))
-    temperature = yaml.safe_load((out / "config.yaml").read_text())["rollout"]["temperature"]
+    temperature = scoring_temperature(None, out)
     with TrajectoryStore(out / "trajectories.sqlite") as store:
         return check_store(store, model, tokenizer, version=version, temperature=temperature)
 
