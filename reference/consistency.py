@@ -218,11 +218,12 @@ def scoring_temperature(given: float | None, run: Path | None) -> float:
     is 1: a greedy token's log-prob is recorded at temperature 1."""
     if given is None and run is not None:
         from core.config import load_yaml
+        from reference.engine.backends import logprobs_temperature
 
         saved = load_yaml(Path(run) / "config.yaml")
         rollout, engine = saved.get("rollout"), saved.get("engine")
-        raw = isinstance(engine, dict) and engine.get("logprobs_mode") == "raw"
-        given = rollout.get("temperature") if isinstance(rollout, dict) and not raw else None
+        mode = engine.get("logprobs_mode", "processed") if isinstance(engine, dict) else "processed"
+        given = logprobs_temperature(mode, rollout.get("temperature") if isinstance(rollout, dict) else None)
     return float(given) if isinstance(given, int | float) and given > 0 else 1.0
 
 

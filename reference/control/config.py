@@ -15,7 +15,7 @@ from pathlib import Path
 from core.config import apply_overrides, from_dict, load_yaml, merge
 from core.errors import UserError
 from core.policies import POLICIES, PolicyConfig, PolicySettings
-from reference.engine.backends import LOGPROBS_MODES, training_backends
+from reference.engine.backends import LOGPROBS_MODES, logprobs_temperature, training_backends
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "train.yaml"
 # A task named on the command line brings its recipe (merged over train.yaml before the user's files).
@@ -202,7 +202,7 @@ def policy_config(cfg: TrainConfig, num_steps: int | None = None) -> PolicyConfi
 def scoring_temperature(cfg: TrainConfig) -> float:
     """The temperature the trainer scores tokens at: the rollouts' where the engines record processed log-probs
     (of softmax(logits / rollout.temperature), what was sampled from), 1 where they record raw ones."""
-    return cfg.rollout.temperature if cfg.engine.logprobs_mode == "processed" else 1.0
+    return logprobs_temperature(cfg.engine.logprobs_mode, cfg.rollout.temperature)
 
 
 def trainer_settings(cfg: TrainConfig) -> dict:

@@ -166,6 +166,11 @@ LOGPROBS_MODES = ("processed", "raw")  # each token's log-prob: of the distribut
 # temperature and top-p; vLLM's "processed_logprobs") | of the model at temperature 1 (vLLM's "raw_logprobs")
 
 
+def logprobs_temperature(mode: str, sampling_temperature: float) -> float:
+    """The temperature the engines' log-probs are at: the sampling one for processed, 1 for raw."""
+    return sampling_temperature if mode == "processed" else 1.0
+
+
 def check_logprobs_mode(mode: Any) -> str:
     """`mode` when it is one of LOGPROBS_MODES; ValueError naming it and the choices otherwise."""
     if mode not in LOGPROBS_MODES:
